@@ -1,0 +1,3 @@
+from ckptfix.cli.app import main
+
+main()

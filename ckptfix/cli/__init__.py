@@ -1,0 +1,1 @@
+"""The thin command-line layer: Typer options in, one core call, rendering out."""

@@ -1,0 +1,154 @@
+"""`ckptfix` command line. Exceptions become exit codes here and nowhere else."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+from typer.core import TyperGroup
+
+import ckptfix
+from ckptfix.cli import render
+from ckptfix.errors import CkptfixError
+from ckptfix.sizes import parse_size
+
+
+class _Group(TyperGroup):
+    """Runs a command and maps every failure to one stderr line and an exit code (SPEC §4)."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Any = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> NoReturn:
+        try:
+            result = super().main(
+                args, prog_name, complete_var, standalone_mode=False, **extra
+            )
+            code = result if isinstance(result, int) else 0
+        except typer.TyperException as exc:  # usage errors and the like, from the parser
+            message = exc.format_message()
+            if "\n" in message:  # `ckptfix` with no arguments: the help text itself
+                sys.stderr.write(message + "\n")
+            else:
+                context = getattr(exc, "ctx", None)
+                command = context.command_path if context is not None else "ckptfix"
+                _error_line(f"error: {message} (see `{command} --help`)")
+            code = exc.exit_code
+        except (typer.Abort, KeyboardInterrupt):
+            _error_line("error: interrupted")
+            code = 130
+        except CkptfixError as exc:
+            if _debug():
+                raise
+            _error_line(exc.line())
+            code = exc.exit_code
+        except Exception as exc:  # the last resort: never a traceback for users
+            if _debug():
+                raise
+            _error_line(
+                f"error: internal error: {type(exc).__name__}: {exc} "
+                "(please report it; rerun with CKPTFIX_DEBUG=1 for the traceback)"
+            )
+            code = 1
+        sys.exit(code)
+
+
+def _debug() -> bool:
+    return os.environ.get("CKPTFIX_DEBUG") == "1"
+
+
+def _error_line(line: str) -> None:
+    sys.stderr.write(" ".join(line.split()) + "\n")
+    sys.stderr.flush()
+
+
+app = typer.Typer(
+    cls=_Group,
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,
+    help="Find and fix what is wrong with model checkpoints.",
+)
+
+
+class FailOn(str, Enum):
+    error = "error"
+    warning = "warning"
+    info = "info"
+    never = "never"
+
+
+def _version(value: bool) -> None:
+    if value:
+        sys.stdout.write(f"ckptfix {ckptfix.__version__}\n")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    """Find and fix what is wrong with model checkpoints."""
+
+
+JsonOption = Annotated[
+    bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
+]
+MaxShardOption = Annotated[
+    str,
+    typer.Option(
+        "--max-shard",
+        metavar="SIZE",
+        help="Shard size limit: 5GB (10^9), 5GiB (2^30) or bytes.",
+    ),
+]
+
+
+@app.command()
+def inspect(
+    path: Annotated[Path, typer.Argument(help="Checkpoint file or model folder.")],
+    json_output: JsonOption = False,
+    tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor.")] = False,
+    max_shard: MaxShardOption = "5GB",
+    hash_values: Annotated[
+        bool, typer.Option("--hash", help="Hash tensor bytes to find duplicate content.")
+    ] = False,
+    scan_values: Annotated[
+        bool, typer.Option("--scan-values", help="Read tensor values to find NaN and Inf.")
+    ] = False,
+    fail_on: Annotated[
+        FailOn,
+        typer.Option("--fail-on", help="Exit 1 on findings at or above this severity."),
+    ] = FailOn.error,
+) -> None:
+    """Report problems in a checkpoint without changing it.
+
+    Example: ckptfix inspect ./my-model --fail-on warning
+    """
+    limit = parse_size(max_shard)
+    report = ckptfix.inspect(path, max_shard=limit, hash=hash_values, scan_values=scan_values)
+    if json_output:
+        sys.stdout.write(json.dumps(report.to_dict(), indent=2, ensure_ascii=False) + "\n")
+    else:
+        render.report(report, show_tensors=tensors, fail_on=fail_on.value)
+    for line in render.error_lines(report):
+        _error_line(line)
+    raise typer.Exit(report.exit_code(fail_on.value))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

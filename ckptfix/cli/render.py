@@ -1,0 +1,99 @@
+"""Human output with rich. User-controlled text (names, messages) goes in as Text, never markup."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from ckptfix.findings import Severity
+from ckptfix.report import Report
+from ckptfix.sizes import format_size
+
+_STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
+_TITLE = {Severity.ERROR: "Errors", Severity.WARNING: "Warnings", Severity.INFO: "Info"}
+_MARK = {Severity.ERROR: "✗", Severity.WARNING: "!", Severity.INFO: "i"}
+
+
+def _console() -> Console:
+    # Wide enough that paths and messages wrap less when stdout is not a terminal.
+    console = Console(highlight=False, soft_wrap=False)
+    if not console.is_terminal:
+        console = Console(highlight=False, width=120)
+    return console
+
+
+def _params(count: int) -> str:
+    for scale, unit in ((10**12, "T"), (10**9, "B"), (10**6, "M"), (10**3, "K")):
+        if count >= scale:
+            return f"{count:,} ({count / scale:.2f}{unit})"
+    return f"{count:,}"
+
+
+def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
+    console = _console()
+    formats = Counter(item.format for item in result.files)
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("Path", Text(result.path))
+    summary.add_row("Format", result.format)
+    file_kinds = ", ".join(f"{count} {fmt}" for fmt, count in sorted(formats.items()))
+    summary.add_row("Files", f"{len(result.files)} ({file_kinds})" if result.files else "0")
+    summary.add_row("Tensors", f"{result.tensor_count:,}")
+    summary.add_row("Parameters", _params(result.parameter_count))
+    summary.add_row("Bytes", f"{result.total_bytes:,} ({format_size(result.total_bytes)})")
+    dtypes = " · ".join(f"{name} {format_size(size)}" for name, size in result.dtypes.items())
+    summary.add_row("Dtypes", dtypes or "-")
+    console.print(summary)
+
+    if show_tensors and result.tensors:
+        table = Table(title="Tensors", title_justify="left")
+        for column in ("name", "dtype", "shape", "bytes", "file"):
+            table.add_column(column, justify="right" if column == "bytes" else "left")
+        for tensor in result.tensors:
+            table.add_row(
+                Text(tensor.name), tensor.dtype, Text(str(list(tensor.shape))),
+                f"{tensor.nbytes:,}", Text(tensor.file),
+            )
+        console.print(table)
+
+    for severity in (Severity.ERROR, Severity.WARNING, Severity.INFO):
+        items = [item for item in result.findings if item.severity is severity]
+        if not items:
+            continue
+        console.print()
+        console.print(Text(f"{_TITLE[severity]} ({len(items)})", style=_STYLE[severity]))
+        for item in items:
+            head = Text(f"  {_MARK[severity]} ", style=_STYLE[severity])
+            head.append(item.code, style="bold")
+            if item.file:
+                head.append("  ")
+                head.append(item.file, style="dim")
+            console.print(head)
+            console.print(Text(f"    {item.message}"), soft_wrap=True)
+
+    counts = {severity: result.count(severity) for severity in Severity}
+    code = result.exit_code(fail_on)
+    verdict = Text()
+    verdict.append(
+        f"\n{counts[Severity.ERROR]} error(s), {counts[Severity.WARNING]} warning(s), "
+        f"{counts[Severity.INFO]} info",
+        style="bold",
+    )
+    verdict.append(f" → exit {code} (--fail-on {fail_on})")
+    if not result.findings:
+        verdict.append("  clean", style="green")
+    console.print(verdict)
+
+
+def error_lines(result: Report) -> list[str]:
+    """One `error: <file>: <message>` line per error finding, for stderr."""
+    lines = []
+    for item in result.findings:
+        if item.severity is Severity.ERROR:
+            where = f"{item.file}: " if item.file else ""
+            lines.append(f"error: {where}{item.message}")
+    return lines

@@ -1,0 +1,54 @@
+"""The one exception tree of ckptfix. The CLI turns these into exit codes in one place."""
+
+from __future__ import annotations
+
+
+class CkptfixError(Exception):
+    """Base of every error ckptfix raises on purpose."""
+
+    exit_code = 1
+
+    def __init__(self, path: str | None, what: str, fix: str | None = None) -> None:
+        self.path = path
+        self.what = what
+        self.fix = fix
+        super().__init__(self.line())
+
+    def detail(self) -> str:
+        """The message without the file: `<what> (<how to fix>)`."""
+        return f"{self.what} ({self.fix})" if self.fix else self.what
+
+    def line(self) -> str:
+        """The one line the CLI prints: `error: <file>: <what> (<how to fix>)`."""
+        where = f"{self.path}: " if self.path else ""
+        return f"error: {where}{self.detail()}"
+
+
+class UsageError(CkptfixError):
+    """The command line asks for something impossible (bad option value, bad combination)."""
+
+    exit_code = 2
+
+
+class InputNotFoundError(UsageError):
+    """The path given on the command line does not exist."""
+
+
+class CorruptFileError(CkptfixError):
+    """A file cannot be parsed or breaks a validation rule; `rule` names the rule."""
+
+    def __init__(self, path: str | None, rule: str, what: str, fix: str | None = None) -> None:
+        self.rule = rule
+        super().__init__(path, what, fix)
+
+    def detail(self) -> str:
+        fix = f"; {self.fix}" if self.fix else ""
+        return f"{self.what} (rule {self.rule}{fix})"
+
+
+class LfsPointerError(CorruptFileError):
+    """A weight file is a Git LFS pointer stub, not the weights."""
+
+
+class UnsupportedFormatError(CkptfixError):
+    """A file is of a kind ckptfix recognises but does not read (yet, or ever)."""

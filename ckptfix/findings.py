@@ -1,0 +1,82 @@
+"""Findings: what inspect reports, with one fixed severity per code (SPEC §3)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Severity(str, Enum):
+    ERROR = "error"
+    WARNING = "warning"
+    INFO = "info"
+
+    @property
+    def rank(self) -> int:
+        return {"error": 3, "warning": 2, "info": 1}[self.value]
+
+
+CODES: dict[str, Severity] = {
+    "corrupt-file": Severity.ERROR,
+    "lfs-pointer": Severity.ERROR,
+    "unsafe-pickle": Severity.ERROR,
+    "index-missing-file": Severity.ERROR,
+    "index-missing-tensor": Severity.ERROR,
+    "duplicate-name": Severity.ERROR,
+    "index-unlisted-tensor": Severity.WARNING,
+    "index-total-size": Severity.WARNING,
+    "orphan-file": Severity.WARNING,
+    "mixed-formats": Severity.WARNING,
+    "shared-storage": Severity.WARNING,
+    "non-contiguous": Severity.WARNING,
+    "wasted-storage": Severity.WARNING,
+    "oversized-tensor": Severity.WARNING,
+    "huge-numel": Severity.WARNING,
+    "missing-format-metadata": Severity.WARNING,
+    "duplicate-content": Severity.WARNING,
+    "non-finite": Severity.WARNING,
+    "tied-config-mismatch": Severity.WARNING,
+    # Beyond SPEC §3's table: shard file names whose N-of-M numbering is inconsistent or
+    # that have no index, and tensors with an empty name (SECURITY.md: warn on them).
+    "shard-numbering": Severity.WARNING,
+    "empty-name": Severity.WARNING,
+    "unsupported-format": Severity.INFO,
+    "nested-checkpoint": Severity.INFO,
+    "wrapper-prefix": Severity.INFO,
+    "dtype-mix": Severity.INFO,
+}
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem: a code, its severity, the file and tensors involved, a one-line message."""
+
+    code: str
+    severity: Severity
+    message: str
+    file: str | None = None
+    tensors: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "severity": self.severity.value,
+            "file": self.file,
+            "tensors": list(self.tensors),
+            "message": self.message,
+        }
+
+
+def finding(
+    code: str, message: str, *, file: str | None = None, tensors: Iterable[str] = ()
+) -> Finding:
+    """Build a finding; the severity comes from the code so it can never drift."""
+    return Finding(code, CODES[code], message, file, tuple(tensors))
+
+
+def name_list(names: list[str] | tuple[str, ...], limit: int = 3) -> str:
+    """`'a', 'b', 'c' and 4 more` for messages that must stay on one line."""
+    shown = ", ".join(repr(name) for name in names[:limit])
+    extra = len(names) - limit
+    return f"{shown} and {extra} more" if extra > 0 else shown

@@ -1,0 +1,121 @@
+"""Model folders: which files hold weights, which family each belongs to, which index."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+_STEMS = (
+    "model",
+    "pytorch_model",
+    "diffusion_pytorch_model",
+    "consolidated",
+    "adapter_model",
+)
+_STEM = "|".join(_STEMS)
+WEIGHT_RE = re.compile(
+    rf"^(?P<stem>{_STEM})(?:\.(?P<variant>[A-Za-z0-9_]+))?"
+    r"(?:-(?P<part>\d+)-of-(?P<total>\d+))?\.(?P<ext>safetensors|bin)$"
+)
+INDEX_RE = re.compile(
+    rf"^(?P<stem>{_STEM})\.(?P<ext>safetensors|bin)\.index(?:\.(?P<variant>[A-Za-z0-9_]+))?\.json$"
+)
+LOOSE_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+# Files that trainers leave beside the weights: pickles of settings or optimizer state,
+# not model weights. They are copied as ordinary files, never read as weights.
+NOT_WEIGHTS = re.compile(
+    r"^(training_args\.bin|optimizer\.(pt|bin)|scheduler\.(pt|bin)|scaler\.pt|"
+    r"rng_state(_\d+)?\.pth)$"
+)
+
+
+@dataclass(frozen=True)
+class ShardName:
+    """What a weight file's name says: family stem, variant and N-of-M position."""
+
+    stem: str
+    variant: str | None
+    ext: str
+    part: int | None
+    total: int | None
+
+
+def parse_weight_name(name: str) -> ShardName | None:
+    match = WEIGHT_RE.match(name)
+    if match is None:
+        return None
+    part, total = match["part"], match["total"]
+    return ShardName(
+        stem=match["stem"],
+        variant=match["variant"],
+        ext=match["ext"],
+        part=int(part) if part is not None else None,
+        total=int(total) if total is not None else None,
+    )
+
+
+@dataclass
+class Family:
+    """Weight files that a loader would treat as one checkpoint (e.g. `model*.safetensors`)."""
+
+    stem: str
+    variant: str | None
+    ext: str
+    files: list[str] = field(default_factory=list)
+    index: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.stem == "loose":
+            return f"loose *.{self.ext} files"
+        variant = f".{self.variant}" if self.variant else ""
+        return f"{self.stem}{variant}*.{self.ext}"
+
+    @property
+    def kind(self) -> str:
+        """The family without its variant: what counts towards `mixed-formats`."""
+        return self.label if self.stem == "loose" else f"{self.stem}*.{self.ext}"
+
+    def owns(self, name: str) -> bool:
+        parsed = parse_weight_name(name)
+        return (
+            parsed is not None
+            and (parsed.stem, parsed.variant, parsed.ext) == (self.stem, self.variant, self.ext)
+        )
+
+
+@dataclass(frozen=True)
+class FolderLayout:
+    families: tuple[Family, ...]
+    weight_files: tuple[str, ...]
+    config: str | None
+
+
+def scan_folder(root: str) -> FolderLayout:
+    """Sort the top-level files of a model folder into weight families and their indexes."""
+    names = sorted(entry.name for entry in os.scandir(root) if entry.is_file())
+    families: dict[tuple[str, str | None, str], Family] = {}
+
+    def family(stem: str, variant: str | None, ext: str) -> Family:
+        key = (stem, variant, ext)
+        if key not in families:
+            families[key] = Family(stem, variant, ext)
+        return families[key]
+
+    weight_files: list[str] = []
+    for name in names:
+        index_match = INDEX_RE.match(name)
+        if index_match is not None:
+            family(index_match["stem"], index_match["variant"], index_match["ext"]).index = name
+            continue
+        parsed = parse_weight_name(name)
+        if parsed is not None:
+            family(parsed.stem, parsed.variant, parsed.ext).files.append(name)
+            weight_files.append(name)
+        elif name.endswith(LOOSE_EXTS) and not NOT_WEIGHTS.match(name):
+            ext = "safetensors" if name.endswith(".safetensors") else "torch"
+            family("loose", None, ext).files.append(name)
+            weight_files.append(name)
+    config = "config.json" if "config.json" in names else None
+    return FolderLayout(tuple(families.values()), tuple(weight_files), config)

@@ -1,0 +1,1 @@
+"""Readers (and later writers) for each checkpoint format, one module per format."""

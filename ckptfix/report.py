@@ -1,0 +1,80 @@
+"""The inspect report: what was read, what was found; serialises to SPEC §4 JSON."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ckptfix.catalog import TensorInfo
+from ckptfix.findings import Finding, Severity
+
+SCHEMA_VERSION = 1
+FAIL_ON_LEVELS = ("error", "warning", "info", "never")
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    path: str
+    format: str
+    bytes: int
+    tensor_count: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "path": self.path,
+            "format": self.format,
+            "bytes": self.bytes,
+            "tensor_count": self.tensor_count,
+        }
+
+
+@dataclass(frozen=True)
+class Report:
+    path: str
+    format: str
+    files: tuple[FileSummary, ...]
+    tensors: tuple[TensorInfo, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def tensor_count(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def parameter_count(self) -> int:
+        return sum(tensor.numel for tensor in self.tensors)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(tensor.nbytes for tensor in self.tensors)
+
+    @property
+    def dtypes(self) -> dict[str, int]:
+        totals: Counter[str] = Counter()
+        for tensor in self.tensors:
+            totals[tensor.dtype] += tensor.nbytes
+        return dict(sorted(totals.items(), key=lambda item: (-item[1], item[0])))
+
+    def count(self, severity: Severity) -> int:
+        return sum(1 for item in self.findings if item.severity is severity)
+
+    def exit_code(self, fail_on: str = "error") -> int:
+        """0 when no finding is at or above `fail_on`, else 1 (SPEC §4)."""
+        if fail_on == "never":
+            return 0
+        threshold = Severity(fail_on).rank
+        return 1 if any(item.severity.rank >= threshold for item in self.findings) else 0
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "path": self.path,
+            "format": self.format,
+            "files": [item.to_dict() for item in self.files],
+            "tensor_count": self.tensor_count,
+            "parameter_count": self.parameter_count,
+            "total_bytes": self.total_bytes,
+            "dtypes": self.dtypes,
+            "tensors": [tensor.to_dict() for tensor in self.tensors],
+            "findings": [item.to_dict() for item in self.findings],
+        }
