@@ -38,7 +38,8 @@ CODES: dict[str, Severity] = {
     "non-finite": Severity.WARNING,
     "tied-config-mismatch": Severity.WARNING,
     # Beyond SPEC §3's table: shard file names whose N-of-M numbering is inconsistent or
-    # that have no index, and tensors with an empty name (SECURITY.md: warn on them).
+    # that have no index, a folder with no weight file at all, and tensors with an empty name (SECURITY.md: warn on them).
+    "no-weights": Severity.ERROR,
     "shard-numbering": Severity.WARNING,
     "empty-name": Severity.WARNING,
     "unsupported-format": Severity.INFO,

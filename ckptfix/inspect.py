@@ -145,6 +145,13 @@ def _inspect_folder(collector: _Collector) -> None:
         read = [collector.weights[shown(n)] for n in family.files if shown(n) in collector.weights]
         collector.findings.extend(checks.duplicate_name_findings(read))
     collector.findings.extend(checks.mixed_format_findings(layout.families))
+    if not collector.files:
+        collector.findings.append(finding(
+            "no-weights",
+            "folder holds no weight file (*.safetensors, *.bin, *.pt, ...) and no shard index "
+            "(check the path, or download the weights)",
+            file=root,
+        ))
 
 
 def _read_index(collector: _Collector, family: Family) -> ShardIndex | None:

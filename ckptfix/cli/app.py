@@ -119,7 +119,7 @@ MaxShardOption = Annotated[
 
 @app.command()
 def inspect(
-    path: Annotated[Path, typer.Argument(help="Checkpoint file or model folder.")],
+    path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint file or model folder.")],
     json_output: JsonOption = False,
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor.")] = False,
     max_shard: MaxShardOption = "5GB",
@@ -151,4 +151,4 @@ def inspect(
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    app(prog_name="ckptfix")

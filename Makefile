@@ -1,0 +1,48 @@
+# Every target sets itself up: a fresh clone needs nothing but python3 and make.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+BASE := $(VENV)/.installed-base
+FULL := $(VENV)/.installed-full
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+
+.PHONY: install test lint demo bench fuzz clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(BASE): pyproject.toml | $(BIN)/python
+	$(PIP) -e . 2> >(grep -v "^WARNING: Location" >&2)
+	touch $@
+
+# torch first, pinned: it is the CPU build on these machines; a bare `torch` requirement
+# from another package would pull the CUDA build instead.
+$(FULL): pyproject.toml | $(BIN)/python
+	$(PIP) torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
+	$(PIP) -e '.[test,dev]' 2> >(grep -v "^WARNING: Location" >&2)
+	touch $@ $(BASE)
+
+install: $(FULL)
+
+test: $(FULL)
+	$(BIN)/python -m pytest -q
+
+lint: $(FULL)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+demo: $(BASE)
+	$(BIN)/python scripts/make_demo.py demo-out/sample-model
+	@echo "\$$ ckptfix inspect demo-out/sample-model"
+	@$(BIN)/ckptfix inspect demo-out/sample-model; echo "(exit code $$?: the sample has errors on purpose)"
+
+bench: $(FULL)
+	$(BIN)/python bench/bench.py
+
+fuzz: $(FULL)
+	CKPTFIX_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest -q tests/test_fuzz.py
+
+clean:
+	rm -rf $(VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
