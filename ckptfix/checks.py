@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -22,7 +22,8 @@ def tensor_findings(tensors: Sequence[TensorInfo], max_shard: int) -> list[Findi
     huge: dict[str, list[TensorInfo]] = defaultdict(list)
     oversized: dict[str, list[TensorInfo]] = defaultdict(list)
     for tensor in tensors:
-        if tensor.numel >= HUGE or tensor.nbytes >= HUGE:
+        # numel >= 2^31 needs nbytes >= 2^30 even at 4 bits per element: skip small ones fast.
+        if tensor.nbytes >= HUGE // 2 and (tensor.numel >= HUGE or tensor.nbytes >= HUGE):
             huge[tensor.file].append(tensor)
         if tensor.nbytes > max_shard:
             oversized[tensor.file].append(tensor)
@@ -78,10 +79,15 @@ def file_findings(weight_file: WeightFile) -> list[Finding]:
 
 def duplicate_name_findings(files: Iterable[WeightFile]) -> list[Finding]:
     """The same tensor name stored in two files of one checkpoint."""
+    files = list(files)
+    counts = Counter(tensor.name for weight_file in files for tensor in weight_file.tensors)
+    if not counts or max(counts.values()) == 1:
+        return []
     holders: dict[str, list[str]] = defaultdict(list)
     for weight_file in files:
         for tensor in weight_file.tensors:
-            holders[tensor.name].append(weight_file.path)
+            if counts[tensor.name] > 1:
+                holders[tensor.name].append(weight_file.path)
     by_files: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for name, paths in holders.items():
         if len(paths) > 1:
@@ -280,11 +286,10 @@ def tied_config_findings(
 
     `same_bytes(a, b)` says whether two tensors hold equal bytes, or None when not compared.
     """
-    names = {tensor.name for tensor in tensors}
-    embedding = next(
-        (name for name in sorted(names) if name.endswith(_EMBEDDING_SUFFIXES)), None
+    embedding = min(
+        (t.name for t in tensors if t.name.endswith(_EMBEDDING_SUFFIXES)), default=None
     )
-    head = next((name for name in sorted(names) if name.endswith(_HEAD_NAMES)), None)
+    head = min((t.name for t in tensors if t.name.endswith(_HEAD_NAMES)), default=None)
     if embedding is None:
         return []
     tie, explicit = _tie_setting(config)

@@ -214,12 +214,12 @@ def _config_findings(
             "corrupt-file", "config.json is not a JSON object (rule config-not-object; fix or "
             "re-download it)", file=config_path,
         )]
-    by_name = {tensor.name: tensor for tensor in tensors}
 
     def same_bytes(first: str, second: str) -> bool | None:
         if not hashed:
             return None
-        a, b = by_name[first], by_name[second]
+        a = next(tensor for tensor in tensors if tensor.name == first)
+        b = next(tensor for tensor in tensors if tensor.name == second)
         if (a.dtype, a.shape) != (b.dtype, b.shape):
             return False
         return values.digest(collector.real(a.file), a) == values.digest(collector.real(b.file), b)

@@ -65,6 +65,14 @@ class Report:
         threshold = Severity(fail_on).rank
         return 1 if any(item.severity.rank >= threshold for item in self.findings) else 0
 
+    def error_lines(self) -> list[str]:
+        """One `error: <file>: <message>` line per error finding, for stderr."""
+        return [
+            f"error: {item.file}: {item.message}" if item.file else f"error: {item.message}"
+            for item in self.findings
+            if item.severity is Severity.ERROR
+        ]
+
     def to_dict(self) -> dict[str, object]:
         return {
             "schema_version": SCHEMA_VERSION,
@@ -75,6 +83,11 @@ class Report:
             "parameter_count": self.parameter_count,
             "total_bytes": self.total_bytes,
             "dtypes": self.dtypes,
-            "tensors": [tensor.to_dict() for tensor in self.tensors],
+            "tensors": [
+                # Inlined TensorInfo.to_dict(): this list can hold 100,000+ entries.
+                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes,
+                 "file": t.file, "contiguous": t.contiguous, "storage": t.storage}
+                for t in self.tensors
+            ],
             "findings": [item.to_dict() for item in self.findings],
         }

@@ -87,13 +87,3 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
     if not result.findings:
         verdict.append("  clean", style="green")
     console.print(verdict)
-
-
-def error_lines(result: Report) -> list[str]:
-    """One `error: <file>: <message>` line per error finding, for stderr."""
-    lines = []
-    for item in result.findings:
-        if item.severity is Severity.ERROR:
-            where = f"{item.file}: " if item.file else ""
-            lines.append(f"error: {where}{item.message}")
-    return lines

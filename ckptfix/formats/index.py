@@ -84,6 +84,7 @@ def read_index(path: str | os.PathLike[str], display: str, weight_ext: str | Non
                 f"weight_map entry {tensor!r} maps to a {type(shard).__name__}, not a file name",
                 _FIX,
             )
+    for shard in set(weight_map.values()):
         check_shard_name(shard, display, weight_ext)
     metadata = parsed.get("metadata")
     if metadata is None:

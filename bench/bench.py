@@ -1,0 +1,217 @@
+"""`make bench`: time and peak memory of ckptfix against the usual ways of doing the job.
+
+Checkpoints are built once into .bench-cache/ (real random bytes, llama-shaped, bf16).
+Each command runs in a fresh process, several times; the table shows medians. Peak RSS
+is the child's ru_maxrss from wait4, which counts resident file-mapped pages too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ckptfix.formats.safetensors import HeaderEntry, encode_header
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".bench-cache"
+PYTHON = sys.executable
+CKPTFIX = [PYTHON, "-m", "ckptfix"]
+
+# TinyLlama-1.1B shapes: 2.2 GB in bf16.
+HIDDEN, INTERMEDIATE, KV, VOCAB, LAYERS = 2048, 5632, 256, 32000, 22
+
+
+def llama_tensors(layers: int = LAYERS) -> list[tuple[str, tuple[int, ...]]]:
+    tensors = [("model.embed_tokens.weight", (VOCAB, HIDDEN))]
+    for index in range(layers):
+        prefix = f"model.layers.{index}"
+        tensors += [
+            (f"{prefix}.self_attn.q_proj.weight", (HIDDEN, HIDDEN)),
+            (f"{prefix}.self_attn.k_proj.weight", (KV, HIDDEN)),
+            (f"{prefix}.self_attn.v_proj.weight", (KV, HIDDEN)),
+            (f"{prefix}.self_attn.o_proj.weight", (HIDDEN, HIDDEN)),
+            (f"{prefix}.mlp.gate_proj.weight", (INTERMEDIATE, HIDDEN)),
+            (f"{prefix}.mlp.up_proj.weight", (INTERMEDIATE, HIDDEN)),
+            (f"{prefix}.mlp.down_proj.weight", (HIDDEN, INTERMEDIATE)),
+            (f"{prefix}.input_layernorm.weight", (HIDDEN,)),
+            (f"{prefix}.post_attention_layernorm.weight", (HIDDEN,)),
+        ]
+    tensors += [("model.norm.weight", (HIDDEN,)), ("lm_head.weight", (VOCAB, HIDDEN))]
+    return tensors
+
+
+def nbytes(shape: tuple[int, ...], itemsize: int = 2) -> int:
+    size = itemsize
+    for dim in shape:
+        size *= dim
+    return size
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, tuple[int, ...]]],
+                      dtype: str = "BF16", itemsize: int = 2) -> None:
+    entries, offset = [], 0
+    for name, shape in tensors:
+        size = nbytes(shape, itemsize)
+        entries.append(HeaderEntry(name, dtype, shape, offset, offset + size))
+        offset += size
+    tmp = path.with_suffix(".partial")
+    block = os.urandom(64 * 2**20)
+    with open(tmp, "wb") as handle:
+        handle.write(encode_header(entries, {"format": "pt"}))
+        remaining = offset
+        while remaining:
+            chunk = block[: min(remaining, len(block))]
+            handle.write(chunk)
+            remaining -= len(chunk)
+    tmp.rename(path)
+
+
+def split(tensors: list[tuple[str, tuple[int, ...]]], parts: int) -> list[list[tuple[str, tuple[int, ...]]]]:
+    total = sum(nbytes(shape) for _, shape in tensors)
+    target = total / parts
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for tensor in tensors:
+        if size >= target and len(shards) < parts:
+            shards.append([])
+            size = 0
+        shards[-1].append(tensor)
+        size += nbytes(tensor[1])
+    return shards
+
+
+def write_folder(folder: Path, shards: list[list[tuple[str, tuple[int, ...]]]],
+                 dtype: str = "BF16", itemsize: int = 2) -> None:
+    tmp = folder.with_name(folder.name + ".partial")
+    tmp.mkdir(parents=True, exist_ok=True)
+    weight_map, total = {}, 0
+    for number, shard in enumerate(shards, start=1):
+        name = f"model-{number:05d}-of-{len(shards):05d}.safetensors"
+        write_safetensors(tmp / name, shard, dtype, itemsize)
+        for tensor_name, shape in shard:
+            weight_map[tensor_name] = name
+            total += nbytes(shape, itemsize)
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (tmp / "config.json").write_text(json.dumps({"model_type": "llama",
+                                                 "tie_word_embeddings": False}))
+    tmp.rename(folder)
+
+
+def ensure_inputs() -> dict[str, Path]:
+    CACHE.mkdir(exist_ok=True)
+    single = CACHE / "llama-2gb.safetensors"
+    if not single.exists():
+        print(f"building {single} ...", flush=True)
+        write_safetensors(single, llama_tensors())
+    five = CACHE / "llama-2gb-5shards"
+    if not five.exists():
+        print(f"building {five} ...", flush=True)
+        write_folder(five, split(llama_tensors(), 5))
+    many = CACHE / "many-50x2000"
+    if not many.exists():
+        print(f"building {many} ...", flush=True)
+        shards = [[(f"blocks.{s}.t{t}.weight", (4,)) for t in range(2000)] for s in range(50)]
+        write_folder(many, shards, "F32", 4)
+    return {"single": single, "five": five, "many": many}
+
+
+@dataclass
+class Measure:
+    wall: float
+    rss_mib: float
+
+
+def run(command: list[str], *, env: dict[str, str] | None = None) -> Measure:
+    start = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env=env)
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    stderr = process.stderr.read().decode() if process.stderr else ""
+    if process.returncode not in (0, 1):
+        raise SystemExit(f"{' '.join(command)} failed ({process.returncode}): {stderr}")
+    return Measure(wall, usage.ru_maxrss / 1024)
+
+
+def median(command: list[str], repeat: int) -> Measure:
+    run(command)  # warm-up: page cache and .pyc files
+    samples = [run(command) for _ in range(repeat)]
+    return Measure(statistics.median(s.wall for s in samples),
+                   max(s.rss_mib for s in samples))
+
+
+SAFE_OPEN_LISTING = """
+import sys, glob, os
+from safetensors import safe_open
+path = sys.argv[1]
+files = sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
+count = 0
+for name in files:
+    with safe_open(name, "np") as handle:
+        for key in handle.keys():
+            handle.get_slice(key).get_shape()
+            count += 1
+print(count)
+"""
+
+
+def imports_torch(path: Path) -> bool:
+    code = ("import sys; import ckptfix.cli.app as app; sys.argv=['ckptfix','inspect',"
+            f"{str(path)!r},'--json']\ntry:\n    app.main()\nexcept SystemExit:\n"
+            "    pass\nsys.stderr.write(str('torch' in sys.modules))")
+    done = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, check=False)
+    return done.stderr.strip().endswith("True")
+
+
+def bench_inspect(inputs: dict[str, Path], repeat: int) -> list[str]:
+    rows = []
+    targets = {"single": ("2.2 GB single file", 0.5, 120),
+               "five": ("2.2 GB, 5 shards", 0.5, 120),
+               "many": ("50 shards, 100,000 tensors", 2.0, None)}
+    for key, (label, wall_target, rss_target) in targets.items():
+        path = inputs[key]
+        ours = median([*CKPTFIX, "inspect", str(path), "--json"], repeat)
+        reference = median([PYTHON, "-c", SAFE_OPEN_LISTING, str(path)], repeat)
+        ok = ours.wall <= wall_target and (rss_target is None or ours.rss_mib <= rss_target)
+        rss_goal = f"≤ {rss_target} MiB" if rss_target else "-"
+        rows.append(
+            f"| inspect --json, {label} | {ours.wall:.3f} s | {ours.rss_mib:.0f} MiB | "
+            f"{reference.wall:.3f} s / {reference.rss_mib:.0f} MiB | "
+            f"{ours.wall / reference.wall:.2f}× | ≤ {wall_target} s, {rss_goal} | "
+            f"{'met' if ok else 'MISSED'} |"
+        )
+    rows.append(f"\ntorch imported by `inspect`: {'yes' if imports_torch(inputs['single']) else 'no'}")
+    return rows
+
+
+def data_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(item.stat().st_size for item in path.iterdir())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    inputs = ensure_inputs()
+    print(f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
+          f"{inputs['five'].name} ({data_size(inputs['five']) / 1e9:.2f} GB), "
+          f"{inputs['many'].name}; {args.repeat} runs each, median wall, max peak RSS\n")
+    print("| job | ckptfix wall | ckptfix peak RSS | safe_open listing (wall / RSS) | ratio | target | |")
+    print("|---|---|---|---|---|---|---|")
+    for row in bench_inspect(inputs, args.repeat):
+        print(row, flush=True)
+
+
+if __name__ == "__main__":
+    main()

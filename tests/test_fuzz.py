@@ -1,0 +1,134 @@
+"""Mutated headers and indexes: only our own error type may ever escape the readers.
+
+`make test` runs a small budget; `make fuzz` sets CKPTFIX_FUZZ_EXAMPLES for a long run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import ckptfix
+from ckptfix.errors import CorruptFileError
+from ckptfix.formats.index import read_index
+from ckptfix.formats.safetensors import HeaderEntry, encode_header, read_header
+
+EXAMPLES = int(os.environ.get("CKPTFIX_FUZZ_EXAMPLES", "300"))
+FUZZ = settings(max_examples=EXAMPLES, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                       HealthCheck.too_slow])
+
+VALID = encode_header(
+    [HeaderEntry("embed.weight", "BF16", (4, 2), 0, 16),
+     HeaderEntry("norm", "F32", (2,), 16, 24),
+     HeaderEntry("empty", "U8", (0,), 24, 24)],
+    {"format": "pt"},
+) + bytes(range(24))
+VALID_INDEX = json.dumps({"metadata": {"total_size": 24}, "weight_map": {
+    "embed.weight": "model-00001-of-00002.safetensors",
+    "norm": "model-00002-of-00002.safetensors"}}).encode()
+
+
+@st.composite
+def mutations(draw: st.DrawFn, base: bytes) -> bytes:
+    data = bytearray(base)
+    for _ in range(draw(st.integers(1, 4))):
+        kind = draw(st.sampled_from(["flip", "truncate", "splice", "insert", "delete", "length"]))
+        if not data:
+            break
+        at = draw(st.integers(0, len(data) - 1))
+        if kind == "flip":
+            data[at] ^= 1 << draw(st.integers(0, 7))
+        elif kind == "truncate":
+            del data[at:]
+        elif kind == "splice":
+            start = draw(st.integers(0, len(base) - 1))
+            data[at:at + 8] = base[start:start + draw(st.integers(1, 16))]
+        elif kind == "insert":
+            data[at:at] = draw(st.binary(min_size=1, max_size=8))
+        elif kind == "delete":
+            del data[at:at + draw(st.integers(1, 8))]
+        elif kind == "length" and len(data) >= 8:
+            data[:8] = struct.pack("<Q", draw(st.integers(0, 2**64 - 1)))
+    return bytes(data)
+
+
+@FUZZ
+@given(mutations(VALID))
+def test_mutated_safetensors_only_raise_our_error(tmp_path: Path, blob: bytes) -> None:
+    path = tmp_path / "fuzz.safetensors"
+    path.write_bytes(blob)
+    try:
+        header = read_header(path)
+    except CorruptFileError as exc:
+        assert exc.rule and "\n" not in exc.line()
+    else:
+        # Whatever is accepted must be self-consistent: tensors tile the data exactly.
+        end = header.data_start
+        for tensor in header.tensors:
+            assert tensor.byte_range[0] == end
+            end = tensor.byte_range[1]
+        assert end == len(blob)
+    report = ckptfix.inspect(path)  # inspect turns every problem into a finding
+    assert all(item.code in {"corrupt-file", "lfs-pointer", "unsupported-format",
+                             "missing-format-metadata", "empty-name", "dtype-mix"}
+               for item in report.findings)
+
+
+@FUZZ
+@given(st.binary(max_size=256))
+def test_random_bytes(tmp_path: Path, blob: bytes) -> None:
+    path = tmp_path / "random.safetensors"
+    path.write_bytes(blob)
+    try:
+        read_header(path)
+    except CorruptFileError:
+        pass
+    ckptfix.inspect(path)
+
+
+@FUZZ
+@given(mutations(VALID_INDEX))
+def test_mutated_index_only_raise_our_error(tmp_path: Path, blob: bytes) -> None:
+    path = tmp_path / "model.safetensors.index.json"
+    path.write_bytes(blob)
+    try:
+        index = read_index(path, str(path), "safetensors")
+    except CorruptFileError as exc:
+        assert exc.rule
+    else:
+        assert all(isinstance(name, str) for name in index.weight_map.values())
+    ckptfix.inspect(tmp_path)
+
+
+entries = st.fixed_dictionaries(
+    {},
+    optional={
+        "dtype": st.one_of(st.sampled_from(["F32", "BF16", "F4", "U8", "f32", "X"]), st.integers()),
+        "shape": st.one_of(
+            st.lists(st.one_of(st.integers(-2, 2**65), st.booleans(), st.floats()), max_size=3),
+            st.integers(), st.none()),
+        "data_offsets": st.one_of(
+            st.lists(st.one_of(st.integers(-2, 2**65), st.booleans()), max_size=3), st.none()),
+        "extra": st.integers(),
+    },
+)
+
+
+@FUZZ
+@given(st.one_of(entries, st.integers(), st.lists(st.integers())))
+def test_fast_path_never_accepts_what_the_slow_path_refuses(entry: object) -> None:
+    from ckptfix.formats.safetensors import _check_entry, _fast_entry
+
+    fast = _fast_entry(entry)
+    try:
+        slow = _check_entry("t", entry, "x.safetensors")
+    except CorruptFileError:
+        assert fast is None
+    else:
+        assert fast in (None, slow)
