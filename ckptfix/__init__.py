@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from ckptfix.catalog import TensorInfo
 from ckptfix.errors import (
     CkptfixError,
     CorruptFileError,
@@ -13,7 +14,6 @@ from ckptfix.errors import (
 from ckptfix.findings import Finding, Severity
 from ckptfix.inspect import inspect
 from ckptfix.report import FileSummary, Report
-from ckptfix.catalog import TensorInfo
 
 __all__ = [
     "CkptfixError",

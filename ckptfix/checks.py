@@ -30,30 +30,38 @@ def tensor_findings(tensors: Sequence[TensorInfo], max_shard: int) -> list[Findi
     found: list[Finding] = []
     for file, group in huge.items():
         biggest = max(group, key=lambda tensor: tensor.numel)
-        found.append(finding(
-            "huge-numel",
-            f"{len(group)} tensor(s) reach 2^31 elements or bytes, e.g. {biggest.name!r} with "
-            f"{biggest.numel} elements ({biggest.nbytes} bytes); readers that size arrays in "
-            "32-bit integers overflow on them (make sure consumers use 64-bit sizes, or split them)",
-            file=file, tensors=[tensor.name for tensor in group],
-        ))
+        found.append(
+            finding(
+                "huge-numel",
+                f"{len(group)} tensor(s) reach 2^31 elements or bytes, e.g. {biggest.name!r} with "
+                f"{biggest.numel} elements ({biggest.nbytes} bytes); readers that size arrays in "
+                "32-bit integers overflow on them (make sure consumers use 64-bit sizes, or split them)",
+                file=file,
+                tensors=[tensor.name for tensor in group],
+            )
+        )
     for file, group in oversized.items():
         biggest = max(group, key=lambda tensor: tensor.nbytes)
-        found.append(finding(
-            "oversized-tensor",
-            f"{len(group)} tensor(s) exceed the shard limit of {max_shard} bytes, e.g. "
-            f"{biggest.name!r} at {biggest.nbytes} bytes; each will need a shard of its own "
-            "(raise --max-shard if a hard limit applies)",
-            file=file, tensors=[tensor.name for tensor in group],
-        ))
+        found.append(
+            finding(
+                "oversized-tensor",
+                f"{len(group)} tensor(s) exceed the shard limit of {max_shard} bytes, e.g. "
+                f"{biggest.name!r} at {biggest.nbytes} bytes; each will need a shard of its own "
+                "(raise --max-shard if a hard limit applies)",
+                file=file,
+                tensors=[tensor.name for tensor in group],
+            )
+        )
     floating = sorted({tensor.dtype for tensor in tensors if DTYPES[tensor.dtype].is_floating})
     if len(floating) > 1:
-        found.append(finding(
-            "dtype-mix",
-            f"floating tensors come in {len(floating)} dtypes ({', '.join(floating)}); check this "
-            "is intended (`ckptfix convert --dtype` casts them to one)",
-            tensors=(),
-        ))
+        found.append(
+            finding(
+                "dtype-mix",
+                f"floating tensors come in {len(floating)} dtypes ({', '.join(floating)}); check this "
+                "is intended (`ckptfix convert --dtype` casts them to one)",
+                tensors=(),
+            )
+        )
     return found
 
 
@@ -61,19 +69,24 @@ def file_findings(weight_file: WeightFile) -> list[Finding]:
     found: list[Finding] = []
     metadata = weight_file.metadata or {}
     if "format" not in metadata:
-        found.append(finding(
-            "missing-format-metadata",
-            "header __metadata__ has no \"format\" entry, which some loaders require "
-            "(rewrite with `ckptfix reshard`, which adds \"format\": \"pt\")",
-            file=weight_file.path,
-        ))
+        found.append(
+            finding(
+                "missing-format-metadata",
+                'header __metadata__ has no "format" entry, which some loaders require '
+                '(rewrite with `ckptfix reshard`, which adds "format": "pt")',
+                file=weight_file.path,
+            )
+        )
     if weight_file.empty_names:
-        found.append(finding(
-            "empty-name",
-            f"{weight_file.empty_names} tensor(s) have an empty name, which loaders cannot address "
-            "(rename them at export)",
-            file=weight_file.path, tensors=[""],
-        ))
+        found.append(
+            finding(
+                "empty-name",
+                f"{weight_file.empty_names} tensor(s) have an empty name, which loaders cannot address "
+                "(rename them at export)",
+                file=weight_file.path,
+                tensors=[""],
+            )
+        )
     return found
 
 
@@ -98,7 +111,8 @@ def duplicate_name_findings(files: Iterable[WeightFile]) -> list[Finding]:
             f"{len(names)} tensor name(s) such as {name_list(names, 2)} are stored in "
             f"{len(paths)} files ({', '.join(paths)}); a loader keeps whichever it reads last "
             "(remove the stale copy)",
-            file=paths[0], tensors=names,
+            file=paths[0],
+            tensors=names,
         )
         for paths, names in by_files.items()
     ]
@@ -118,53 +132,62 @@ def index_findings(
     """
     found: list[Finding] = []
     by_shard: dict[str, list[str]] = defaultdict(list)
-    for tensor, shard in index.weight_map.items():
-        by_shard[shard].append(tensor)
+    for name, shard in index.weight_map.items():
+        by_shard[shard].append(name)
     for shard, names in by_shard.items():
         if not exists[shard]:
-            found.append(finding(
-                "index-missing-file",
-                f"index maps {len(names)} tensor(s) to {shard!r}, which does not exist "
-                "(download the missing shard, or regenerate the index)",
-                file=index.path, tensors=names,
-            ))
+            found.append(
+                finding(
+                    "index-missing-file",
+                    f"index maps {len(names)} tensor(s) to {shard!r}, which does not exist "
+                    "(download the missing shard, or regenerate the index)",
+                    file=index.path,
+                    tensors=names,
+                )
+            )
             continue
         if shard not in read:
             continue  # unreadable: its own finding already says why
         held = {tensor.name for tensor in read[shard].tensors}
         missing = [name for name in names if name not in held]
         if missing:
-            found.append(finding(
-                "index-missing-tensor",
-                f"index maps {len(missing)} tensor(s) such as {name_list(missing, 2)} to "
-                f"{shard!r}, which does not hold them (regenerate the index from the shards)",
-                file=index.path, tensors=missing,
-            ))
-    stored_in: dict[str, int] = defaultdict(int)
-    for weight_file in read.values():
-        for tensor in weight_file.tensors:
-            stored_in[tensor.name] += 1
+            found.append(
+                finding(
+                    "index-missing-tensor",
+                    f"index maps {len(missing)} tensor(s) such as {name_list(missing, 2)} to "
+                    f"{shard!r}, which does not hold them (regenerate the index from the shards)",
+                    file=index.path,
+                    tensors=missing,
+                )
+            )
+    stored_in = Counter(tensor.name for weight in read.values() for tensor in weight.tensors)
     for shard, weight_file in read.items():
         unlisted = [
-            tensor.name for tensor in weight_file.tensors
+            tensor.name
+            for tensor in weight_file.tensors
             if index.weight_map.get(tensor.name) != shard and stored_in[tensor.name] == 1
         ]
         if unlisted:
-            found.append(finding(
-                "index-unlisted-tensor",
-                f"shard holds {len(unlisted)} tensor(s) such as {name_list(unlisted, 2)} that the "
-                "index does not map to it, so loaders never read them (regenerate the index)",
-                file=weight_file.path, tensors=unlisted,
-            ))
+            found.append(
+                finding(
+                    "index-unlisted-tensor",
+                    f"shard holds {len(unlisted)} tensor(s) such as {name_list(unlisted, 2)} that the "
+                    "index does not map to it, so loaders never read them (regenerate the index)",
+                    file=weight_file.path,
+                    tensors=unlisted,
+                )
+            )
     referenced = set(by_shard)
     for name in family.files:
         if name not in referenced:
-            found.append(finding(
-                "orphan-file",
-                f"weight file is not referenced by {display[index.path]}; loaders ignore it "
-                "(delete it if stale, or regenerate the index if it belongs)",
-                file=display[name],
-            ))
+            found.append(
+                finding(
+                    "orphan-file",
+                    f"weight file is not referenced by {display[index.path]}; loaders ignore it "
+                    "(delete it if stale, or regenerate the index if it belongs)",
+                    file=display[name],
+                )
+            )
     found.extend(_total_size_findings(index, read, by_shard))
     return found
 
@@ -176,12 +199,14 @@ def _total_size_findings(
         return []
     declared: Any = index.metadata["total_size"]
     if type(declared) is not int:
-        return [finding(
-            "index-total-size",
-            f"metadata.total_size is {declared!r}, not an integer byte count "
-            "(regenerate the index)",
-            file=index.path,
-        )]
+        return [
+            finding(
+                "index-total-size",
+                f"metadata.total_size is {declared!r}, not an integer byte count "
+                "(regenerate the index)",
+                file=index.path,
+            )
+        ]
     if any(shard not in read for shard in by_shard):
         return []  # cannot know the true total while a shard is missing or unreadable
     actual = 0
@@ -190,12 +215,14 @@ def _total_size_findings(
         actual += sum(sizes.get(name, 0) for name in names)
     if declared == actual:
         return []
-    return [finding(
-        "index-total-size",
-        f"metadata.total_size is {declared} but the indexed tensors take {actual} bytes "
-        f"({format_size(actual)}); the index is stale (regenerate it)",
-        file=index.path,
-    )]
+    return [
+        finding(
+            "index-total-size",
+            f"metadata.total_size is {declared} but the indexed tensors take {actual} bytes "
+            f"({format_size(actual)}); the index is stale (regenerate it)",
+            file=index.path,
+        )
+    ]
 
 
 def shard_numbering_findings(family: Family, names: Sequence[str], where: str) -> list[Finding]:
@@ -206,20 +233,24 @@ def shard_numbering_findings(family: Family, names: Sequence[str], where: str) -
         return []
     found: list[Finding] = []
     if family.index is None:
-        found.append(finding(
-            "shard-numbering",
-            f"{len(parts)} file(s) are named as shards ({family.label}) but there is no index, so "
-            "loaders cannot find the tensors (restore the index, or rewrite with `ckptfix reshard`)",
-            file=where,
-        ))
+        found.append(
+            finding(
+                "shard-numbering",
+                f"{len(parts)} file(s) are named as shards ({family.label}) but there is no index, so "
+                "loaders cannot find the tensors (restore the index, or rewrite with `ckptfix reshard`)",
+                file=where,
+            )
+        )
     totals = sorted({parsed.total for _, parsed in parts if parsed.total is not None})
     if len(totals) > 1:
-        found.append(finding(
-            "shard-numbering",
-            f"shard names disagree on the shard count ({', '.join(f'of-{t:05d}' for t in totals)}); "
-            "files from different exports are mixed (keep one export)",
-            file=where,
-        ))
+        found.append(
+            finding(
+                "shard-numbering",
+                f"shard names disagree on the shard count ({', '.join(f'of-{t:05d}' for t in totals)}); "
+                "files from different exports are mixed (keep one export)",
+                file=where,
+            )
+        )
         return found
     total = totals[0]
     seen = {parsed.part for _, parsed in parts if parsed.part is not None}
@@ -231,12 +262,14 @@ def shard_numbering_findings(family: Family, names: Sequence[str], where: str) -
             detail.append(f"part(s) {', '.join(map(str, missing[:5]))} of {total} absent")
         if bad:
             detail.append(f"part number(s) {', '.join(map(str, bad[:5]))} outside 1..{total}")
-        found.append(finding(
-            "shard-numbering",
-            f"shard names are not a complete 1..{total} set: {'; '.join(detail)} "
-            "(a shard is missing or misnamed; re-download or re-export)",
-            file=where,
-        ))
+        found.append(
+            finding(
+                "shard-numbering",
+                f"shard names are not a complete 1..{total} set: {'; '.join(detail)} "
+                "(a shard is missing or misnamed; re-download or re-export)",
+                file=where,
+            )
+        )
     return found
 
 
@@ -253,17 +286,23 @@ def mixed_format_findings(families: Sequence[Family]) -> list[Finding]:
         indexes = [member.index for member in members if member.index]
         covered = f", indexed by {', '.join(indexes)}" if indexes else ""
         parts.append(f"{kind} ({count} file(s){covered})")
-    return [finding(
-        "mixed-formats",
-        f"{len(kinds)} weight families in one folder: {'; '.join(parts)}; loaders pick one by "
-        "their own rules (keep one family, move the others out)",
-        tensors=(),
-    )]
+    return [
+        finding(
+            "mixed-formats",
+            f"{len(kinds)} weight families in one folder: {'; '.join(parts)}; loaders pick one by "
+            "their own rules (keep one family, move the others out)",
+            tensors=(),
+        )
+    ]
 
 
 _EMBEDDING_SUFFIXES = (
-    "embed_tokens.weight", "wte.weight", "word_embeddings.weight", "embed_in.weight",
-    "tok_embeddings.weight", "shared.weight",
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "tok_embeddings.weight",
+    "shared.weight",
 )
 _HEAD_NAMES = ("lm_head.weight", "embed_out.weight")
 
@@ -286,34 +325,44 @@ def tied_config_findings(
 
     `same_bytes(a, b)` says whether two tensors hold equal bytes, or None when not compared.
     """
-    embedding = min(
-        (t.name for t in tensors if t.name.endswith(_EMBEDDING_SUFFIXES)), default=None
-    )
+    embedding = min((t.name for t in tensors if t.name.endswith(_EMBEDDING_SUFFIXES)), default=None)
     head = min((t.name for t in tensors if t.name.endswith(_HEAD_NAMES)), default=None)
     if embedding is None:
         return []
     tie, explicit = _tie_setting(config)
-    said = "sets tie_word_embeddings=" + ("true" if tie else "false") if explicit else \
-        "leaves tie_word_embeddings unset (transformers defaults to true)"
+    said = (
+        "sets tie_word_embeddings=" + ("true" if tie else "false")
+        if explicit
+        else "leaves tie_word_embeddings unset (transformers defaults to true)"
+    )
     if not tie and head is None:
-        return [finding(
-            "tied-config-mismatch",
-            f"config.json sets tie_word_embeddings=false but no output head (lm_head.weight) is "
-            f"stored, only {embedding!r}; the head would be randomly initialised (set it to true, "
-            "or store the head)",
-            file=config_path, tensors=[embedding],
-        )]
+        return [
+            finding(
+                "tied-config-mismatch",
+                f"config.json sets tie_word_embeddings=false but no output head (lm_head.weight) is "
+                f"stored, only {embedding!r}; the head would be randomly initialised (set it to true, "
+                "or store the head)",
+                file=config_path,
+                tensors=[embedding],
+            )
+        ]
     if tie and head is not None:
         compared = same_bytes(embedding, head)
         if compared is True:
             return []
-        differs = "holds different bytes" if compared is False else \
-            "may differ (run with --hash to compare)"
-        return [finding(
-            "tied-config-mismatch",
-            f"config.json {said}, but {head!r} is stored separately from {embedding!r} and "
-            f"{differs}; transformers will overwrite it with the embedding (set "
-            "tie_word_embeddings=false to keep it)",
-            file=config_path, tensors=[embedding, head],
-        )]
+        differs = (
+            "holds different bytes"
+            if compared is False
+            else "may differ (run with --hash to compare)"
+        )
+        return [
+            finding(
+                "tied-config-mismatch",
+                f"config.json {said}, but {head!r} is stored separately from {embedding!r} and "
+                f"{differs}; transformers will overwrite it with the embedding (set "
+                "tie_word_embeddings=false to keep it)",
+                file=config_path,
+                tensors=[embedding, head],
+            )
+        ]
     return []

@@ -79,9 +79,10 @@ class Family:
 
     def owns(self, name: str) -> bool:
         parsed = parse_weight_name(name)
-        return (
-            parsed is not None
-            and (parsed.stem, parsed.variant, parsed.ext) == (self.stem, self.variant, self.ext)
+        return parsed is not None and (parsed.stem, parsed.variant, parsed.ext) == (
+            self.stem,
+            self.variant,
+            self.ext,
         )
 
 

@@ -146,12 +146,14 @@ def _inspect_folder(collector: _Collector) -> None:
         collector.findings.extend(checks.duplicate_name_findings(read))
     collector.findings.extend(checks.mixed_format_findings(layout.families))
     if not collector.files:
-        collector.findings.append(finding(
-            "no-weights",
-            "folder holds no weight file (*.safetensors, *.bin, *.pt, ...) and no shard index "
-            "(check the path, or download the weights)",
-            file=root,
-        ))
+        collector.findings.append(
+            finding(
+                "no-weights",
+                "folder holds no weight file (*.safetensors, *.bin, *.pt, ...) and no shard index "
+                "(check the path, or download the weights)",
+                file=root,
+            )
+        )
 
 
 def _read_index(collector: _Collector, family: Family) -> ShardIndex | None:
@@ -203,17 +205,22 @@ def _config_findings(
         with open(config_path, "rb") as handle:
             config = json.loads(handle.read())
     except (OSError, ValueError, RecursionError) as exc:
-        return [finding(
-            "corrupt-file",
-            f"config.json is not valid JSON: {str(exc)[:80]} (rule config-not-json; fix or "
-            "re-download it)",
-            file=config_path,
-        )]
+        return [
+            finding(
+                "corrupt-file",
+                f"config.json is not valid JSON: {str(exc)[:80]} (rule config-not-json; fix or "
+                "re-download it)",
+                file=config_path,
+            )
+        ]
     if not isinstance(config, dict):
-        return [finding(
-            "corrupt-file", "config.json is not a JSON object (rule config-not-object; fix or "
-            "re-download it)", file=config_path,
-        )]
+        return [
+            finding(
+                "corrupt-file",
+                "config.json is not a JSON object (rule config-not-object; fix or re-download it)",
+                file=config_path,
+            )
+        ]
 
     def same_bytes(first: str, second: str) -> bool | None:
         if not hashed:

@@ -63,7 +63,9 @@ def read_weight_file(path: str, display: str) -> WeightFile:
             header = safetensors.read_header(path, display)
         except OSError as exc:
             raise CorruptFileError(
-                display, "unreadable", f"cannot read the file: {exc.strerror}",
+                display,
+                "unreadable",
+                f"cannot read the file: {exc.strerror}",
                 "check its permissions",
             ) from exc
         return WeightFile(
@@ -76,15 +78,20 @@ def read_weight_file(path: str, display: str) -> WeightFile:
         )
     if display.endswith(".safetensors"):
         raise CorruptFileError(
-            display, "not-safetensors", f"file is named .safetensors but is {describe(fmt)}",
+            display,
+            "not-safetensors",
+            f"file is named .safetensors but is {describe(fmt)}",
             "rename it to what it is, or convert it with `ckptfix convert`",
         )
     if fmt in (FileFormat.TORCH_ZIP, FileFormat.TORCH_LEGACY):
         raise UnsupportedFormatError(
-            display, f"{describe(fmt)}: reading PyTorch files is not supported yet",
+            display,
+            f"{describe(fmt)}: reading PyTorch files is not supported yet",
             "convert it to safetensors with another tool for now",
         )
     raise CorruptFileError(
-        display, "unknown-format", "file is not a recognised checkpoint format (safetensors, "
-        "PyTorch zip or pickle)", "check that this is a weight file",
+        display,
+        "unknown-format",
+        "file is not a recognised checkpoint format (safetensors, PyTorch zip or pickle)",
+        "check that this is a weight file",
     )

@@ -85,8 +85,15 @@ class Report:
             "dtypes": self.dtypes,
             "tensors": [
                 # Inlined TensorInfo.to_dict(): this list can hold 100,000+ entries.
-                {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "nbytes": t.nbytes,
-                 "file": t.file, "contiguous": t.contiguous, "storage": t.storage}
+                {
+                    "name": t.name,
+                    "dtype": t.dtype,
+                    "shape": list(t.shape),
+                    "nbytes": t.nbytes,
+                    "file": t.file,
+                    "contiguous": t.contiguous,
+                    "storage": t.storage,
+                }
                 for t in self.tensors
             ],
             "findings": [item.to_dict() for item in self.findings],

@@ -7,7 +7,6 @@ every float format (bf16 and fp8 included) without torch and without float conve
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -39,7 +38,9 @@ def iter_bytes(path: str, byte_range: tuple[int, int], display: str) -> Iterator
                 got = handle.readinto(view[filled:size])
                 if not got:
                     raise CorruptFileError(
-                        display, "truncated", f"file ended while reading bytes {begin}-{end}",
+                        display,
+                        "truncated",
+                        f"file ended while reading bytes {begin}-{end}",
                         "re-download the file",
                     )
                 filled += got
@@ -79,13 +80,16 @@ def duplicate_content_findings(groups: Sequence[Sequence[TensorInfo]]) -> list[F
     for group in groups:
         names = [tensor.name for tensor in group]
         wasted = group[0].nbytes * (len(group) - 1)
-        found.append(finding(
-            "duplicate-content",
-            f"{len(group)} tensors hold identical bytes ({name_list(names, 3)}); "
-            f"{format_size(wasted)} stored more than once (`ckptfix dedupe --by-content` "
-            "stores them once)",
-            file=group[0].file, tensors=names,
-        ))
+        found.append(
+            finding(
+                "duplicate-content",
+                f"{len(group)} tensors hold identical bytes ({name_list(names, 3)}); "
+                f"{format_size(wasted)} stored more than once (`ckptfix dedupe --by-content` "
+                "stores them once)",
+                file=group[0].file,
+                tensors=names,
+            )
+        )
     return found
 
 
@@ -157,11 +161,14 @@ def non_finite_findings(
     for tensor in tensors:
         nan, inf = count_non_finite(real_path(tensor.file), tensor)
         if nan or inf:
-            found.append(finding(
-                "non-finite",
-                f"tensor {tensor.name!r} ({tensor.dtype}) holds {nan} NaN and {inf} Inf value(s) "
-                f"out of {tensor.numel}; the export or training diverged (re-export from a good "
-                "step)",
-                file=tensor.file, tensors=[tensor.name],
-            ))
+            found.append(
+                finding(
+                    "non-finite",
+                    f"tensor {tensor.name!r} ({tensor.dtype}) holds {nan} NaN and {inf} Inf value(s) "
+                    f"out of {tensor.numel}; the export or training diverged (re-export from a good "
+                    "step)",
+                    file=tensor.file,
+                    tensors=[tensor.name],
+                )
+            )
     return found

@@ -24,8 +24,12 @@ from ckptfix.formats.safetensors import HeaderEntry, encode_header
 HIDDEN, VOCAB, BIG_VOCAB = 64, 256, 131_072
 
 
-def write(path: Path, tensors: list[tuple[str, str, tuple[int, ...]]],
-          metadata: dict[str, str] | None, sparse_tail: int = 0) -> int:
+def write(
+    path: Path,
+    tensors: list[tuple[str, str, tuple[int, ...]]],
+    metadata: dict[str, str] | None,
+    sparse_tail: int = 0,
+) -> int:
     """Write a safetensors file with random bytes; the last `sparse_tail` bytes are a hole."""
     rng = random.Random(path.name)
     entries, offset = [], 0
@@ -63,17 +67,27 @@ def main(out: Path) -> None:
     shard1 = [("model.embed_tokens.weight", "BF16", (VOCAB, HIDDEN)), *layer(0)]
     shard2 = [*layer(1), ("model.layers.1.self_attn.rotary_emb.inv_freq", "F32", (HIDDEN // 2,))]
     head = ("lm_head.weight", "BF16", (BIG_VOCAB, 16_385))  # 2,147,614,720 elements
-    names = ["model-00001-of-00003.safetensors", "model-00002-of-00003.safetensors",
-             "model-00003-of-00003.safetensors"]
+    names = [
+        "model-00001-of-00003.safetensors",
+        "model-00002-of-00003.safetensors",
+        "model-00003-of-00003.safetensors",
+    ]
     write(out / names[0], shard1, meta)
     write(out / names[1], shard2, None)
-    write(out / names[2], [head, ("model.norm.weight", "BF16", (HIDDEN,))], meta,
-          sparse_tail=BIG_VOCAB * 16_385 * 2)
+    write(
+        out / names[2],
+        [head, ("model.norm.weight", "BF16", (HIDDEN,))],
+        meta,
+        sparse_tail=BIG_VOCAB * 16_385 * 2,
+    )
     weight_map = {name: names[0] for name, _, _ in shard1}
     weight_map.update({name: names[1] for name, _, _ in layer(1)})
     weight_map["model.layers.1.mlp.down_proj.weight"] = names[0]  # stale entry
     weight_map.update({"lm_head.weight": names[2], "model.norm.weight": names[2]})
-    index = {"metadata": {"total_size": 123_456_789}, "weight_map": dict(sorted(weight_map.items()))}
+    index = {
+        "metadata": {"total_size": 123_456_789},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
     (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     write(out / "model.safetensors", shard1, meta)  # stale single-file export
     (out / "pytorch_model.bin").write_text(
@@ -81,9 +95,14 @@ def main(out: Path) -> None:
         "oid sha256:4f1d0c2be6a1e2f35a8a4c0e7d9d1b2c3a4f5e6d7c8b9a0f1e2d3c4b5a697887\n"
         "size 4294967296\n"
     )
-    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-              "hidden_size": HIDDEN, "num_hidden_layers": 2, "vocab_size": VOCAB,
-              "tie_word_embeddings": False}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "num_hidden_layers": 2,
+        "vocab_size": VOCAB,
+        "tie_word_embeddings": False,
+    }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "tokenizer_config.json").write_text("{}\n")
     print(f"wrote sample model folder {out}")

@@ -43,76 +43,219 @@ def _zip_renamed(f: Factory) -> Path:
 SAFETENSORS_CASES = [
     Case("empty-file", lambda f: f.bytes("bad.safetensors", b""), "too-small"),
     Case("five-bytes", lambda f: f.bytes("bad.safetensors", b"\x01\x02\x03\x04\x05"), "too-small"),
-    Case("text-file", lambda f: f.bytes("bad.safetensors", b"not a checkpoint at all"),
-         "header-too-large"),
-    Case("header-over-cap", lambda f: f.raw("bad.safetensors", b"{}", declared_length=100_000_001),
-         "header-too-large"),
-    Case("header-past-eof", lambda f: f.raw("bad.safetensors", b"{}", declared_length=4096),
-         "bad-header-length"),
+    Case(
+        "text-file",
+        lambda f: f.bytes("bad.safetensors", b"not a checkpoint at all"),
+        "header-too-large",
+    ),
+    Case(
+        "header-over-cap",
+        lambda f: f.raw("bad.safetensors", b"{}", declared_length=100_000_001),
+        "header-too-large",
+    ),
+    Case(
+        "header-past-eof",
+        lambda f: f.raw("bad.safetensors", b"{}", declared_length=4096),
+        "bad-header-length",
+    ),
     Case("not-utf8", lambda f: f.raw("bad.safetensors", b'{"a\xff": 1}'), "header-not-utf8"),
     Case("invalid-json", _raw_text('{"a": '), "header-not-json"),
     Case("bom", lambda f: f.raw("bad.safetensors", b"\xef\xbb\xbf{}"), "header-not-json"),
-    Case("nul-padding", lambda f: f.raw("bad.safetensors", json.dumps({"a": F32x2}).encode()
-         + b"\0\0\0", b"\0" * 8), "header-not-json"),
-    Case("formfeed-padding", lambda f: f.raw("bad.safetensors", json.dumps({"a": F32x2}).encode()
-         + b"\x0c", b"\0" * 8), "header-not-json"),
-    Case("two-objects", lambda f: f.raw("bad.safetensors", json.dumps({"a": F32x2}).encode()
-         + b"{}", b"\0" * 8), "header-not-json"),
-    Case("huge-int-literal", _raw_text('{"a": {"dtype": "F32", "shape": [' + "9" * 5000 + "]}}"),
-         "header-not-json"),
+    Case(
+        "nul-padding",
+        lambda f: f.raw(
+            "bad.safetensors", json.dumps({"a": F32x2}).encode() + b"\0\0\0", b"\0" * 8
+        ),
+        "header-not-json",
+    ),
+    Case(
+        "formfeed-padding",
+        lambda f: f.raw("bad.safetensors", json.dumps({"a": F32x2}).encode() + b"\x0c", b"\0" * 8),
+        "header-not-json",
+    ),
+    Case(
+        "two-objects",
+        lambda f: f.raw("bad.safetensors", json.dumps({"a": F32x2}).encode() + b"{}", b"\0" * 8),
+        "header-not-json",
+    ),
+    Case(
+        "huge-int-literal",
+        _raw_text('{"a": {"dtype": "F32", "shape": [' + "9" * 5000 + "]}}"),
+        "header-not-json",
+    ),
     Case("deep-nesting", _raw_text("[" * 100_000 + "]" * 100_000), "header-not-json"),
-    Case("top-level-array", lambda f: f.raw("bad.safetensors", [F32x2], b"\0" * 8),  # type: ignore[arg-type]
-         "header-not-object"),
-    Case("nan-constant", _raw_text('{"a": {"dtype": "F32", "shape": [NaN], "data_offsets": [0, 8]}}'),
-         "nan-constant"),
+    Case(
+        "top-level-array",
+        lambda f: f.raw("bad.safetensors", [F32x2], b"\0" * 8),  # type: ignore[arg-type]
+        "header-not-object",
+    ),
+    Case(
+        "nan-constant",
+        _raw_text('{"a": {"dtype": "F32", "shape": [NaN], "data_offsets": [0, 8]}}'),
+        "nan-constant",
+    ),
     Case("infinity-constant", _raw_text('{"__metadata__": {"x": Infinity}}'), "nan-constant"),
-    Case("duplicate-name", _raw_text(json.dumps({"a": F32x2})[:-1] + ', "a": '
-         + json.dumps(F32x2) + "}"), "duplicate-key"),
-    Case("metadata-string", lambda f: f.raw("bad.safetensors", {"__metadata__": "pt", "a": F32x2},
-         b"\0" * 8), "metadata-not-object"),
-    Case("metadata-int-value", lambda f: f.raw("bad.safetensors", {"__metadata__": {"n": 1},
-         "a": F32x2}, b"\0" * 8), "metadata-not-string"),
-    Case("metadata-as-tensor", lambda f: f.raw("bad.safetensors", {"__metadata__": F32x2},
-         b"\0" * 8), "metadata-as-tensor"),
-    Case("tensor-not-object", lambda f: f.raw("bad.safetensors", {"a": [0, 8]}, b"\0" * 8),
-         "tensor-not-object"),
-    Case("missing-dtype", lambda f: f.raw("bad.safetensors", {"a": {"shape": [2],
-         "data_offsets": [0, 8]}}, b"\0" * 8), "tensor-missing-field"),
-    Case("unknown-dtype", lambda f: f.raw("bad.safetensors", {"a": _entry(dtype="F128")},
-         b"\0" * 8), "unknown-dtype"),
-    Case("lowercase-dtype", lambda f: f.raw("bad.safetensors", {"a": _entry(dtype="f32")},
-         b"\0" * 8), "unknown-dtype"),
-    Case("negative-dim", lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[-2])}, b"\0" * 8),
-         "bad-shape"),
-    Case("bool-dim", lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[True, 2])}, b"\0" * 8),
-         "bad-shape"),
-    Case("float-dim", lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[2.0])}, b"\0" * 8),
-         "bad-shape"),
-    Case("negative-zero-dim", _raw_text('{"a": {"dtype": "U8", "shape": [-0], '
-         '"data_offsets": [0, 0]}}', b""), "bad-shape"),
-    Case("three-offsets", lambda f: f.raw("bad.safetensors", {"a": _entry(data_offsets=[0, 4, 8])},
-         b"\0" * 8), "bad-offsets"),
-    Case("offsets-reversed", lambda f: f.raw("bad.safetensors", {"a": _entry(data_offsets=[8, 0])},
-         b"\0" * 8), "bad-offsets"),
-    Case("offset-over-u64", lambda f: f.raw("bad.safetensors", {"a": _entry(
-         data_offsets=[0, 2**64 + 8])}, b"\0" * 8), "bad-offsets"),
-    Case("size-mismatch", lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[3])}, b"\0" * 8),
-         "size-mismatch"),
-    Case("shape-overflow", lambda f: f.raw("bad.safetensors", {"a": _entry(
-         shape=[2**40, 2**40])}, b"\0" * 8), "shape-overflow"),
-    Case("partial-byte", lambda f: f.raw("bad.safetensors", {"a": {"dtype": "F4", "shape": [3],
-         "data_offsets": [0, 2]}}, b"\0" * 2), "partial-byte"),
-    Case("gap", lambda f: f.raw("bad.safetensors", {"a": F32x2, "b": _entry(data_offsets=[12, 20])},
-         b"\0" * 20), "offset-gap"),
-    Case("first-not-at-zero", lambda f: f.raw("bad.safetensors", {"a": _entry(data_offsets=[4, 12])},
-         b"\0" * 12), "offset-gap"),
-    Case("overlap", lambda f: f.raw("bad.safetensors", {"a": F32x2, "b": _entry(data_offsets=[4, 12])},
-         b"\0" * 12), "offset-overlap"),
-    Case("zero-size-inside", lambda f: f.raw("bad.safetensors", {"a": F32x2, "z": {"dtype": "F32",
-         "shape": [0], "data_offsets": [4, 4]}}, b"\0" * 8), "offset-overlap"),
+    Case(
+        "duplicate-name",
+        _raw_text(json.dumps({"a": F32x2})[:-1] + ', "a": ' + json.dumps(F32x2) + "}"),
+        "duplicate-key",
+    ),
+    Case(
+        "duplicate-field-in-entry",
+        _raw_text('{"a": {"dtype": "F32", "dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'),
+        "duplicate-key",
+    ),
+    Case(
+        "duplicate-metadata-key",
+        _raw_text('{"__metadata__": {"k": "1", "k": "2"}, "a": ' + json.dumps(F32x2) + "}"),
+        "duplicate-key",
+    ),
+    Case(
+        "duplicate-name-escaped",  # "a\u0062" is "ab"
+        _raw_text('{"a\\u0062": ' + json.dumps(F32x2) + ', "ab": ' + json.dumps(F32x2) + "}"),
+        "duplicate-key",
+    ),
+    Case(
+        "duplicate-name-spaced",
+        _raw_text('{"a" : ' + json.dumps(F32x2) + ', "a":' + json.dumps(F32x2) + "}"),
+        "duplicate-key",
+    ),
+    Case(
+        "duplicate-with-colon-value",
+        _raw_text(
+            '{"__metadata__": {"x": ":y"}, "a": '
+            + json.dumps(F32x2)
+            + ', "a": '
+            + json.dumps(F32x2)
+            + "}"
+        ),
+        "duplicate-key",
+    ),
+    Case(
+        "metadata-string",
+        lambda f: f.raw("bad.safetensors", {"__metadata__": "pt", "a": F32x2}, b"\0" * 8),
+        "metadata-not-object",
+    ),
+    Case(
+        "metadata-int-value",
+        lambda f: f.raw("bad.safetensors", {"__metadata__": {"n": 1}, "a": F32x2}, b"\0" * 8),
+        "metadata-not-string",
+    ),
+    Case(
+        "metadata-as-tensor",
+        lambda f: f.raw("bad.safetensors", {"__metadata__": F32x2}, b"\0" * 8),
+        "metadata-as-tensor",
+    ),
+    Case(
+        "tensor-not-object",
+        lambda f: f.raw("bad.safetensors", {"a": [0, 8]}, b"\0" * 8),
+        "tensor-not-object",
+    ),
+    Case(
+        "missing-dtype",
+        lambda f: f.raw(
+            "bad.safetensors", {"a": {"shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8
+        ),
+        "tensor-missing-field",
+    ),
+    Case(
+        "unknown-dtype",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(dtype="F128")}, b"\0" * 8),
+        "unknown-dtype",
+    ),
+    Case(
+        "lowercase-dtype",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(dtype="f32")}, b"\0" * 8),
+        "unknown-dtype",
+    ),
+    Case(
+        "negative-dim",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[-2])}, b"\0" * 8),
+        "bad-shape",
+    ),
+    Case(
+        "bool-dim",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[True, 2])}, b"\0" * 8),
+        "bad-shape",
+    ),
+    Case(
+        "float-dim",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[2.0])}, b"\0" * 8),
+        "bad-shape",
+    ),
+    Case(
+        "negative-zero-dim",
+        _raw_text('{"a": {"dtype": "U8", "shape": [-0], "data_offsets": [0, 0]}}', b""),
+        "bad-shape",
+    ),
+    Case(
+        "three-offsets",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(data_offsets=[0, 4, 8])}, b"\0" * 8),
+        "bad-offsets",
+    ),
+    Case(
+        "offsets-reversed",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(data_offsets=[8, 0])}, b"\0" * 8),
+        "bad-offsets",
+    ),
+    Case(
+        "offset-over-u64",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(data_offsets=[0, 2**64 + 8])}, b"\0" * 8),
+        "bad-offsets",
+    ),
+    Case(
+        "size-mismatch",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[3])}, b"\0" * 8),
+        "size-mismatch",
+    ),
+    Case(
+        "shape-overflow",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(shape=[2**40, 2**40])}, b"\0" * 8),
+        "shape-overflow",
+    ),
+    Case(
+        "partial-byte",
+        lambda f: f.raw(
+            "bad.safetensors",
+            {"a": {"dtype": "F4", "shape": [3], "data_offsets": [0, 2]}},
+            b"\0" * 2,
+        ),
+        "partial-byte",
+    ),
+    Case(
+        "gap",
+        lambda f: f.raw(
+            "bad.safetensors", {"a": F32x2, "b": _entry(data_offsets=[12, 20])}, b"\0" * 20
+        ),
+        "offset-gap",
+    ),
+    Case(
+        "first-not-at-zero",
+        lambda f: f.raw("bad.safetensors", {"a": _entry(data_offsets=[4, 12])}, b"\0" * 12),
+        "offset-gap",
+    ),
+    Case(
+        "overlap",
+        lambda f: f.raw(
+            "bad.safetensors", {"a": F32x2, "b": _entry(data_offsets=[4, 12])}, b"\0" * 12
+        ),
+        "offset-overlap",
+    ),
+    Case(
+        "zero-size-inside",
+        lambda f: f.raw(
+            "bad.safetensors",
+            {"a": F32x2, "z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]}},
+            b"\0" * 8,
+        ),
+        "offset-overlap",
+    ),
     Case("truncated", lambda f: f.raw("bad.safetensors", {"a": F32x2}, b"\0" * 5), "truncated"),
-    Case("trailing-bytes", lambda f: f.raw("bad.safetensors", {"a": F32x2}, b"\0" * 9),
-         "trailing-bytes"),
+    Case(
+        "trailing-bytes",
+        lambda f: f.raw("bad.safetensors", {"a": F32x2}, b"\0" * 9),
+        "trailing-bytes",
+    ),
     Case("pickle-renamed", _pickle_renamed, "not-safetensors"),
     Case("zip-renamed", _zip_renamed, "not-safetensors"),
     Case("lfs-pointer", lambda f: f.lfs_pointer("model.safetensors"), "lfs-pointer", "lfs-pointer"),
@@ -134,28 +277,63 @@ INDEX_CASES = [
     Case("index-not-json", _folder_with_index(b'{"weight_map": '), "index-not-json"),
     Case("index-array", _folder_with_index(b"[1, 2]"), "index-not-json"),
     Case("index-no-weight-map", _folder_with_index({"metadata": {}}), "index-no-weight-map"),
-    Case("index-weight-map-list", _folder_with_index({"weight_map": ["model.safetensors"]}),
-         "index-no-weight-map"),
-    Case("index-non-string-entry", _folder_with_index({"weight_map": {"weight": 1}}),
-         "index-bad-entry"),
-    Case("index-traversal", _folder_with_index({"weight_map": {"weight": "../x.safetensors"}}),
-         "unsafe-shard-path"),
-    Case("index-absolute", _folder_with_index({"weight_map": {"weight": "/etc/x.safetensors"}}),
-         "unsafe-shard-path"),
-    Case("index-drive-letter", _folder_with_index({"weight_map": {"weight": "C:x.safetensors"}}),
-         "unsafe-shard-path"),
-    Case("index-backslash-traversal", _folder_with_index(
-         {"weight_map": {"weight": "..\\..\\x.safetensors"}}), "unsafe-shard-path"),
-    Case("index-nul", _folder_with_index({"weight_map": {"weight": "model\u0000.safetensors"}}),
-         "unsafe-shard-path"),
-    Case("index-bin-shard", _folder_with_index({"weight_map": {"weight": "pytorch_model.bin"}}),
-         "wrong-shard-format"),
-    Case("index-bad-metadata", _folder_with_index({"metadata": [1], "weight_map": _OK_MAP}),
-         "index-bad-metadata"),
-    Case("index-duplicate-key", _folder_with_index(
-         b'{"weight_map": {"weight": "model.safetensors", "weight": "model.safetensors"}}'),
-         "duplicate-key"),
-    Case("index-nan", _folder_with_index(
-         b'{"metadata": {"total_size": NaN}, "weight_map": {"weight": "model.safetensors"}}'),
-         "nan-constant"),
+    Case(
+        "index-weight-map-list",
+        _folder_with_index({"weight_map": ["model.safetensors"]}),
+        "index-no-weight-map",
+    ),
+    Case(
+        "index-non-string-entry",
+        _folder_with_index({"weight_map": {"weight": 1}}),
+        "index-bad-entry",
+    ),
+    Case(
+        "index-traversal",
+        _folder_with_index({"weight_map": {"weight": "../x.safetensors"}}),
+        "unsafe-shard-path",
+    ),
+    Case(
+        "index-absolute",
+        _folder_with_index({"weight_map": {"weight": "/etc/x.safetensors"}}),
+        "unsafe-shard-path",
+    ),
+    Case(
+        "index-drive-letter",
+        _folder_with_index({"weight_map": {"weight": "C:x.safetensors"}}),
+        "unsafe-shard-path",
+    ),
+    Case(
+        "index-backslash-traversal",
+        _folder_with_index({"weight_map": {"weight": "..\\..\\x.safetensors"}}),
+        "unsafe-shard-path",
+    ),
+    Case(
+        "index-nul",
+        _folder_with_index({"weight_map": {"weight": "model\u0000.safetensors"}}),
+        "unsafe-shard-path",
+    ),
+    Case(
+        "index-bin-shard",
+        _folder_with_index({"weight_map": {"weight": "pytorch_model.bin"}}),
+        "wrong-shard-format",
+    ),
+    Case(
+        "index-bad-metadata",
+        _folder_with_index({"metadata": [1], "weight_map": _OK_MAP}),
+        "index-bad-metadata",
+    ),
+    Case(
+        "index-duplicate-key",
+        _folder_with_index(
+            b'{"weight_map": {"weight": "model.safetensors", "weight": "model.safetensors"}}'
+        ),
+        "duplicate-key",
+    ),
+    Case(
+        "index-nan",
+        _folder_with_index(
+            b'{"metadata": {"total_size": NaN}, "weight_map": {"weight": "model.safetensors"}}'
+        ),
+        "nan-constant",
+    ),
 ]

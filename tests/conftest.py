@@ -66,7 +66,9 @@ class Factory:
         for spec in specs:
             data = spec.data if spec.data is not None else seeded_bytes(spec.nbytes(), spec.name)
             assert len(data) == spec.nbytes(), spec
-            entries.append(HeaderEntry(spec.name, spec.dtype, spec.shape, offset, offset + len(data)))
+            entries.append(
+                HeaderEntry(spec.name, spec.dtype, spec.shape, offset, offset + len(data))
+            )
             blobs.append(data)
             offset += len(data)
         path = self.path(name)
@@ -147,8 +149,7 @@ class Factory:
     def lfs_pointer(self, name: str, size: int = 4_976_698_672) -> Path:
         path = self.path(name)
         path.write_text(
-            "version https://git-lfs.github.com/spec/v1\n"
-            f"oid sha256:{'ab' * 32}\nsize {size}\n"
+            f"version https://git-lfs.github.com/spec/v1\noid sha256:{'ab' * 32}\nsize {size}\n"
         )
         return path
 

@@ -14,8 +14,18 @@ import ckptfix
 from tests.conftest import Factory, Spec
 from tests.helpers import cli
 
-TOP_KEYS = ["schema_version", "path", "format", "files", "tensor_count", "parameter_count",
-            "total_bytes", "dtypes", "tensors", "findings"]
+TOP_KEYS = [
+    "schema_version",
+    "path",
+    "format",
+    "files",
+    "tensor_count",
+    "parameter_count",
+    "total_bytes",
+    "dtypes",
+    "tensors",
+    "findings",
+]
 
 
 def test_version() -> None:
@@ -25,9 +35,13 @@ def test_version() -> None:
 
 def test_python_dash_m_and_console_script(factory: Factory) -> None:
     path = factory.safetensors("ok.safetensors")
-    for command in ([sys.executable, "-m", "ckptfix"], [str(Path(sys.executable).with_name("ckptfix"))]):
-        done = subprocess.run([*command, "inspect", str(path), "--json"], capture_output=True,
-                              text=True, check=False)
+    for command in (
+        [sys.executable, "-m", "ckptfix"],
+        [str(Path(sys.executable).with_name("ckptfix"))],
+    ):
+        done = subprocess.run(
+            [*command, "inspect", str(path), "--json"], capture_output=True, text=True, check=False
+        )
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout)["tensor_count"] == 1
 
@@ -42,8 +56,9 @@ def test_clean_file_exit_0(factory: Factory) -> None:
 
 
 def test_json_schema_is_pinned(factory: Factory) -> None:
-    path = factory.safetensors("ok.safetensors", [Spec("a", "BF16", (2, 3)), Spec("b", "I64", (4,))],
-                               {"producer": "test"})
+    path = factory.safetensors(
+        "ok.safetensors", [Spec("a", "BF16", (2, 3)), Spec("b", "I64", (4,))], {"producer": "test"}
+    )
     run = cli("inspect", path, "--json")
     assert run.code == 0
     document = run.json()
@@ -53,17 +68,37 @@ def test_json_schema_is_pinned(factory: Factory) -> None:
         "schema_version": 1,
         "path": str(path),
         "format": "safetensors",
-        "files": [{"path": str(path), "format": "safetensors", "bytes": path.stat().st_size,
-                   "tensor_count": 2}],
+        "files": [
+            {
+                "path": str(path),
+                "format": "safetensors",
+                "bytes": path.stat().st_size,
+                "tensor_count": 2,
+            }
+        ],
         "tensor_count": 2,
         "parameter_count": 10,
         "total_bytes": 44,
         "dtypes": {"I64": 32, "BF16": 12},
         "tensors": [
-            {"name": "a", "dtype": "BF16", "shape": [2, 3], "nbytes": 12, "file": str(path),
-             "contiguous": True, "storage": None},
-            {"name": "b", "dtype": "I64", "shape": [4], "nbytes": 32, "file": str(path),
-             "contiguous": True, "storage": None},
+            {
+                "name": "a",
+                "dtype": "BF16",
+                "shape": [2, 3],
+                "nbytes": 12,
+                "file": str(path),
+                "contiguous": True,
+                "storage": None,
+            },
+            {
+                "name": "b",
+                "dtype": "I64",
+                "shape": [4],
+                "nbytes": 32,
+                "file": str(path),
+                "contiguous": True,
+                "storage": None,
+            },
         ],
         "findings": [],
     }
@@ -106,18 +141,29 @@ def test_fail_on_never_still_reports_errors(factory: Factory) -> None:
 @pytest.mark.parametrize(
     ("args", "line"),
     [
-        (["inspect", "/nonexistent/model"],
-         "error: /nonexistent/model: no such file or directory (check the path)"),
-        (["inspect", "{ok}", "--max-shard", "5G"],
-         "error: --max-shard: invalid size '5G' (use a byte count, or a number with KB MB GB TB "
-         "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)"),
-        (["inspect", "{ok}", "--max-shard", "5gb"],
-         "error: --max-shard: invalid size '5gb' (use a byte count, or a number with KB MB GB TB "
-         "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)"),
-        (["inspect", "{ok}", "--max-shard", "-1"],
-         "error: --max-shard: invalid size '-1' (use a byte count, or a number with KB MB GB TB "
-         "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)"),
-        (["inspect", "{ok}", "--bogus"], "error: No such option: --bogus (see `ckptfix inspect --help`)"),
+        (
+            ["inspect", "/nonexistent/model"],
+            "error: /nonexistent/model: no such file or directory (check the path)",
+        ),
+        (
+            ["inspect", "{ok}", "--max-shard", "5G"],
+            "error: --max-shard: invalid size '5G' (use a byte count, or a number with KB MB GB TB "
+            "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)",
+        ),
+        (
+            ["inspect", "{ok}", "--max-shard", "5gb"],
+            "error: --max-shard: invalid size '5gb' (use a byte count, or a number with KB MB GB TB "
+            "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)",
+        ),
+        (
+            ["inspect", "{ok}", "--max-shard", "-1"],
+            "error: --max-shard: invalid size '-1' (use a byte count, or a number with KB MB GB TB "
+            "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)",
+        ),
+        (
+            ["inspect", "{ok}", "--bogus"],
+            "error: No such option: --bogus (see `ckptfix inspect --help`)",
+        ),
         (["inspect"], "error: Missing argument 'PATH'. (see `ckptfix inspect --help`)"),
     ],
 )
@@ -161,18 +207,30 @@ def test_human_summary(factory: Factory) -> None:
 def test_no_color_and_debug_traceback(factory: Factory) -> None:
     path = factory.safetensors("noformat.safetensors", with_format=False)
     env = {**os.environ, "NO_COLOR": "1", "TERM": "xterm-256color"}
-    done = subprocess.run([sys.executable, "-m", "ckptfix", "inspect", str(path)], env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ckptfix", "inspect", str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert "\x1b[" not in done.stdout
     missing = str(path) + ".missing"
     env["CKPTFIX_DEBUG"] = "1"
-    done = subprocess.run([sys.executable, "-m", "ckptfix", "inspect", missing], env=env,
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "ckptfix", "inspect", missing],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert "Traceback" in done.stderr and done.returncode == 1
 
 
 def test_max_shard_sets_oversized_threshold(factory: Factory) -> None:
-    path = factory.safetensors("ok.safetensors", [Spec("big", "U8", (1500,)), Spec("s", "U8", (10,))])
+    path = factory.safetensors(
+        "ok.safetensors", [Spec("big", "U8", (1500,)), Spec("s", "U8", (10,))]
+    )
     assert cli("inspect", path, "--max-shard", "2KB", "--json").json()["findings"] == []
     document = cli("inspect", path, "--max-shard", "1KB", "--json").json()
     assert [(f["code"], f["tensors"]) for f in document["findings"]] == [

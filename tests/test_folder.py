@@ -12,7 +12,10 @@ from ckptfix.report import Report
 from tests.conftest import Factory, Spec
 from tests.helpers import cli
 
-SHARD1 = [Spec("model.embed_tokens.weight", "BF16", (8, 4)), Spec("model.norm.weight", "BF16", (4,))]
+SHARD1 = [
+    Spec("model.embed_tokens.weight", "BF16", (8, 4)),
+    Spec("model.norm.weight", "BF16", (4,)),
+]
 SHARD2 = [Spec("lm_head.weight", "BF16", (8, 4))]
 
 
@@ -61,7 +64,8 @@ def test_families_recognised(factory: Factory) -> None:
         "model.safetensors.index.json",
     )
     assert labels["model.fp16*.safetensors"] == (
-        ["model.fp16-00001-of-00001.safetensors"], "model.safetensors.index.fp16.json"
+        ["model.fp16-00001-of-00001.safetensors"],
+        "model.safetensors.index.fp16.json",
     )
     assert labels["consolidated*.safetensors"] == (["consolidated.safetensors"], None)
     assert labels["adapter_model*.safetensors"] == (["adapter_model.safetensors"], None)
@@ -84,12 +88,16 @@ def test_index_missing_file(factory: Factory) -> None:
 def test_index_missing_tensor_and_unlisted(factory: Factory) -> None:
     folder = factory.root / "m"
     factory.safetensors("m/model-00001-of-00002.safetensors", SHARD1)
-    factory.safetensors("m/model-00002-of-00002.safetensors", [*SHARD2, Spec("extra.bias", "F32", (2,))])
+    factory.safetensors(
+        "m/model-00002-of-00002.safetensors", [*SHARD2, Spec("extra.bias", "F32", (2,))]
+    )
     factory.index(
         "m/model.safetensors.index.json",
-        {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
-         "model.norm.weight": "model-00002-of-00002.safetensors",  # wrong shard
-         "lm_head.weight": "model-00002-of-00002.safetensors"},
+        {
+            "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+            "model.norm.weight": "model-00002-of-00002.safetensors",  # wrong shard
+            "lm_head.weight": "model-00002-of-00002.safetensors",
+        },
     )
     report = ckptfix.inspect(folder)
     missing = only(report, "index-missing-tensor")
@@ -137,9 +145,11 @@ def test_duplicate_name_across_shards(factory: Factory) -> None:
     factory.safetensors("m/model-00002-of-00002.safetensors", [*SHARD2, SHARD1[1]])
     factory.index(
         "m/model.safetensors.index.json",
-        {"model.embed_tokens.weight": "model-00001-of-00002.safetensors",
-         "model.norm.weight": "model-00001-of-00002.safetensors",
-         "lm_head.weight": "model-00002-of-00002.safetensors"},
+        {
+            "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+            "model.norm.weight": "model-00001-of-00002.safetensors",
+            "lm_head.weight": "model-00002-of-00002.safetensors",
+        },
     )
     item = only(ckptfix.inspect(folder), "duplicate-name")
     assert item.severity.value == "error"
@@ -197,10 +207,14 @@ def test_shard_numbering_disagrees(factory: Factory) -> None:
     folder = factory.root / "m"
     factory.safetensors("m/model-00001-of-00003.safetensors", SHARD1)
     factory.safetensors("m/model-00002-of-00002.safetensors", SHARD2)
-    factory.index("m/model.safetensors.index.json", {
-        "model.embed_tokens.weight": "model-00001-of-00003.safetensors",
-        "model.norm.weight": "model-00001-of-00003.safetensors",
-        "lm_head.weight": "model-00002-of-00002.safetensors"})
+    factory.index(
+        "m/model.safetensors.index.json",
+        {
+            "model.embed_tokens.weight": "model-00001-of-00003.safetensors",
+            "model.norm.weight": "model-00001-of-00003.safetensors",
+            "lm_head.weight": "model-00002-of-00002.safetensors",
+        },
+    )
     item = only(ckptfix.inspect(folder), "shard-numbering")
     assert "disagree on the shard count (of-00002, of-00003)" in item.message
 
@@ -209,10 +223,14 @@ def test_shard_numbering_gap(factory: Factory) -> None:
     folder = factory.root / "m"
     factory.safetensors("m/model-00001-of-00003.safetensors", SHARD1)
     factory.safetensors("m/model-00003-of-00003.safetensors", SHARD2)
-    factory.index("m/model.safetensors.index.json", {
-        "model.embed_tokens.weight": "model-00001-of-00003.safetensors",
-        "model.norm.weight": "model-00001-of-00003.safetensors",
-        "lm_head.weight": "model-00003-of-00003.safetensors"})
+    factory.index(
+        "m/model.safetensors.index.json",
+        {
+            "model.embed_tokens.weight": "model-00001-of-00003.safetensors",
+            "model.norm.weight": "model-00001-of-00003.safetensors",
+            "lm_head.weight": "model-00003-of-00003.safetensors",
+        },
+    )
     item = only(ckptfix.inspect(folder), "shard-numbering")
     assert "part(s) 2 of 3 absent" in item.message
 
@@ -220,9 +238,14 @@ def test_shard_numbering_gap(factory: Factory) -> None:
 def test_index_lists_shard_in_subfolder(factory: Factory) -> None:
     folder = factory.root / "m"
     factory.safetensors("m/sub/weights.safetensors", SHARD1)
-    factory.index("m/model.safetensors.index.json", {
-        "model.embed_tokens.weight": "sub/weights.safetensors",
-        "model.norm.weight": "sub/weights.safetensors"}, total_size=72)
+    factory.index(
+        "m/model.safetensors.index.json",
+        {
+            "model.embed_tokens.weight": "sub/weights.safetensors",
+            "model.norm.weight": "sub/weights.safetensors",
+        },
+        total_size=72,
+    )
     report = ckptfix.inspect(folder)
     assert report.findings == ()
     assert report.tensor_count == 2
@@ -250,9 +273,13 @@ def test_tied_config_true_with_separate_head(factory: Factory) -> None:
 def test_tied_config_true_with_identical_head_is_fine(factory: Factory) -> None:
     folder = factory.root / "m"
     same = bytes(range(64))
-    factory.safetensors("m/model.safetensors", [
-        Spec("model.embed_tokens.weight", "BF16", (8, 4), same),
-        Spec("lm_head.weight", "BF16", (8, 4), same)])
+    factory.safetensors(
+        "m/model.safetensors",
+        [
+            Spec("model.embed_tokens.weight", "BF16", (8, 4), same),
+            Spec("lm_head.weight", "BF16", (8, 4), same),
+        ],
+    )
     factory.config("m", tie_word_embeddings=True)
     report = ckptfix.inspect(folder, hash=True)
     assert codes(report) == ["duplicate-content"]
@@ -280,8 +307,9 @@ def test_folder_cli_json(factory: Factory) -> None:
     assert run.code == 1
     document = run.json()
     assert [f["code"] for f in document["findings"]] == ["index-missing-file"]
-    assert run.error_lines == [f"error: {folder / 'model.safetensors.index.json'}: "
-                               + document["findings"][0]["message"]]
+    assert run.error_lines == [
+        f"error: {folder / 'model.safetensors.index.json'}: " + document["findings"][0]["message"]
+    ]
 
 
 def test_folder_without_weights(tmp_path: Path) -> None:

@@ -25,7 +25,9 @@ def test_huge_bytes_but_fewer_elements(factory: Factory) -> None:
     assert document["parameter_count"] == shape[0] * shape[1]
     assert document["total_bytes"] == shape[0] * shape[1] * 4
     assert sorted(item["code"] for item in document["findings"]) == [
-        "huge-numel", "oversized-tensor"]
+        "huge-numel",
+        "oversized-tensor",
+    ]
 
 
 def test_just_below_the_limit_is_not_flagged(factory: Factory) -> None:

@@ -17,27 +17,46 @@ import ckptfix
 from ckptfix.formats.safetensors import read_header
 
 TORCH_DTYPES = {
-    "BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16,
-    "U16": torch.uint16, "I32": torch.int32, "U32": torch.uint32, "I64": torch.int64,
-    "U64": torch.uint64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32,
-    "F64": torch.float64, "C64": torch.complex64, "F8_E5M2": torch.float8_e5m2,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
-    "F8_E5M2FNUZ": torch.float8_e5m2fnuz, "F8_E8M0": torch.float8_e8m0fnu,
+    "BOOL": torch.bool,
+    "U8": torch.uint8,
+    "I8": torch.int8,
+    "I16": torch.int16,
+    "U16": torch.uint16,
+    "I32": torch.int32,
+    "U32": torch.uint32,
+    "I64": torch.int64,
+    "U64": torch.uint64,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F32": torch.float32,
+    "F64": torch.float64,
+    "C64": torch.complex64,
+    "F8_E5M2": torch.float8_e5m2,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
+    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
+    "F8_E8M0": torch.float8_e8m0fnu,
 }
 
 
 def _make(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
     generator = torch.Generator().manual_seed(seed)
     count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-    raw = torch.randint(0, 256, (count * torch.empty((), dtype=dtype).element_size(),),
-                        generator=generator, dtype=torch.uint8)
+    raw = torch.randint(
+        0,
+        256,
+        (count * torch.empty((), dtype=dtype).element_size(),),
+        generator=generator,
+        dtype=torch.uint8,
+    )
     return raw.view(dtype).reshape(shape)
 
 
 def _safe_open_view(path: Path) -> tuple[dict[str, tuple[str, list[int]]], dict[str, str] | None]:
     with safe_open(str(path), "pt") as handle:
         found = {}
-        for key in handle.keys():
+        keys = handle.keys()  # a safe_open handle, not a dict: it cannot be iterated
+        for key in keys:
             piece = handle.get_slice(key)
             found[key] = (piece.get_dtype(), list(piece.get_shape()))
         return found, handle.metadata()
@@ -64,8 +83,9 @@ def test_every_dtype_written_by_safetensors_is_clean(tmp_path: Path) -> None:
 
 
 def test_byte_ranges_hold_the_tensor_bytes(tmp_path: Path) -> None:
-    tensors = {f"t{i}": _make(dtype, (i + 1, 3), i)
-               for i, dtype in enumerate(TORCH_DTYPES.values())}
+    tensors = {
+        f"t{i}": _make(dtype, (i + 1, 3), i) for i, dtype in enumerate(TORCH_DTYPES.values())
+    }
     path = tmp_path / "ranges.safetensors"
     save_file(tensors, str(path))
     data = path.read_bytes()
@@ -95,11 +115,15 @@ state_dicts = st.dictionaries(
 
 @settings(max_examples=60, deadline=None)
 @given(state_dicts, st.dictionaries(st.text(max_size=5), st.text(max_size=5), max_size=3))
-def test_reader_agrees_with_safe_open(tmp_path_factory: pytest.TempPathFactory,
-                                      spec: dict[str, tuple[str, tuple[int, ...]]],
-                                      metadata: dict[str, str]) -> None:
-    tensors = {name: _make(TORCH_DTYPES[dtype], shape, i)
-               for i, (name, (dtype, shape)) in enumerate(spec.items())}
+def test_reader_agrees_with_safe_open(
+    tmp_path_factory: pytest.TempPathFactory,
+    spec: dict[str, tuple[str, tuple[int, ...]]],
+    metadata: dict[str, str],
+) -> None:
+    tensors = {
+        name: _make(TORCH_DTYPES[dtype], shape, i)
+        for i, (name, (dtype, shape)) in enumerate(spec.items())
+    }
     path = tmp_path_factory.mktemp("prop") / "x.safetensors"
     save_file(tensors, str(path), metadata=metadata or None)
     header = read_header(path)
@@ -120,7 +144,7 @@ def test_header_json_as_written_by_safetensors(tmp_path: Path) -> None:
     raw = path.read_bytes()
     length = int.from_bytes(raw[:8], "little")
     assert (8 + length) % 8 == 0
-    assert json.loads(raw[8:8 + length]) == {
+    assert json.loads(raw[8 : 8 + length]) == {
         "__metadata__": {"format": "pt"},
         "a": {"dtype": "U8", "shape": [3], "data_offsets": [0, 3]},
     }

@@ -47,16 +47,23 @@ def test_malformed_file_json(factory: Factory, case: Case) -> None:
     assert finding["file"] == str(path)
     assert document["tensor_count"] == 0
     assert document["files"] == [
-        {"path": str(path), "format": document["format"], "bytes": path.stat().st_size,
-         "tensor_count": 0}
+        {
+            "path": str(path),
+            "format": document["format"],
+            "bytes": path.stat().st_size,
+            "tensor_count": 0,
+        }
     ]
 
 
 @pytest.mark.parametrize(
     "case",
     # not-safetensors is decided by sniffing, before the safetensors reader runs.
-    [case for case in SAFETENSORS_CASES if case.code == "corrupt-file"
-     and case.rule != "not-safetensors"],
+    [
+        case
+        for case in SAFETENSORS_CASES
+        if case.code == "corrupt-file" and case.rule != "not-safetensors"
+    ],
     ids=lambda case: case.id,
 )
 def test_reader_raises_named_rule(factory: Factory, case: Case) -> None:
@@ -86,8 +93,9 @@ def test_malformed_index(factory: Factory, case: Case) -> None:
 
 
 def test_exact_error_line_for_truncated_file(factory: Factory) -> None:
-    path = factory.raw("cut.safetensors", {"a": {"dtype": "F32", "shape": [2],
-                                                  "data_offsets": [0, 8]}}, b"\0" * 5)
+    path = factory.raw(
+        "cut.safetensors", {"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 5
+    )
     header_len = path.stat().st_size - 8 - 5
     run = cli("inspect", path)
     assert run.error_lines == [

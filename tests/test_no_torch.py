@@ -16,8 +16,12 @@ print(",".join(sorted(m for m in ("torch", "numpy", "safetensors") if m in sys.m
 
 
 def _modules_after(path: str, *, hash: bool) -> str:
-    done = subprocess.run([sys.executable, "-c", PROBE.format(hash=hash), path],
-                          capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE.format(hash=hash), path],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return done.stdout.strip()
 
 
@@ -29,10 +33,12 @@ def test_inspect_imports_neither_torch_nor_numpy(factory: Factory) -> None:
 
 def test_cli_does_not_import_torch(factory: Factory) -> None:
     path = factory.safetensors("m.safetensors", [Spec("a"), Spec("b")])
-    code = ("import sys; from ckptfix.cli.app import main; sys.argv = ['ckptfix', 'inspect', "
-            f"{str(path)!r}, '--json', '--scan-values']\n"
-            "try:\n    main()\nexcept SystemExit as exit:\n"
-            "    assert exit.code == 0\n    assert 'torch' not in sys.modules\n"
-            "    print('ok', file=sys.stderr)")
+    code = (
+        "import sys; from ckptfix.cli.app import main; sys.argv = ['ckptfix', 'inspect', "
+        f"{str(path)!r}, '--json', '--scan-values']\n"
+        "try:\n    main()\nexcept SystemExit as exit:\n"
+        "    assert exit.code == 0\n    assert 'torch' not in sys.modules\n"
+        "    print('ok', file=sys.stderr)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stderr.strip() == "ok"

@@ -39,8 +39,9 @@ def test_non_finite_counts_match_torch(factory: Factory, name: str) -> None:
     elif width == 16:
         tensor = torch.arange(-(2**15), 2**15, dtype=torch.int32).to(torch.int16).view(dtype)
     else:
-        tensor = torch.tensor([1.0, float("nan"), float("inf"), -float("inf"), 0.0, -0.0,
-                               float("nan")], dtype=dtype)
+        tensor = torch.tensor(
+            [1.0, float("nan"), float("inf"), -float("inf"), 0.0, -0.0, float("nan")], dtype=dtype
+        )
     path = factory.path(f"{name}.safetensors")
     save_file({"t": tensor}, str(path))
     report = ckptfix.inspect(path)
@@ -49,18 +50,22 @@ def test_non_finite_counts_match_torch(factory: Factory, name: str) -> None:
 
 
 def test_complex_non_finite(factory: Factory) -> None:
-    tensor = torch.tensor([1 + 1j, complex(float("nan"), 0), complex(0, float("inf"))],
-                          dtype=torch.complex64)
+    tensor = torch.tensor(
+        [1 + 1j, complex(float("nan"), 0), complex(0, float("inf"))], dtype=torch.complex64
+    )
     path = factory.path("c.safetensors")
     save_file({"c": tensor}, str(path))
     assert count_non_finite(str(path), ckptfix.inspect(path).tensors[0]) == (1, 1)
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=64),
-       st.sampled_from(["F16", "BF16", "F32", "F8_E5M2", "F8_E4M3"]))
-def test_non_finite_property(tmp_path_factory: pytest.TempPathFactory, floats: list[float],
-                             name: str) -> None:
+@given(
+    st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=64),
+    st.sampled_from(["F16", "BF16", "F32", "F8_E5M2", "F8_E4M3"]),
+)
+def test_non_finite_property(
+    tmp_path_factory: pytest.TempPathFactory, floats: list[float], name: str
+) -> None:
     tensor = torch.tensor(floats, dtype=torch.float32).to(FLOAT_DTYPES[name])
     path = tmp_path_factory.mktemp("nf") / "t.safetensors"
     save_file({"t": tensor}, str(path))
@@ -69,8 +74,11 @@ def test_non_finite_property(tmp_path_factory: pytest.TempPathFactory, floats: l
 
 def test_scan_values_finding(factory: Factory) -> None:
     path = factory.path("m.safetensors")
-    save_file({"good": torch.ones(4), "bad": torch.tensor([1.0, float("nan"), float("inf")])},
-              str(path), metadata={"format": "pt"})
+    save_file(
+        {"good": torch.ones(4), "bad": torch.tensor([1.0, float("nan"), float("inf")])},
+        str(path),
+        metadata={"format": "pt"},
+    )
     assert ckptfix.inspect(path).findings == ()  # values are not read without the flag
     report = ckptfix.inspect(path, scan_values=True)
     assert [(item.code, item.tensors) for item in report.findings] == [("non-finite", ("bad",))]
@@ -89,14 +97,18 @@ def test_scan_values_large_tensor_spans_chunks(factory: Factory) -> None:
 
 def test_hash_finds_duplicate_content(factory: Factory) -> None:
     same = bytes(range(24))
-    path = factory.safetensors("m.safetensors", [
-        Spec("a", "F32", (2, 3), same),
-        Spec("b", "F32", (2, 3), same),
-        Spec("c", "F32", (2, 3)),             # same dtype/shape, other bytes
-        Spec("d", "I32", (2, 3), same),       # same bytes, other dtype: not a duplicate
-        Spec("e", "F32", (3, 2), same),       # same bytes, other shape: not a duplicate
-        Spec("z1", "F32", (0,)), Spec("z2", "F32", (0,)),  # empty tensors are not duplicates
-    ])
+    path = factory.safetensors(
+        "m.safetensors",
+        [
+            Spec("a", "F32", (2, 3), same),
+            Spec("b", "F32", (2, 3), same),
+            Spec("c", "F32", (2, 3)),  # same dtype/shape, other bytes
+            Spec("d", "I32", (2, 3), same),  # same bytes, other dtype: not a duplicate
+            Spec("e", "F32", (3, 2), same),  # same bytes, other shape: not a duplicate
+            Spec("z1", "F32", (0,)),
+            Spec("z2", "F32", (0,)),  # empty tensors are not duplicates
+        ],
+    )
     assert ckptfix.inspect(path).findings == ()
     report = ckptfix.inspect(path, hash=True)
     assert [(item.code, item.tensors) for item in report.findings] == [
@@ -107,7 +119,9 @@ def test_hash_finds_duplicate_content(factory: Factory) -> None:
 
 def test_hash_across_shards(factory: Factory) -> None:
     same = bytes(range(16))
-    folder = factory.sharded("m", [[Spec("x", "BF16", (8,), same)], [Spec("y", "BF16", (8,), same)]])
+    folder = factory.sharded(
+        "m", [[Spec("x", "BF16", (8,), same)], [Spec("y", "BF16", (8,), same)]]
+    )
     report = ckptfix.inspect(folder, hash=True)
     assert [(item.code, item.tensors) for item in report.findings] == [
         ("duplicate-content", ("x", "y"))

@@ -28,9 +28,7 @@ class _Group(TyperGroup):
         **extra: Any,
     ) -> NoReturn:
         try:
-            result = super().main(
-                args, prog_name, complete_var, standalone_mode=False, **extra
-            )
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             code = result if isinstance(result, int) else 0
         except typer.TyperException as exc:  # usage errors and the like, from the parser
             message = exc.format_message()

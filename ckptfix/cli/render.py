@@ -55,8 +55,11 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
             table.add_column(column, justify="right" if column == "bytes" else "left")
         for tensor in result.tensors:
             table.add_row(
-                Text(tensor.name), tensor.dtype, Text(str(list(tensor.shape))),
-                f"{tensor.nbytes:,}", Text(tensor.file),
+                Text(tensor.name),
+                tensor.dtype,
+                Text(str(list(tensor.shape))),
+                f"{tensor.nbytes:,}",
+                Text(tensor.file),
             )
         console.print(table)
 

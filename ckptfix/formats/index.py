@@ -33,8 +33,9 @@ class ShardIndex:
 def check_shard_name(name: str, path: str, weight_ext: str | None) -> None:
     """Refuse names that would escape the model folder or point at the wrong format."""
     if "\x00" in name or not name:
-        raise CorruptFileError(path, "unsafe-shard-path", f"shard name {name!r} is empty or has NUL",
-                               _FIX)
+        raise CorruptFileError(
+            path, "unsafe-shard-path", f"shard name {name!r} is empty or has NUL", _FIX
+        )
     posix, windows = PurePosixPath(name), PureWindowsPath(name)
     if (
         posix.is_absolute()
@@ -45,12 +46,15 @@ def check_shard_name(name: str, path: str, weight_ext: str | None) -> None:
         or ".." in windows.parts
     ):
         raise CorruptFileError(
-            path, "unsafe-shard-path",
-            f"shard name {name!r} points outside the model folder (path traversal)", _FIX,
+            path,
+            "unsafe-shard-path",
+            f"shard name {name!r} points outside the model folder (path traversal)",
+            _FIX,
         )
     if weight_ext is not None and not name.endswith("." + weight_ext):
         raise CorruptFileError(
-            path, "wrong-shard-format",
+            path,
+            "wrong-shard-format",
             f"shard {name!r} is listed in a .{weight_ext} index but is not a .{weight_ext} file",
             _FIX,
         )
@@ -61,7 +65,9 @@ def read_index(path: str | os.PathLike[str], display: str, weight_ext: str | Non
     size = os.path.getsize(path)
     if size > MAX_INDEX_SIZE:
         raise CorruptFileError(
-            display, "index-too-large", f"index is {size} bytes, over the {MAX_INDEX_SIZE} limit",
+            display,
+            "index-too-large",
+            f"index is {size} bytes, over the {MAX_INDEX_SIZE} limit",
             _FIX,
         )
     with open(path, "rb") as handle:
@@ -75,12 +81,13 @@ def read_index(path: str | os.PathLike[str], display: str, weight_ext: str | Non
     weight_map = parsed.get("weight_map")
     if not isinstance(weight_map, dict):
         raise CorruptFileError(
-            display, "index-no-weight-map", "index has no \"weight_map\" object", _FIX
+            display, "index-no-weight-map", 'index has no "weight_map" object', _FIX
         )
     for tensor, shard in weight_map.items():
         if not isinstance(shard, str):
             raise CorruptFileError(
-                display, "index-bad-entry",
+                display,
+                "index-bad-entry",
                 f"weight_map entry {tensor!r} maps to a {type(shard).__name__}, not a file name",
                 _FIX,
             )
@@ -90,6 +97,7 @@ def read_index(path: str | os.PathLike[str], display: str, weight_ext: str | Non
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
-        raise CorruptFileError(display, "index-bad-metadata", "index \"metadata\" is not an object",
-                               _FIX)
+        raise CorruptFileError(
+            display, "index-bad-metadata", 'index "metadata" is not an object', _FIX
+        )
     return ShardIndex(path=display, weight_map=dict(weight_map), metadata=metadata)
