@@ -6,6 +6,8 @@ import json
 import os
 from pathlib import Path
 
+import pytest
+
 import ckptfix
 from ckptfix.folder import parse_weight_name, scan_folder
 from ckptfix.report import Report
@@ -321,3 +323,41 @@ def test_folder_without_weights(tmp_path: Path) -> None:
         ("no-weights", str(tmp_path / "empty"))
     ]
     assert report.exit_code() == 1
+
+
+def test_empty_tensor_name(factory: Factory) -> None:
+    path = factory.safetensors("e.safetensors", [Spec(""), Spec("ok")])
+    item = only(ckptfix.inspect(path), "empty-name")
+    assert item.severity.value == "warning"
+    assert item.file == str(path)
+
+
+def test_torch_files_are_listed_not_read_yet(factory: Factory, tmp_path: Path) -> None:
+    import torch
+
+    path = tmp_path / "m" / "pytorch_model.bin"
+    path.parent.mkdir()
+    torch.save({"w": torch.ones(2)}, path)
+    report = ckptfix.inspect(path.parent)
+    item = only(report, "unsupported-format")
+    assert item.severity.value == "info"
+    assert [(f.format, f.tensor_count) for f in report.files] == [("torch-zip", 0)]
+    assert report.exit_code("warning") == 0
+
+
+def test_no_tensor_data_read_without_hash_or_scan(
+    factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptfix import values
+
+    folder = factory.sharded("m", [SHARD1, SHARD2])
+    factory.config("m", tie_word_embeddings=True)
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError("tensor data was read")
+
+    monkeypatch.setattr(values, "iter_bytes", refuse)
+    report = ckptfix.inspect(folder)
+    assert report.tensor_count == 3
+    with pytest.raises(AssertionError, match="tensor data was read"):
+        ckptfix.inspect(folder, hash=True)

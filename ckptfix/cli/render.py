@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 
 from rich.console import Console
@@ -50,17 +51,22 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
     console.print(summary)
 
     if show_tensors and result.tensors:
+        # In a folder, name each tensor's file relative to it; for one file, no file column.
+        in_folder = result.format == "folder"
         table = Table(title="Tensors", title_justify="left")
-        for column in ("name", "dtype", "shape", "bytes", "file"):
+        columns = ["name", "dtype", "shape", "bytes"] + (["file"] if in_folder else [])
+        for column in columns:
             table.add_column(column, justify="right" if column == "bytes" else "left")
         for tensor in result.tensors:
-            table.add_row(
+            cells = [
                 Text(tensor.name),
                 tensor.dtype,
                 Text(str(list(tensor.shape))),
                 f"{tensor.nbytes:,}",
-                Text(tensor.file),
-            )
+            ]
+            if in_folder:
+                cells.append(Text(os.path.relpath(tensor.file, result.path)))
+            table.add_row(*cells)
         console.print(table)
 
     for severity in (Severity.ERROR, Severity.WARNING, Severity.INFO):
