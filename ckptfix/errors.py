@@ -52,3 +52,19 @@ class LfsPointerError(CorruptFileError):
 
 class UnsupportedFormatError(CkptfixError):
     """A file is of a kind ckptfix recognises but does not read (yet, or ever)."""
+
+
+class WriteError(CkptfixError):
+    """Writing the output failed (disk full, permissions, a source that changed)."""
+
+
+class VerificationError(CkptfixError):
+    """What was written does not read back as exactly what was planned."""
+
+
+class Interrupted(CkptfixError):
+    """SIGINT or SIGTERM arrived; the output was left as it was."""
+
+    def __init__(self, path: str | None, signal_name: str, exit_code: int) -> None:
+        self.exit_code = exit_code
+        super().__init__(path, f"interrupted by {signal_name}; the output was left as it was")

@@ -19,6 +19,7 @@ LFS_MAGIC = b"version https://git-lfs"
 ZIP_MAGIC = b"PK\x03\x04"
 PICKLE_PROTO = 0x80
 SNIFF_BYTES = 64
+MAX_HEADER_SIZE = 100_000_000  # as in formats.safetensors (kept here to stay import-free)
 
 
 def sniff(head: bytes) -> FileFormat:
@@ -27,15 +28,17 @@ def sniff(head: bytes) -> FileFormat:
         return FileFormat.LFS_POINTER
     if head.startswith(ZIP_MAGIC):
         return FileFormat.TORCH_ZIP
-    if head[:1] == bytes([PICKLE_PROTO]):
-        return FileFormat.TORCH_LEGACY
+    # safetensors before pickle: a header length such as 128 starts with the byte 0x80, the
+    # pickle protocol marker. A pickle's first 8 bytes, read as a length, are far too large.
     if len(head) >= 9:
         (header_len,) = struct.unpack("<Q", head[:8])
         # The writer pads the header with spaces, and the reference reader accepts
         # leading JSON whitespace, so skip it before looking for the opening brace.
         body = head[8:].lstrip(b" \t\r\n")
-        if header_len > 0 and body[:1] == b"{":
+        if 0 < header_len <= MAX_HEADER_SIZE and body[:1] == b"{":
             return FileFormat.SAFETENSORS
+    if head[:1] == bytes([PICKLE_PROTO]):
+        return FileFormat.TORCH_LEGACY
     return FileFormat.UNKNOWN
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
@@ -145,6 +147,62 @@ def inspect(
     for line in report.error_lines():
         _error_line(line)
     raise typer.Exit(report.exit_code(fail_on.value))
+
+
+@app.command()
+def reshard(
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="safetensors file or model folder.")],
+    out: Annotated[
+        Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
+    ] = None,
+    max_shard: MaxShardOption = "5GB",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
+    ] = False,
+    json_output: JsonOption = False,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace OUT if it exists and is not empty.")
+    ] = False,
+    in_place: Annotated[
+        bool, typer.Option("--in-place", help="Rewrite SRC itself, swapping it atomically.")
+    ] = False,
+) -> None:
+    """Rewrite a checkpoint into verified shards of at most --max-shard bytes.
+
+    Example: ckptfix reshard ./my-model -o ./my-model-2gb --max-shard 2GB
+    """
+    from ckptfix.rewrite import reshard as run_reshard
+
+    limit = parse_size(max_shard)
+    show_progress = not json_output and not dry_run and sys.stderr.isatty()
+    with _progress(show_progress) as advance:
+        result = run_reshard(
+            src,
+            out,
+            max_shard=limit,
+            dry_run=dry_run,
+            force=force,
+            in_place=in_place,
+            progress=advance,
+        )
+    if json_output:
+        _write_json(result.to_dict())
+    else:
+        from ckptfix.cli import render
+
+        render.rewrite(result)
+
+
+@contextlib.contextmanager
+def _progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+    """A rich progress bar (bytes, rate, ETA) on stderr, or nothing when not interactive."""
+    if not enabled:
+        yield None
+        return
+    from ckptfix.cli import render
+
+    with render.byte_progress() as advance:
+        yield advance
 
 
 def _write_json(document: object) -> None:

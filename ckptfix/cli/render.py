@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
 from ckptfix.findings import Severity
 from ckptfix.report import Report
+from ckptfix.rewrite import RewriteResult
 from ckptfix.sizes import format_size
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -58,7 +68,7 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
         for column in columns:
             table.add_column(column, justify="right" if column == "bytes" else "left")
         for tensor in result.tensors:
-            cells = [
+            cells: list[Text | str] = [
                 Text(tensor.name),
                 tensor.dtype,
                 Text(str(list(tensor.shape))),
@@ -96,3 +106,68 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
     if not result.findings:
         verdict.append("  clean", style="green")
     console.print(verdict)
+
+
+def rewrite(result: RewriteResult) -> None:
+    """The plan as a table, then what was written (or that nothing was, for --dry-run)."""
+    console = _console()
+    plan = result.plan
+    table = Table(title=f"Plan: shards of at most {plan.max_shard:,} bytes", title_justify="left")
+    for column, justify in (
+        ("file", "left"),
+        ("tensors", "right"),
+        ("bytes", "right"),
+        ("first tensor", "left"),
+    ):
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for shard in plan.shards:
+        first = shard.tensors[0] if shard.tensors else "-"
+        table.add_row(Text(shard.file), f"{len(shard.tensors):,}", f"{shard.nbytes:,}", Text(first))
+    console.print(table)
+    if plan.index_file:
+        console.print(Text(f"index: {plan.index_file} (total_size {plan.total_size:,})"))
+    for name in plan.oversized:
+        console.print(
+            Text(
+                f"! oversized-tensor: {name} is larger than the limit; it has a shard of its own",
+                style="yellow",
+            )
+        )
+    if plan.copied_files:
+        console.print(Text("copied: " + ", ".join(plan.copied_files)))
+    if plan.left_out:
+        console.print(
+            Text("left out (other weight files): " + ", ".join(plan.left_out), style="yellow")
+        )
+    if result.written is None:
+        console.print(Text("dry run: nothing was written", style="bold"))
+        return
+    written = result.written
+    console.print(
+        Text(
+            f"wrote {written.path}: {len(written.files)} file(s), {written.bytes:,} bytes "
+            f"({format_size(written.bytes)}), every tensor verified against its source",
+            style="green",
+        )
+    )
+
+
+@contextlib.contextmanager
+def byte_progress() -> Iterator[Callable[[int, int], None]]:
+    """A bytes / rate / ETA progress bar on stderr; yields the function that advances it."""
+    progress = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+    with progress:
+        task = progress.add_task("writing", total=None)
+
+        def update(done: int, total: int) -> None:
+            progress.update(task, completed=done, total=total)
+
+        yield update

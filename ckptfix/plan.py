@@ -1,0 +1,118 @@
+"""Shard plans: which tensors go to which output file. Pure data, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class PlannedShard:
+    """One output file and the tensors it holds, in order."""
+
+    file: str
+    tensors: tuple[str, ...]
+    nbytes: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {"file": self.file, "tensors": list(self.tensors), "bytes": self.nbytes}
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """Where every tensor goes, plus what the rewrite drops, renames, copies or leaves out."""
+
+    max_shard: int
+    shards: tuple[PlannedShard, ...]
+    index_file: str | None
+    oversized: tuple[str, ...] = ()
+    dropped: dict[str, str] = field(default_factory=dict)
+    renamed: dict[str, str] = field(default_factory=dict)
+    copied_files: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
+
+    @property
+    def total_size(self) -> int:
+        return sum(shard.nbytes for shard in self.shards)
+
+    @property
+    def weight_map(self) -> dict[str, str]:
+        return {name: shard.file for shard in self.shards for name in shard.tensors}
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "max_shard": self.max_shard,
+            "total_size": self.total_size,
+            "shards": [shard.to_dict() for shard in self.shards],
+            "index": self.index_file,
+            "oversized": list(self.oversized),
+            "dropped": dict(self.dropped),
+            "renamed": dict(self.renamed),
+            "copied_files": list(self.copied_files),
+            "left_out": list(self.left_out),
+        }
+
+
+def shard_file_name(stem: str, ext: str, number: int, count: int) -> str:
+    """Hugging Face naming: one shard is `model.safetensors`, else `model-00001-of-00003...`."""
+    if count == 1:
+        return f"{stem}.{ext}"
+    return f"{stem}-{number:05d}-of-{count:05d}.{ext}"
+
+
+def index_file_name(stem: str, ext: str) -> str:
+    return f"{stem}.{ext}.index.json"
+
+
+def pack(sizes: Sequence[tuple[str, int]], max_shard: int) -> list[list[tuple[str, int]]]:
+    """Greedy packing in source order.
+
+    A tensor larger than `max_shard` closes the open shard and gets one of its own in its
+    place, so order is kept (huggingface_hub moves such tensors ahead instead). No shard is
+    ever empty; zero-byte tensors join the open shard.
+    """
+    groups: list[list[tuple[str, int]]] = []
+    current: list[tuple[str, int]] = []
+    current_size = 0
+    for name, size in sizes:
+        if size > max_shard:
+            if current:
+                groups.append(current)
+            groups.append([(name, size)])
+            current, current_size = [], 0
+            continue
+        if current and current_size + size > max_shard:
+            groups.append(current)
+            current, current_size = [], 0
+        current.append((name, size))
+        current_size += size
+    if current or not groups:
+        groups.append(current)  # a checkpoint with no tensors still gets its one file
+    return groups
+
+
+def plan_shards(
+    sizes: Sequence[tuple[str, int]],
+    max_shard: int,
+    *,
+    stem: str = "model",
+    ext: str = "safetensors",
+) -> ShardPlan:
+    """Plan output shards for tensors given as (name, bytes) in source order."""
+    groups = pack(sizes, max_shard)
+    count = len(groups)
+    shards = tuple(
+        PlannedShard(
+            file=shard_file_name(stem, ext, number, count),
+            tensors=tuple(name for name, _ in group),
+            nbytes=sum(size for _, size in group),
+        )
+        for number, group in enumerate(groups, start=1)
+    )
+    oversized = tuple(name for name, size in sizes if size > max_shard)
+    return ShardPlan(
+        max_shard=max_shard,
+        shards=shards,
+        index_file=index_file_name(stem, ext) if count > 1 else None,
+        oversized=oversized,
+    )
