@@ -34,9 +34,17 @@ lint: $(FULL)
 	$(BIN)/mypy
 
 demo: $(BASE)
-	$(BIN)/python scripts/make_demo.py demo-out/sample-model
-	@echo "\$$ ckptfix inspect demo-out/sample-model"
-	@$(BIN)/ckptfix inspect demo-out/sample-model; echo "(exit code $$?: the sample has errors on purpose)"
+	@$(BIN)/python scripts/make_demo.py demo-out
+	@echo; echo "\$$ ckptfix inspect demo-out/sample-model"
+	@$(BIN)/ckptfix inspect demo-out/sample-model; echo "(exit code $$?: this sample has errors on purpose)"
+	@echo; echo "\$$ ckptfix reshard demo-out/sample-model -o demo-out/never"
+	@$(BIN)/ckptfix reshard demo-out/sample-model -o demo-out/never; echo "(exit code $$?: refused, nothing written)"
+	@echo; echo "\$$ ckptfix inspect demo-out/fixable-model --fail-on warning"
+	@$(BIN)/ckptfix inspect demo-out/fixable-model --fail-on warning; echo "(exit code $$?)"
+	@echo; echo "\$$ ckptfix reshard demo-out/fixable-model -o demo-out/fixed-model --max-shard 100KB"
+	@$(BIN)/ckptfix reshard demo-out/fixable-model -o demo-out/fixed-model --max-shard 100KB
+	@echo; echo "\$$ ckptfix inspect demo-out/fixed-model --fail-on warning"
+	@$(BIN)/ckptfix inspect demo-out/fixed-model --fail-on warning
 
 bench: $(FULL)
 	$(BIN)/python bench/bench.py

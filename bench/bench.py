@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -129,7 +130,15 @@ def ensure_inputs() -> dict[str, Path]:
         print(f"building {many} ...", flush=True)
         shards = [[(f"blocks.{s}.t{t}.weight", (4,)) for t in range(2000)] for s in range(50)]
         write_folder(many, shards, "F32", 4)
-    return {"single": single, "five": five, "many": many}
+    half = CACHE / "llama-0.5gb.safetensors"
+    if not half.exists():
+        print(f"building {half} ...", flush=True)
+        write_safetensors(half, llama_tensors(layers=3))
+    four = CACHE / "llama-4gb.safetensors"
+    if not four.exists():
+        print(f"building {four} ...", flush=True)
+        write_safetensors(four, llama_tensors(layers=44))
+    return {"single": single, "five": five, "many": many, "half": half, "four": four}
 
 
 @dataclass
@@ -236,6 +245,87 @@ def bench_inspect(inputs: dict[str, Path], repeat: int) -> list[str]:
     return rows
 
 
+STANDARD_RECIPE = """
+import os, sys
+from safetensors.torch import load_file
+from huggingface_hub import save_torch_state_dict
+state = load_file(sys.argv[1])
+os.makedirs(sys.argv[2])
+save_torch_state_dict(state, sys.argv[2], max_shard_size=sys.argv[3])
+for name in os.listdir(sys.argv[2]):  # fsynced like ckptfix's output, to compare like with like
+    fd = os.open(os.path.join(sys.argv[2], name), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+"""
+
+
+def timed_write(command: list[str], out: Path, source: Path, repeat: int) -> Measure:
+    """Median over `repeat` runs, each into a fresh OUT with the source in the page cache."""
+    samples = []
+    for _ in range(repeat):
+        if out.exists():
+            shutil.rmtree(out)
+        subprocess.run(["cat", str(source)], stdout=subprocess.DEVNULL, check=True)
+        subprocess.run(["sync"], check=True)
+        samples.append(run(command))
+    shutil.rmtree(out, ignore_errors=True)
+    return Measure(statistics.median(s.wall for s in samples), max(s.rss_mib for s in samples))
+
+
+def bench_reshard(inputs: dict[str, Path], repeat: int) -> list[str]:
+    source = inputs["single"]
+    out = CACHE / "bench-out"
+    size = data_size(source)
+    cp = timed_write(
+        ["sh", "-c", f"mkdir {out} && cp {source} {out}/ && sync {out}/{source.name}"],
+        out,
+        source,
+        repeat,
+    )
+    ours = timed_write(
+        [*CKPTFIX, "reshard", str(source), "-o", str(out), "--max-shard", "500MB"],
+        out,
+        source,
+        repeat,
+    )
+    recipe = timed_write(
+        [PYTHON, "-c", STANDARD_RECIPE, str(source), str(out), "500MB"], out, source, repeat
+    )
+    rows = [
+        f"| `cp` + `sync` of the file | {cp.wall:.2f} s | {cp.rss_mib:.0f} MiB | 1.00× | |",
+        f"| `ckptfix reshard --max-shard 500MB` (verified, fsynced, atomic) | {ours.wall:.2f} s | "
+        f"{ours.rss_mib:.0f} MiB | {ours.wall / cp.wall:.2f}× | "
+        f"≤ 1.2× and ≤ 150 MiB: {'met' if ours.wall <= 1.2 * cp.wall and ours.rss_mib <= 150 else 'MISSED'} |",
+        f"| `load_file` + `save_torch_state_dict` (+ fsync) | {recipe.wall:.2f} s | "
+        f"{recipe.rss_mib:.0f} MiB | {recipe.wall / cp.wall:.2f}× | |",
+    ]
+    header = [
+        f"\nreshard of a {size / 1e9:.2f} GB bf16 file into 500 MB shards; median of {repeat}, "
+        "source in the page cache, outputs fsynced\n",
+        "| job | wall | peak RSS | vs cp | target |",
+        "|---|---|---|---|---|",
+    ]
+    flat = []
+    for key in ("half", "single", "four"):
+        measure = timed_write(
+            [*CKPTFIX, "reshard", str(inputs[key]), "-o", str(out), "--max-shard", "500MB"],
+            out,
+            inputs[key],
+            max(1, repeat // 2),
+        )
+        flat.append((key, data_size(inputs[key]), measure))
+    small, large = flat[0][2].rss_mib, flat[-1][2].rss_mib
+    flat_rows = [
+        "\npeak RSS of `ckptfix reshard --max-shard 500MB` by checkpoint size\n",
+        "| checkpoint | wall | peak RSS |",
+        "|---|---|---|",
+        *(f"| {size / 1e9:.2f} GB | {m.wall:.2f} s | {m.rss_mib:.0f} MiB |" for _, size, m in flat),
+        f"\n4 GB vs 0.5 GB peak RSS: {large / small:.2f}× (target within 10%: "
+        f"{'met' if abs(large / small - 1) <= 0.10 else 'MISSED'})",
+    ]
+    return header + rows + flat_rows
+
+
 def data_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -245,8 +335,14 @@ def data_size(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--only", choices=["inspect", "reshard"], default=None)
     args = parser.parse_args()
     inputs = ensure_inputs()
+    if args.only in (None, "reshard"):
+        for row in bench_reshard(inputs, max(3, args.repeat // 2 + 1)):
+            print(row, flush=True)
+        if args.only == "reshard":
+            return
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
         f"{inputs['five'].name} ({data_size(inputs['five']) / 1e9:.2f} GB), "

@@ -14,6 +14,7 @@ from ckptfix.errors import (
 from ckptfix.findings import Finding, Severity
 from ckptfix.inspect import inspect
 from ckptfix.report import FileSummary, Report
+from ckptfix.rewrite import RewriteResult, reshard
 
 __all__ = [
     "CkptfixError",
@@ -22,9 +23,11 @@ __all__ = [
     "Finding",
     "InputNotFoundError",
     "Report",
+    "RewriteResult",
     "Severity",
     "TensorInfo",
     "UsageError",
     "__version__",
     "inspect",
+    "reshard",
 ]

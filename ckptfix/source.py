@@ -39,8 +39,14 @@ class InputRefusedError(CkptfixError):
     """The input has errors that make a faithful rewrite impossible."""
 
 
-def refuse_if_errors(report: Report) -> None:
-    errors = [item for item in report.findings if item.severity is Severity.ERROR]
+def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
+    """Raise on the first error finding (about `files` only, when given)."""
+    errors = [
+        item
+        for item in report.findings
+        if item.severity is Severity.ERROR
+        and (files is None or item.file is None or item.file in files)
+    ]
     if not errors:
         return
     first = errors[0]
@@ -84,8 +90,8 @@ def _merged_metadata(paths: list[str]) -> dict[str, str]:
 def open_checkpoint(path: str, *, max_shard: int = 5 * 10**9) -> Checkpoint:
     """Inspect a safetensors file or model folder and refuse it if it has errors."""
     report = inspect(path, max_shard=max_shard)
-    refuse_if_errors(report)
     if not os.path.isdir(path):
+        refuse_if_errors(report)
         if report.format != "safetensors":
             raise UnsupportedFormatError(
                 path, f"file is {report.format}, not safetensors", "use `ckptfix convert`"
@@ -112,6 +118,9 @@ def open_checkpoint(path: str, *, max_shard: int = 5 * 10**9) -> Checkpoint:
     else:
         names = sorted(family.files)
     files = [os.path.join(path, name) for name in names]
+    # Errors in other weight families do not stop a rewrite that leaves them out.
+    index_file = {os.path.join(path, family.index)} if family.index else set()
+    refuse_if_errors(report, set(files) | index_file | {path})
     order = {file: position for position, file in enumerate(files)}
     tensors = sorted(
         (tensor for tensor in report.tensors if tensor.file in order),

@@ -24,7 +24,7 @@ from ckptfix.plan import PlannedShard, ShardPlan
 from ckptfix.sizes import format_size
 
 COPY_CHUNK = 64 * 2**20
-COMPARE_CHUNK = 4 * 2**20
+COMPARE_CHUNK = 2**20
 # Called with (bytes copied so far, bytes to copy in all) as the copy advances.
 Progress = Callable[[int, int], None]
 

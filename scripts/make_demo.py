@@ -1,14 +1,17 @@
-"""Build a small sample model folder with real, typical problems for `make demo`.
+"""Build small sample model folders with real, typical problems for `make demo`.
 
 Usage: python scripts/make_demo.py OUT_FOLDER
 
-What is wrong with it, on purpose:
+OUT_FOLDER/sample-model is broken beyond a rewrite, on purpose:
 - the index is stale: a wrong total_size, a tensor mapped to the wrong shard;
 - shard 2 was written by plain `save_file` (no "format" metadata) and holds a tensor the
   index forgot;
 - shard 3 holds an lm_head of more than 2^31 elements (a sparse file: no real disk used);
 - a stale single-file `model.safetensors` from an older export sits beside the shards;
 - `pytorch_model.bin` is a Git LFS pointer that was never pulled.
+
+OUT_FOLDER/fixable-model only has warnings, which `ckptfix reshard` repairs: three shards
+of very different sizes written without "format" metadata, and a stale total_size.
 """
 
 from __future__ import annotations
@@ -59,9 +62,7 @@ def layer(index: int) -> list[tuple[str, str, tuple[int, ...]]]:
     ]
 
 
-def main(out: Path) -> None:
-    if out.exists():
-        shutil.rmtree(out)
+def broken_model(out: Path) -> None:
     out.mkdir(parents=True)
     meta = {"format": "pt"}
     shard1 = [("model.embed_tokens.weight", "BF16", (VOCAB, HIDDEN)), *layer(0)]
@@ -95,17 +96,49 @@ def main(out: Path) -> None:
         "oid sha256:4f1d0c2be6a1e2f35a8a4c0e7d9d1b2c3a4f5e6d7c8b9a0f1e2d3c4b5a697887\n"
         "size 4294967296\n"
     )
+    write_config(out, tie=False)
+
+
+def fixable_model(out: Path) -> None:
+    out.mkdir(parents=True)
+    tensors = [("model.embed_tokens.weight", "BF16", (VOCAB, HIDDEN))]
+    for index in range(6):
+        tensors += layer(index)
+    tensors += [
+        ("model.norm.weight", "BF16", (HIDDEN,)),
+        ("lm_head.weight", "BF16", (VOCAB, HIDDEN)),
+    ]
+    cuts = [(0, 3), (3, 30), (30, len(tensors))]  # 3 shards of very different sizes
+    weight_map = {}
+    for number, (begin, end) in enumerate(cuts, start=1):
+        name = f"model-{number:05d}-of-{len(cuts):05d}.safetensors"
+        write(out / name, tensors[begin:end], None)
+        weight_map.update({tensor: name for tensor, _, _ in tensors[begin:end]})
+    index = {"metadata": {"total_size": 1}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    (out / "tokenizer_config.json").write_text("{}\n")
+    write_config(out, tie=False)
+
+
+def write_config(out: Path, *, tie: bool) -> None:
     config = {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
         "hidden_size": HIDDEN,
         "num_hidden_layers": 2,
         "vocab_size": VOCAB,
-        "tie_word_embeddings": False,
+        "tie_word_embeddings": tie,
     }
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (out / "tokenizer_config.json").write_text("{}\n")
-    print(f"wrote sample model folder {out}")
+
+
+def main(out: Path) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    broken_model(out / "sample-model")
+    fixable_model(out / "fixable-model")
+    print(f"wrote sample model folders {out}/sample-model and {out}/fixable-model")
 
 
 if __name__ == "__main__":

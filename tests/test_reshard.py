@@ -345,3 +345,67 @@ def test_permissions_follow_umask(source: Path, tmp_path: Path) -> None:
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o750
     for path in (tmp_path / "out").iterdir():
         assert path.stat().st_mode & 0o777 == 0o640
+
+
+def test_progress_bar_only_on_a_terminal(source: Path, tmp_path: Path) -> None:
+    import pty
+    import select
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    env = {**os.environ, "TERM": "xterm", "COLUMNS": "120"}
+    env.pop("NO_COLOR", None)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "ckptfix",
+            "reshard",
+            str(source),
+            "-o",
+            str(tmp_path / "tty"),
+            "--max-shard",
+            "2KB",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=follower,
+        env=env,
+    )
+    os.close(follower)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([leader], [], [], 10)
+        if not ready:
+            break
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not chunk:
+            break
+        seen += chunk
+    assert process.wait() == 0
+    os.close(leader)
+    assert b"writing" in seen and b"kB" in seen  # the bar: description, bytes done / total
+    piped = cli("reshard", source, "-o", tmp_path / "piped", "--max-shard", "2KB")
+    assert piped.stderr == ""  # not a terminal: no bar
+
+
+def test_errors_in_other_families_do_not_block(factory: Factory) -> None:
+    from tests.conftest import Spec
+
+    folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
+    factory.lfs_pointer("m/pytorch_model.bin")
+    out = factory.root / "out"
+    run = cli("reshard", folder, "-o", out, "--json")
+    assert run.code == 0, run.stderr
+    assert run.json()["plan"]["left_out"] == ["pytorch_model.bin"]
+    broken = factory.root / "m" / "model-00002-of-00002.safetensors"
+    broken.write_bytes(broken.read_bytes()[:-1])
+    run = cli("reshard", folder, "-o", factory.root / "out2")
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: {broken}: file is truncated: its header needs {broken.stat().st_size + 1} bytes "
+        f"but the file has {broken.stat().st_size} (rule truncated; re-download the file)"
+    ]
