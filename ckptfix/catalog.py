@@ -21,6 +21,9 @@ class TensorInfo:
     byte_range: tuple[int, int]
     contiguous: bool = True
     storage: str | None = None
+    # Pickled tensors only: element strides and the storage's first byte in the file. For
+    # a non-contiguous view, byte_range is the span of storage it reads, not its bytes.
+    strides: tuple[int, ...] | None = None
 
     @property
     def numel(self) -> int:

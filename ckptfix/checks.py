@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -366,3 +367,160 @@ def tied_config_findings(
             )
         ]
     return []
+
+
+WRAPPER_PREFIXES = {
+    "module.": "DistributedDataParallel / DataParallel",
+    "_orig_mod.": "torch.compile",
+    "_forward_module.": "Lightning",
+    "model.": "Lightning",
+}
+
+
+def common_wrapper_prefixes(names: Sequence[str], *, training_checkpoint: bool) -> list[str]:
+    """Wrapper prefixes that every name carries, outermost first (e.g. module._orig_mod.).
+
+    `model.` counts only inside a training checkpoint (Lightning's LightningModule.model):
+    in a Hugging Face shard it is the ordinary name of the base model.
+    """
+    candidates = [p for p in WRAPPER_PREFIXES if training_checkpoint or p != "model."]
+    found: list[str] = []
+    current = list(names)
+    while current:
+        prefix = next((p for p in candidates if all(n.startswith(p) for n in current)), None)
+        if prefix is None or any(len(n) == len(prefix) for n in current):
+            break
+        found.append(prefix)
+        current = [n[len(prefix) :] for n in current]
+    return found
+
+
+def wrapper_prefix_findings(
+    tensors: Sequence[TensorInfo], *, training_checkpoint: bool
+) -> list[Finding]:
+    prefixes = common_wrapper_prefixes(
+        [tensor.name for tensor in tensors], training_checkpoint=training_checkpoint
+    )
+    if not prefixes:
+        return []
+    chain = "".join(prefixes)
+    sources = ", ".join(dict.fromkeys(WRAPPER_PREFIXES[p] for p in prefixes))
+    return [
+        finding(
+            "wrapper-prefix",
+            f"every tensor name starts with {chain!r} (left by {sources}); loaders expect the "
+            "bare names (`ckptfix convert --strip-prefix auto` removes it)",
+            tensors=(),
+        )
+    ]
+
+
+def _overlap(first: tuple[int, int], second: tuple[int, int]) -> bool:
+    return first[0] < second[1] and second[0] < first[1]
+
+
+def pickle_findings(weight_file: WeightFile) -> list[Finding]:
+    """Shared storage, non-contiguous views, wasted storage and nesting in a torch file."""
+    found: list[Finding] = []
+    by_storage: dict[str, list[TensorInfo]] = defaultdict(list)
+    for tensor in weight_file.tensors:
+        if tensor.storage is not None:
+            by_storage[tensor.storage].append(tensor)
+    for group in by_storage.values():
+        if len(group) < 2:
+            continue
+        Layout = tuple[tuple[int, int], tuple[int, ...], tuple[int, ...] | None, str]
+        layouts: dict[Layout, list[str]] = defaultdict(list)
+        for tensor in group:
+            layouts[(tensor.byte_range, tensor.shape, tensor.strides, tensor.dtype)].append(
+                tensor.name
+            )
+        aliases = [names for names in layouts.values() if len(names) > 1]
+        parts = [
+            f"{' = '.join(repr(n) for n in names[:3])} are aliases (tied weights)"
+            for names in aliases[:2]
+        ]
+        if len(layouts) > 1:
+            ranges = sorted({layout[0] for layout in layouts})
+            overlapping = any(_overlap(a, b) for a, b in itertools.pairwise(ranges))
+            kind = "overlapping" if overlapping else "disjoint"
+            parts.append(f"{len(layouts)} {kind} views of one buffer")
+        found.append(
+            finding(
+                "shared-storage",
+                f"{len(group)} tensors share one storage: {'; '.join(parts)}; safetensors cannot "
+                "store shared memory (`ckptfix convert` writes each alias once and each view as "
+                "its own tensor)",
+                file=weight_file.path,
+                tensors=[tensor.name for tensor in group],
+            )
+        )
+    strided = [tensor for tensor in weight_file.tensors if not tensor.contiguous]
+    if strided:
+        example = strided[0]
+        found.append(
+            finding(
+                "non-contiguous",
+                f"{len(strided)} tensor(s) are not contiguous (transposed, sliced or expanded), e.g. "
+                f"{example.name!r} with shape {list(example.shape)} and strides "
+                f"{list(example.strides or ())}; safetensors needs row-major bytes "
+                "(`ckptfix convert` materialises them one at a time)",
+                file=weight_file.path,
+                tensors=[tensor.name for tensor in strided],
+            )
+        )
+    if weight_file.storages:
+        stored = used = 0
+        for key, spans in _spans_by_storage(weight_file.tensors).items():
+            stored += weight_file.storages.get(key, 0)
+            used += _union_length(spans)
+        if stored > used:
+            found.append(
+                finding(
+                    "wasted-storage",
+                    f"the file stores {format_size(stored)} of storage but its tensors use "
+                    f"{format_size(used)}: {format_size(stored - used)} belongs to no tensor (views "
+                    "saved with their whole buffer; `ckptfix convert` writes only the bytes used)",
+                    file=weight_file.path,
+                )
+            )
+    if weight_file.nested_key is not None or weight_file.other_entries:
+        where = (
+            f"under {weight_file.nested_key!r}" if weight_file.nested_key else "at the top level"
+        )
+        beside = ", ".join(weight_file.other_entries[:6]) or "nothing else"
+        more = (
+            ""
+            if len(weight_file.other_entries) <= 6
+            else f" and {len(weight_file.other_entries) - 6} more"
+        )
+        found.append(
+            finding(
+                "nested-checkpoint",
+                f"the model's tensors sit {where} of a training checkpoint beside {beside}{more}; "
+                f"{format_size(weight_file.other_bytes)} of other tensors (optimizer or EMA state) "
+                "are not part of the model (`ckptfix convert --key auto` extracts it)",
+                file=weight_file.path,
+            )
+        )
+    return found
+
+
+def _spans_by_storage(tensors: Sequence[TensorInfo]) -> dict[str, list[tuple[int, int]]]:
+    spans: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    for tensor in tensors:
+        if tensor.storage is not None:
+            spans[tensor.storage].append(tensor.byte_range)
+    return spans
+
+
+def _union_length(spans: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for begin, stop in sorted(spans):
+        if end is None or begin >= end:
+            total += stop - begin
+            end = stop
+        elif stop > end:
+            total += stop - end
+            end = stop
+    return total

@@ -68,3 +68,7 @@ class Interrupted(CkptfixError):
     def __init__(self, path: str | None, signal_name: str, exit_code: int) -> None:
         self.exit_code = exit_code
         super().__init__(path, f"interrupted by {signal_name}; the output was left as it was")
+
+
+class UnsafePickleError(CkptfixError):
+    """A pickle names a global outside the allowlist; it was not loaded."""

@@ -42,7 +42,7 @@ CODES: dict[str, Severity] = {
     "no-weights": Severity.ERROR,
     "shard-numbering": Severity.WARNING,
     "empty-name": Severity.WARNING,
-    "unsupported-format": Severity.INFO,
+    "unsupported-format": Severity.ERROR,  # e.g. TorchScript: refused, not guessed at
     "nested-checkpoint": Severity.INFO,
     "wrapper-prefix": Severity.INFO,
     "dtype-mix": Severity.INFO,

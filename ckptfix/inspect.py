@@ -13,6 +13,7 @@ from ckptfix.errors import (
     CorruptFileError,
     InputNotFoundError,
     LfsPointerError,
+    UnsafePickleError,
     UnsupportedFormatError,
     UsageError,
 )
@@ -44,6 +45,9 @@ class _Collector:
             weight_file = read_weight_file(real, shown)
         except LfsPointerError as exc:
             self._failed(shown, FileFormat.LFS_POINTER, size, "lfs-pointer", exc.detail())
+            return None
+        except UnsafePickleError as exc:
+            self._failed(shown, sniff_path(real), size, "unsafe-pickle", exc.detail())
             return None
         except CorruptFileError as exc:
             self._failed(shown, sniff_path(real), size, "corrupt-file", exc.detail())
@@ -94,6 +98,10 @@ def inspect(
     for weight_file in collector.weights.values():
         if weight_file.format is FileFormat.SAFETENSORS:
             collector.findings.extend(checks.file_findings(weight_file))
+        else:
+            collector.findings.extend(checks.pickle_findings(weight_file))
+    nested = any(weight.nested_key is not None for weight in collector.weights.values())
+    collector.findings.extend(checks.wrapper_prefix_findings(tensors, training_checkpoint=nested))
     collector.findings.extend(checks.tensor_findings(tensors, max_shard))
     if hash:
         groups = values.content_groups(tensors, collector.real)

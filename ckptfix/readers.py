@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 
 from ckptfix.catalog import TensorInfo
-from ckptfix.errors import CorruptFileError, LfsPointerError, UnsupportedFormatError
-from ckptfix.formats import safetensors
+from ckptfix.errors import CorruptFileError, LfsPointerError
+from ckptfix.formats import safetensors, torch_pickle
 from ckptfix.sizes import format_size
 from ckptfix.sniff import SNIFF_BYTES, FileFormat, describe, sniff
 
@@ -26,6 +26,11 @@ class WeightFile:
     tensors: tuple[TensorInfo, ...]
     metadata: dict[str, str] | None = None
     empty_names: int = 0
+    # Pickles: where the tensor dict sat, what was left around it, storage sizes by key.
+    nested_key: str | None = None
+    other_entries: tuple[str, ...] = ()
+    other_bytes: int = 0
+    storages: dict[str, int] | None = None
 
 
 def _lfs_error(head: bytes, display: str) -> LfsPointerError:
@@ -41,7 +46,49 @@ def _lfs_error(head: bytes, display: str) -> LfsPointerError:
     )
 
 
-def read_weight_file(path: str, display: str) -> WeightFile:
+def read_torch_file(path: str, display: str, fmt: FileFormat, key: str = "auto") -> WeightFile:
+    """A PyTorch zip or legacy file, read without executing it (see formats.torch_pickle)."""
+    try:
+        if fmt is FileFormat.TORCH_ZIP:
+            checkpoint = torch_pickle.read_zip(path, display)
+        else:
+            checkpoint = torch_pickle.read_legacy(path, display)
+    except OSError as exc:
+        raise CorruptFileError(
+            display, "unreadable", f"cannot read the file: {exc.strerror}", "check its permissions"
+        ) from exc
+    found = torch_pickle.find_tensor_dict(checkpoint.obj, key, display)
+    torch_pickle.check_views(display, list(found.tensors.items()))
+    tensors = []
+    for name, ref in found.tensors.items():
+        begin, end = ref.span
+        start = ref.storage.begin
+        tensors.append(
+            TensorInfo(
+                name=name,
+                dtype=ref.dtype,
+                shape=ref.shape,
+                nbytes=ref.numel * ref.itemsize,
+                file=display,
+                byte_range=(start + begin, start + end),
+                contiguous=ref.contiguous,
+                storage=ref.storage.key,
+                strides=ref.stride,
+            )
+        )
+    return WeightFile(
+        path=display,
+        format=fmt,
+        size=os.path.getsize(path),
+        tensors=tuple(tensors),
+        nested_key=found.key,
+        other_entries=found.other_entries,
+        other_bytes=found.other_bytes,
+        storages={key: storage.nbytes for key, storage in checkpoint.storages.items()},
+    )
+
+
+def read_weight_file(path: str, display: str, key: str = "auto") -> WeightFile:
     """Read a weight file's descriptors; raises a CkptfixError naming the file and problem."""
     try:
         with open(path, "rb") as handle:
@@ -84,11 +131,7 @@ def read_weight_file(path: str, display: str) -> WeightFile:
             "rename it to what it is, or convert it with `ckptfix convert`",
         )
     if fmt in (FileFormat.TORCH_ZIP, FileFormat.TORCH_LEGACY):
-        raise UnsupportedFormatError(
-            display,
-            f"{describe(fmt)}: reading PyTorch files is not supported yet",
-            "convert it to safetensors with another tool for now",
-        )
+        return read_torch_file(path, display, fmt, key)
     raise CorruptFileError(
         display,
         "unknown-format",

@@ -84,6 +84,10 @@ def _parse_int(text: str) -> int | _Negative:
 # 0, serde refuses it; only when this pattern occurs do we pay for a per-integer hook.
 _NEGATIVE_ZERO = re.compile(r"-0(?![0-9.eE])")
 _NEGATIVE_ZERO_BYTES = re.compile(rb"-0(?![0-9.eE])")
+# orjson reads integers past 64 bits as floats; the strict parser keeps them exact. A run of
+# 20 digits is found by mapping digits to "0" and all else to " " (much faster than a regex).
+_DIGITS_ONLY = bytes(ord("0") if chr(i).isdigit() and i < 128 else ord(" ") for i in range(256))
+_LONG_DIGIT_RUN = b"0" * 20
 
 
 # Whitespace before a colon (a run of it always ends in one of these pairs); see _fast_json.
@@ -103,6 +107,7 @@ def _fast_json(raw: bytes) -> dict[str, Any] | None:
         b"\\" in raw
         or any(pair in raw for pair in _SPACED_COLONS)
         or _NEGATIVE_ZERO_BYTES.search(raw)
+        or _LONG_DIGIT_RUN in raw.translate(_DIGITS_ONLY)
     ):
         return None
     try:
