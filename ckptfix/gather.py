@@ -23,7 +23,7 @@ def tensor_bytes(fd: int, tensor: TensorInfo) -> bytes:
     if tensor.nbytes == 0:
         return b""
     if tensor.contiguous or tensor.strides is None:
-        return os.pread(fd, tensor.nbytes, begin)
+        return _read_exact(fd, begin, tensor.nbytes)
     itemsize = DTYPES[tensor.dtype].bits // 8
     base = begin - begin % mmap.ALLOCATIONGRANULARITY
     mapped = mmap.mmap(fd, end - base, access=mmap.ACCESS_READ, offset=base)
@@ -45,3 +45,16 @@ def tensor_bytes(fd: int, tensor: TensorInfo) -> bytes:
     finally:
         mapped.close()
     return data
+
+
+def _read_exact(fd: int, offset: int, size: int) -> bytes:
+    """pread in a loop: one call returns at most about 2 GiB on Linux."""
+    parts = []
+    while size:
+        chunk = os.pread(fd, min(size, 1 << 30), offset)
+        if not chunk:
+            raise OSError(f"file ended at byte {offset}")
+        parts.append(chunk)
+        offset += len(chunk)
+        size -= len(chunk)
+    return b"".join(parts)

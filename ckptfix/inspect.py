@@ -32,6 +32,7 @@ class _Collector:
     """What inspecting one PATH accumulates: files read, their tensors, findings."""
 
     root: str
+    key: str = "auto"
     files: list[FileSummary] = field(default_factory=list)
     weights: dict[str, WeightFile] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
@@ -42,7 +43,7 @@ class _Collector:
         self.real_paths[shown] = real
         size = os.path.getsize(real)
         try:
-            weight_file = read_weight_file(real, shown)
+            weight_file = read_weight_file(real, shown, self.key)
         except LfsPointerError as exc:
             self._failed(shown, FileFormat.LFS_POINTER, size, "lfs-pointer", exc.detail())
             return None
@@ -75,6 +76,7 @@ def inspect(
     max_shard: int = DEFAULT_MAX_SHARD,
     hash: bool = False,
     scan_values: bool = False,
+    key: str = "auto",
 ) -> Report:
     """Inspect a checkpoint file or model folder without modifying it.
 
@@ -84,11 +86,11 @@ def inspect(
     if not os.path.exists(shown):
         raise InputNotFoundError(shown, "no such file or directory", "check the path")
     if os.path.isdir(shown):
-        collector = _Collector(shown)
+        collector = _Collector(shown, key)
         _inspect_folder(collector)
         fmt = "folder"
     elif os.path.isfile(shown):
-        collector = _Collector(os.path.dirname(shown))
+        collector = _Collector(os.path.dirname(shown), key)
         collector.read(shown, shown)
         fmt = collector.files[0].format
     else:

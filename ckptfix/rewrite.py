@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from dataclasses import dataclass, replace
 
+from ckptfix.cast import CAST_TARGETS
 from ckptfix.errors import UsageError
 from ckptfix.plan import ShardPlan, plan_shards
 from ckptfix.report import Report
 from ckptfix.source import Checkpoint, open_checkpoint
 from ckptfix.staging import check_output, staged
+from ckptfix.transform import Selection, select
 from ckptfix.writer import (
+    OutTensor,
     Progress,
     WriteResult,
     WrittenFile,
@@ -24,6 +28,8 @@ from ckptfix.writer import (
 )
 
 DEFAULT_MAX_SHARD = 5 * 10**9
+# Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
+DROPPED_KEY = "ckptfix.dropped"
 
 
 @dataclass(frozen=True)
@@ -92,18 +98,9 @@ def _tree_size(path: str) -> int:
     )
 
 
-def reshard(
-    src: str | os.PathLike[str],
-    out: str | os.PathLike[str] | None,
-    *,
-    max_shard: int = DEFAULT_MAX_SHARD,
-    dry_run: bool = False,
-    force: bool = False,
-    in_place: bool = False,
-    progress: Progress | None = None,
-) -> RewriteResult:
-    """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes."""
-    source = os.fspath(src)
+def _resolve_output(
+    source: str, out: str | os.PathLike[str] | None, *, force: bool, in_place: bool
+) -> str:
     if not os.path.exists(source):
         raise UsageError(source, "no such file or directory", "check the path")
     if in_place:
@@ -117,42 +114,180 @@ def reshard(
     else:
         target = os.fspath(out)
     check_output(target, [source], force=force, in_place=in_place)
+    return target
 
-    checkpoint = open_checkpoint(source, max_shard=max_shard)
-    tensors = {tensor.name: tensor for tensor in checkpoint.tensors}
-    plan = plan_shards([(t.name, t.nbytes) for t in checkpoint.tensors], max_shard)
+
+def _write(
+    checkpoint: Checkpoint,
+    selection: Selection,
+    target: str,
+    *,
+    max_shard: int,
+    to: str = "safetensors",
+    in_place: bool = False,
+    dry_run: bool = False,
+    verify: bool = True,
+    progress: Progress | None = None,
+) -> RewriteResult:
+    """Plan the shards for a selection, then stage, write, verify and commit them."""
+    tensors = {tensor.name: tensor for tensor in selection.tensors}
+    stem, ext = ("pytorch_model", "bin") if to == "torch" else ("model", "safetensors")
+    plan = plan_shards(
+        [(t.name, t.nbytes) for t in selection.tensors], max_shard, stem=stem, ext=ext
+    )
     outputs = {shard.file for shard in plan.shards} | (
         {plan.index_file} if plan.index_file else set()
     )
     if in_place:
-        carried, replaced = _carry_over(checkpoint, outputs)
-        plan = replace(plan, copied_files=tuple(carried), left_out=tuple(replaced))
+        copied, left_out = _carry_over(checkpoint, outputs)
     else:
-        plan = replace(plan, copied_files=checkpoint.extra_files, left_out=checkpoint.left_out)
+        copied, left_out = list(checkpoint.extra_files), list(checkpoint.left_out)
+    plan = replace(
+        plan,
+        copied_files=tuple(copied),
+        left_out=tuple(left_out),
+        dropped=dict(selection.dropped),
+        renamed=dict(selection.renamed),
+    )
     if dry_run:
         return RewriteResult(checkpoint.report, plan, None)
-
+    metadata = {**checkpoint.metadata, "format": "pt"}
+    index_metadata = dict(checkpoint.index_metadata)
+    if selection.dropped:  # dropped -> kept, where loaders and people can find it
+        if plan.index_file is None:
+            metadata[DROPPED_KEY] = json.dumps(selection.dropped, sort_keys=True)
+        else:
+            index_metadata[DROPPED_KEY] = dict(sorted(selection.dropped.items()))
     parent = os.path.dirname(os.path.abspath(target))
     os.makedirs(parent, exist_ok=True)
-    check_free_space(parent, needed_bytes(plan, tensors, checkpoint.metadata), target)
-    metadata = {**checkpoint.metadata, "format": "pt"}
+    check_free_space(parent, needed_bytes(plan, tensors, metadata), target)
     try:
         with staged(target) as staging:
-            written = write_shards(
-                plan,
-                tensors,
-                metadata,
-                checkpoint.index_metadata,
-                staging.path,
-                target,
-                progress=progress,
-            )
+            if to == "torch":
+                from ckptfix.torch_writer import write_torch_shards
+
+                written = write_torch_shards(
+                    plan,
+                    tensors,
+                    index_metadata,
+                    staging.path,
+                    target,
+                    verify=verify,
+                    progress=progress,
+                )
+            else:
+                written = write_shards(
+                    plan,
+                    tensors,
+                    metadata,
+                    index_metadata,
+                    staging.path,
+                    target,
+                    verify=verify,
+                    progress=progress,
+                )
             if in_place:
-                written += _link_or_copy(source, list(plan.copied_files), staging.path)
+                written += _link_or_copy(checkpoint.path, list(plan.copied_files), staging.path)
             elif checkpoint.is_folder:
-                written += copy_extra(source, plan.copied_files, staging.path)
+                written += copy_extra(checkpoint.path, plan.copied_files, staging.path)
             staging.commit()
     except OSError as exc:
         raise wrap_os_error(exc, target) from exc
     files = tuple(WrittenFile(os.path.join(target, item.path), item.bytes) for item in written)
-    return RewriteResult(checkpoint.report, plan, WriteResult(target, files, verified=True))
+    return RewriteResult(checkpoint.report, plan, WriteResult(target, files, verified=verify))
+
+
+def convert(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
+    *,
+    to: str = "safetensors",
+    dtype: str = "keep",
+    key: str = "auto",
+    strip_prefix: str | None = None,
+    exclude: tuple[str, ...] | list[str] = (),
+    keep: str = "first",
+    clone: bool = False,
+    max_shard: int = DEFAULT_MAX_SHARD,
+    verify: bool = True,
+    dry_run: bool = False,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> RewriteResult:
+    """Convert any supported checkpoint (safetensors or PyTorch) to safetensors or torch shards."""
+    if to not in ("safetensors", "torch"):
+        raise UsageError("--to", f"unknown format {to!r}", "use safetensors or torch")
+    if dtype != "keep" and dtype not in CAST_TARGETS:
+        raise UsageError("--dtype", f"unknown dtype {dtype!r}", "use bf16, fp16, fp32 or keep")
+    source = os.fspath(src)
+    target = _resolve_output(source, out, force=force, in_place=False)
+    checkpoint = open_checkpoint(
+        source, max_shard=max_shard, key=key, torch=True, prefer_torch=True
+    )
+    selection = select(
+        checkpoint.tensors,
+        exclude=exclude,
+        strip_prefix=strip_prefix,
+        training_checkpoint=checkpoint.training_checkpoint,
+        keep=keep,
+        clone=clone,
+        dtype=CAST_TARGETS.get(dtype),
+    )
+    return _write(
+        checkpoint,
+        selection,
+        target,
+        max_shard=max_shard,
+        to=to,
+        dry_run=dry_run,
+        verify=verify,
+        progress=progress,
+    )
+
+
+def dedupe(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
+    *,
+    by_content: bool = False,
+    clone: bool = False,
+    keep: str = "first",
+    max_shard: int = DEFAULT_MAX_SHARD,
+    dry_run: bool = False,
+    force: bool = False,
+    progress: Progress | None = None,
+) -> RewriteResult:
+    """Write aliases once (and, with `by_content`, identical tensors once) as safetensors."""
+    source = os.fspath(src)
+    target = _resolve_output(source, out, force=force, in_place=False)
+    checkpoint = open_checkpoint(source, max_shard=max_shard, torch=True)
+    selection = select(checkpoint.tensors, keep=keep, clone=clone, by_content=by_content)
+    return _write(
+        checkpoint, selection, target, max_shard=max_shard, dry_run=dry_run, progress=progress
+    )
+
+
+def reshard(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
+    *,
+    max_shard: int = DEFAULT_MAX_SHARD,
+    dry_run: bool = False,
+    force: bool = False,
+    in_place: bool = False,
+    progress: Progress | None = None,
+) -> RewriteResult:
+    """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes."""
+    source = os.fspath(src)
+    target = _resolve_output(source, out, force=force, in_place=in_place)
+    checkpoint = open_checkpoint(source, max_shard=max_shard)
+    selection = Selection(tuple(OutTensor.same(tensor) for tensor in checkpoint.tensors))
+    return _write(
+        checkpoint,
+        selection,
+        target,
+        max_shard=max_shard,
+        in_place=in_place,
+        dry_run=dry_run,
+        progress=progress,
+    )

@@ -34,6 +34,10 @@ class Checkpoint:
     left_out: tuple[str, ...]
     report: Report
 
+    @property
+    def training_checkpoint(self) -> bool:
+        return any(item.code == "nested-checkpoint" for item in self.report.findings)
+
 
 class InputRefusedError(CkptfixError):
     """The input has errors that make a faithful rewrite impossible."""
@@ -54,15 +58,19 @@ def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
     raise InputRefusedError(first.file, first.message + more)
 
 
-def _choose_family(families: tuple[Family, ...], root: str) -> Family:
-    candidates = [
-        family
-        for family in families
-        if family.ext == "safetensors" and (family.files or family.index)
-    ]
-    preferred = [f for f in candidates if f.stem == "model" and f.variant is None]
-    if preferred:
-        return preferred[0]
+TORCH_EXTS = ("bin", "torch")
+
+
+def _choose_family(
+    families: tuple[Family, ...], root: str, *, torch: bool, prefer_torch: bool
+) -> Family:
+    exts = ("safetensors", *TORCH_EXTS) if torch else ("safetensors",)
+    candidates = [f for f in families if f.ext in exts and (f.files or f.index)]
+    order = [("pytorch_model", "bin"), ("model", "safetensors")]
+    for stem, ext in order if prefer_torch else reversed(order):
+        preferred = [f for f in candidates if (f.stem, f.ext) == (stem, ext) and f.variant is None]
+        if preferred:
+            return preferred[0]
     if len(candidates) == 1:
         return candidates[0]
     if not candidates:
@@ -79,20 +87,35 @@ def _choose_family(families: tuple[Family, ...], root: str) -> Family:
     )
 
 
-def _merged_metadata(paths: list[str]) -> dict[str, str]:
+def _merged_metadata(paths: list[str], report: Report) -> dict[str, str]:
+    """String metadata of the safetensors sources (torch files have none)."""
+    formats = {item.path: item.format for item in report.files}
     merged: dict[str, str] = {}
     for path in paths:
+        if formats.get(path) != "safetensors":
+            continue
         for key, value in (read_header(path).metadata or {}).items():
             merged.setdefault(key, value)  # the first file's value wins
     return merged
 
 
-def open_checkpoint(path: str, *, max_shard: int = 5 * 10**9) -> Checkpoint:
-    """Inspect a safetensors file or model folder and refuse it if it has errors."""
-    report = inspect(path, max_shard=max_shard)
+def open_checkpoint(
+    path: str,
+    *,
+    max_shard: int = 5 * 10**9,
+    key: str = "auto",
+    torch: bool = False,
+    prefer_torch: bool = False,
+) -> Checkpoint:
+    """Inspect a checkpoint file or model folder and refuse it if it has errors.
+
+    Only safetensors is accepted unless `torch` allows PyTorch files too.
+    """
+    report = inspect(path, max_shard=max_shard, key=key)
     if not os.path.isdir(path):
         refuse_if_errors(report)
-        if report.format != "safetensors":
+        allowed = ("safetensors", "torch-zip", "torch-legacy") if torch else ("safetensors",)
+        if report.format not in allowed:
             raise UnsupportedFormatError(
                 path, f"file is {report.format}, not safetensors", "use `ckptfix convert`"
             )
@@ -100,7 +123,7 @@ def open_checkpoint(path: str, *, max_shard: int = 5 * 10**9) -> Checkpoint:
             path=path,
             is_folder=False,
             tensors=report.tensors,
-            metadata=_merged_metadata([path]),
+            metadata=_merged_metadata([path], report),
             index_metadata={},
             source_files=(path,),
             extra_files=(),
@@ -108,11 +131,11 @@ def open_checkpoint(path: str, *, max_shard: int = 5 * 10**9) -> Checkpoint:
             report=report,
         )
     layout = scan_folder(path)
-    family = _choose_family(layout.families, path)
+    family = _choose_family(layout.families, path, torch=torch, prefer_torch=prefer_torch)
     index_metadata: dict[str, Any] = {}
     if family.index is not None:
         index_path = os.path.join(path, family.index)
-        index = read_index(index_path, index_path, "safetensors")
+        index = read_index(index_path, index_path, family.ext)
         names = sorted(index.shard_names)
         index_metadata = {k: v for k, v in index.metadata.items() if k != "total_size"}
     else:
@@ -140,7 +163,7 @@ def open_checkpoint(path: str, *, max_shard: int = 5 * 10**9) -> Checkpoint:
         path=path,
         is_folder=True,
         tensors=tuple(tensors),
-        metadata=_merged_metadata(files),
+        metadata=_merged_metadata(files, report),
         index_metadata=index_metadata,
         source_files=tuple(files),
         extra_files=tuple(extra),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import hashlib
 import json
 import mmap
 import os
@@ -17,9 +18,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from ckptfix.cast import cast_bytes
 from ckptfix.catalog import TensorInfo
+from ckptfix.dtypes import DTYPES
 from ckptfix.errors import CkptfixError, CorruptFileError, VerificationError, WriteError
 from ckptfix.formats.safetensors import HeaderEntry, encode_header, read_header
+from ckptfix.gather import tensor_bytes
 from ckptfix.plan import PlannedShard, ShardPlan
 from ckptfix.sizes import format_size
 
@@ -57,6 +61,40 @@ class WriteResult:
             "bytes": self.bytes,
             "verified": self.verified,
         }
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    """A tensor to write: its output name and dtype, and the source tensor it comes from."""
+
+    name: str
+    source: TensorInfo
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.numel * DTYPES[self.dtype].bits // 8
+
+    @property
+    def streamed(self) -> bool:
+        """Copied as a byte range; otherwise gathered (strided view) or cast, in memory."""
+        return self.source.contiguous and self.dtype == self.source.dtype
+
+    @classmethod
+    def same(cls, source: TensorInfo) -> OutTensor:
+        return cls(source.name, source, source.dtype)
+
+
+def produce(fd: int, tensor: OutTensor) -> bytes:
+    """The output bytes of a tensor that is not streamed: gathered, then cast if asked."""
+    data = tensor_bytes(fd, tensor.source)
+    if tensor.dtype != tensor.source.dtype:
+        data = cast_bytes(data, tensor.source.dtype, tensor.dtype)
+    return data
 
 
 class _Sources:
@@ -226,7 +264,7 @@ def ranges_equal(
 
 
 def shard_header(
-    shard: PlannedShard, tensors: Mapping[str, TensorInfo], metadata: Mapping[str, str]
+    shard: PlannedShard, tensors: Mapping[str, OutTensor], metadata: Mapping[str, str]
 ) -> tuple[bytes, list[HeaderEntry]]:
     entries, offset = [], 0
     for name in shard.tensors:
@@ -248,8 +286,9 @@ def _verify_shard(
     display: str,
     entries: Sequence[HeaderEntry],
     metadata: Mapping[str, str],
-    tensors: Mapping[str, TensorInfo],
+    tensors: Mapping[str, OutTensor],
     sources: _Sources,
+    digests: Mapping[str, bytes],
     cancel: threading.Event,
 ) -> None:
     try:
@@ -270,11 +309,20 @@ def _verify_shard(
     dst = os.open(path, os.O_RDONLY)
     try:
         for entry, info in zip(entries, header.tensors, strict=True):
-            source = tensors[entry.name]
-            begin = source.byte_range[0]
-            if not ranges_equal(
-                sources.fd(source.file), begin, dst, info.byte_range[0], source.nbytes, cancel
-            ):
+            tensor = tensors[entry.name]
+            source = tensor.source
+            if tensor.streamed:
+                same = ranges_equal(
+                    sources.fd(source.file),
+                    source.byte_range[0],
+                    dst,
+                    info.byte_range[0],
+                    source.nbytes,
+                    cancel,
+                )
+            else:
+                same = _range_digest(dst, info.byte_range) == digests[entry.name]
+            if not same:
                 raise VerificationError(
                     display,
                     f"tensor {entry.name!r} reads back different from its source {source.file}",
@@ -282,6 +330,22 @@ def _verify_shard(
                 )
     finally:
         os.close(dst)
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def _range_digest(fd: int, byte_range: tuple[int, int]) -> bytes:
+    hasher = hashlib.blake2b(digest_size=32)
+    begin, end = byte_range
+    while begin < end:
+        chunk = os.pread(fd, min(COPY_CHUNK, end - begin), begin)
+        if not chunk:
+            break
+        hasher.update(chunk)
+        begin += len(chunk)
+    return hasher.digest()
 
 
 def _source_state(paths: Iterable[str]) -> dict[str, tuple[int, int, int]]:
@@ -293,7 +357,7 @@ def _source_state(paths: Iterable[str]) -> dict[str, tuple[int, int, int]]:
 
 
 def needed_bytes(
-    plan: ShardPlan, tensors: Mapping[str, TensorInfo], metadata: Mapping[str, str]
+    plan: ShardPlan, tensors: Mapping[str, OutTensor], metadata: Mapping[str, str]
 ) -> int:
     return sum(
         len(shard_header(shard, tensors, metadata)[0]) + shard.nbytes for shard in plan.shards
@@ -367,7 +431,7 @@ def _finish_shard(fd: int, verify: Callable[[], None] | None) -> None:
 
 def write_shards(
     plan: ShardPlan,
-    tensors: Mapping[str, TensorInfo],
+    tensors: Mapping[str, OutTensor],
     metadata: Mapping[str, str],
     index_metadata: Mapping[str, Any],
     staging: str,
@@ -383,7 +447,8 @@ def write_shards(
     next shard is copied, as it is for `cp` followed by `sync`.
     """
     sources = _Sources()
-    before = _source_state({tensor.file for tensor in tensors.values()})
+    before = _source_state({tensor.source.file for tensor in tensors.values()})
+    digests: dict[str, bytes] = {}  # of tensors produced in memory, for verification
     written: list[WrittenFile] = []
     jobs: list[Future[None]] = []
     cancel = threading.Event()
@@ -406,15 +471,23 @@ def write_shards(
                     offset = len(header)
                     for name in shard.tensors:
                         tensor = tensors[name]
-                        copy_range(
-                            sources.fd(tensor.file),
-                            tensor.byte_range[0],
-                            tensor.nbytes,
-                            fd,
-                            offset,
-                            advance,
-                            tensor.file,
-                        )
+                        source = tensor.source
+                        if tensor.streamed:
+                            copy_range(
+                                sources.fd(source.file),
+                                source.byte_range[0],
+                                source.nbytes,
+                                fd,
+                                offset,
+                                advance,
+                                source.file,
+                            )
+                        else:  # one tensor in memory at a time
+                            data = produce(sources.fd(source.file), tensor)
+                            _write_all(fd, data, offset)
+                            digests[name] = _digest(data)
+                            advance(len(data))
+                            del data
                         offset += tensor.nbytes
                     os.ftruncate(fd, offset)  # a trailing hole in the source leaves it short
                 except BaseException:
@@ -429,6 +502,7 @@ def write_shards(
                         metadata,
                         tensors,
                         sources,
+                        digests,
                         cancel,
                     )
                     if verify

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from typer.core import TyperGroup
@@ -16,6 +16,9 @@ from typer.core import TyperGroup
 import ckptfix
 from ckptfix.errors import CkptfixError
 from ckptfix.sizes import parse_size
+
+if TYPE_CHECKING:
+    from ckptfix.rewrite import RewriteResult
 
 
 class _Group(TyperGroup):
@@ -185,6 +188,132 @@ def reshard(
             in_place=in_place,
             progress=advance,
         )
+    _show(result, json_output)
+
+
+class OutputFormat(str, Enum):
+    safetensors = "safetensors"
+    torch = "torch"
+
+
+class DtypeChoice(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+    keep = "keep"
+
+
+DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
+ForceOption = Annotated[
+    bool, typer.Option("--force", help="Replace OUT if it exists and is not empty.")
+]
+OutOption = Annotated[
+    Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
+]
+KeepOption = Annotated[
+    str,
+    typer.Option("--keep", help="Name kept for aliases: first, last, or a regex to prefer."),
+]
+CloneOption = Annotated[
+    bool, typer.Option("--clone", help="Write every alias as its own copy instead.")
+]
+
+
+@app.command()
+def convert(
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="Checkpoint file or model folder.")],
+    out: OutOption = None,
+    to: Annotated[
+        OutputFormat, typer.Option("--to", help="Output format.")
+    ] = OutputFormat.safetensors,
+    dtype: Annotated[
+        DtypeChoice, typer.Option("--dtype", help="Cast floating tensors (others keep theirs).")
+    ] = DtypeChoice.keep,
+    key: Annotated[
+        str, typer.Option("--key", help="Where the tensors sit in a training checkpoint, or auto.")
+    ] = "auto",
+    strip_prefix: Annotated[
+        str | None,
+        typer.Option("--strip-prefix", metavar="PREFIX|auto", help="Remove a wrapper prefix."),
+    ] = None,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option("--exclude", metavar="GLOB", help="Leave out matching tensors (repeatable)."),
+    ] = None,
+    keep: KeepOption = "first",
+    clone: CloneOption = False,
+    max_shard: MaxShardOption = "5GB",
+    no_verify: Annotated[
+        bool, typer.Option("--no-verify", help="Skip reading the output back.")
+    ] = False,
+    dry_run: DryRunOption = False,
+    json_output: JsonOption = False,
+    force: ForceOption = False,
+) -> None:
+    """Convert a PyTorch or safetensors checkpoint into verified safetensors (or torch) shards.
+
+    Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
+    """
+    from ckptfix.rewrite import convert as run_convert
+
+    limit = parse_size(max_shard)
+    with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
+        result = run_convert(
+            src,
+            out,
+            to=to.value,
+            dtype=dtype.value,
+            key=key,
+            strip_prefix=strip_prefix,
+            exclude=tuple(exclude or ()),
+            keep=keep,
+            clone=clone,
+            max_shard=limit,
+            verify=not no_verify,
+            dry_run=dry_run,
+            force=force,
+            progress=advance,
+        )
+    _show(result, json_output)
+
+
+@app.command()
+def dedupe(
+    src: Annotated[Path, typer.Argument(metavar="SRC", help="Checkpoint file or model folder.")],
+    out: OutOption = None,
+    by_content: Annotated[
+        bool, typer.Option("--by-content", help="Also merge separately stored equal tensors.")
+    ] = False,
+    clone: CloneOption = False,
+    keep: KeepOption = "first",
+    max_shard: MaxShardOption = "5GB",
+    dry_run: DryRunOption = False,
+    json_output: JsonOption = False,
+    force: ForceOption = False,
+) -> None:
+    """Write shared (and, with --by-content, identical) tensors once, as safetensors.
+
+    Example: ckptfix dedupe ./model -o ./model-dedup --by-content
+    """
+    from ckptfix.rewrite import dedupe as run_dedupe
+
+    limit = parse_size(max_shard)
+    with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
+        result = run_dedupe(
+            src,
+            out,
+            by_content=by_content,
+            clone=clone,
+            keep=keep,
+            max_shard=limit,
+            dry_run=dry_run,
+            force=force,
+            progress=advance,
+        )
+    _show(result, json_output)
+
+
+def _show(result: RewriteResult, json_output: bool) -> None:
     if json_output:
         _write_json(result.to_dict())
     else:

@@ -133,6 +133,13 @@ def rewrite(result: RewriteResult) -> None:
                 style="yellow",
             )
         )
+    if plan.dropped:
+        pairs = ", ".join(f"{d} → {k}" for d, k in list(plan.dropped.items())[:6])
+        more = f" and {len(plan.dropped) - 6} more" if len(plan.dropped) > 6 else ""
+        console.print(Text(f"dropped (stored once, as the kept name): {pairs}{more}"))
+    if plan.renamed:
+        old_name, new_name = next(iter(plan.renamed.items()))
+        console.print(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))
     if plan.copied_files:
         console.print(Text("copied: " + ", ".join(plan.copied_files)))
     if plan.left_out:

@@ -1,0 +1,99 @@
+"""`convert --to torch`: pytorch_model*.bin shards written by torch.save, one shard in memory
+at a time, then read back with ckptfix's own reader and compared tensor by tensor."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ckptfix.cast import TORCH_NAMES
+from ckptfix.errors import CorruptFileError, VerificationError
+from ckptfix.gather import tensor_bytes
+from ckptfix.plan import ShardPlan
+from ckptfix.readers import read_torch_file
+from ckptfix.sniff import FileFormat
+from ckptfix.writer import OutTensor, Progress, WrittenFile, produce, write_index
+
+
+def write_torch_shards(
+    plan: ShardPlan,
+    tensors: Mapping[str, OutTensor],
+    index_metadata: Mapping[str, Any],
+    staging: str,
+    out: str,
+    *,
+    verify: bool = True,
+    progress: Progress | None = None,
+) -> list[WrittenFile]:
+    import torch
+
+    written: list[WrittenFile] = []
+    done = 0
+    handles: dict[str, int] = {}
+    try:
+        for shard in plan.shards:
+            state: dict[str, torch.Tensor] = {}
+            digests: dict[str, bytes] = {}
+            for name in shard.tensors:
+                tensor = tensors[name]
+                if tensor.source.file not in handles:
+                    handles[tensor.source.file] = os.open(tensor.source.file, os.O_RDONLY)
+                data = produce(handles[tensor.source.file], tensor)
+                digests[name] = hashlib.blake2b(data, digest_size=32).digest()
+                dtype = getattr(torch, TORCH_NAMES[tensor.dtype])
+                values = (
+                    torch.frombuffer(bytearray(data), dtype=torch.uint8)
+                    if data
+                    else torch.empty(0, dtype=torch.uint8)
+                )
+                state[name] = values.view(dtype).reshape(tensor.shape).clone()
+                done += len(data)
+                if progress is not None:
+                    progress(done, plan.total_size)
+            path = os.path.join(staging, shard.file)
+            with open(path, "xb") as handle:
+                torch.save(state, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            del state
+            if verify:
+                _verify(path, os.path.join(out, shard.file), digests)
+            written.append(WrittenFile(shard.file, os.path.getsize(path)))
+        if plan.index_file is not None:
+            size = write_index(os.path.join(staging, plan.index_file), plan, index_metadata)
+            written.append(WrittenFile(plan.index_file, size))
+    finally:
+        for fd in handles.values():
+            os.close(fd)
+    return written
+
+
+def _verify(path: str, display: str, digests: Mapping[str, bytes]) -> None:
+    try:
+        weight_file = read_torch_file(path, display, FileFormat.TORCH_ZIP)
+    except CorruptFileError as exc:
+        raise VerificationError(
+            display,
+            f"written file does not read back: {exc.detail()}",
+            "this is a bug; please report it",
+        ) from exc
+    if [t.name for t in weight_file.tensors] != list(digests):
+        raise VerificationError(
+            display,
+            "written file holds other tensors than planned",
+            "this is a bug; please report it",
+        )
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for tensor in weight_file.tensors:
+            got = hashlib.blake2b(tensor_bytes(fd, tensor), digest_size=32).digest()
+            if got != digests[tensor.name]:
+                raise VerificationError(
+                    display,
+                    f"tensor {tensor.name!r} reads back different",
+                    "check the disk, then run again",
+                )
+    finally:
+        os.close(fd)

@@ -1,0 +1,161 @@
+"""What a conversion writes: exclusions, prefix stripping, shared-storage policy, content
+dedupe and dtype casts, decided as data before anything is written."""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from ckptfix.catalog import TensorInfo
+from ckptfix.checks import WRAPPER_PREFIXES, common_wrapper_prefixes
+from ckptfix.dtypes import DTYPES
+from ckptfix.errors import UsageError
+from ckptfix.gather import tensor_bytes
+from ckptfix.writer import OutTensor
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The tensors to write (output names, source order) and every name decision made."""
+
+    tensors: tuple[OutTensor, ...]
+    dropped: dict[str, str] = field(default_factory=dict)  # dropped name -> kept name
+    renamed: dict[str, str] = field(default_factory=dict)  # source name -> output name
+    excluded: tuple[str, ...] = ()
+    stripped: tuple[str, ...] = ()
+
+
+def _keeper(names: Sequence[str], keep: str) -> str:
+    """The name kept for a group of aliases: first, last, or the first matching a regex."""
+    if keep == "first":
+        return names[0]
+    if keep == "last":
+        return names[-1]
+    pattern = re.compile(keep)
+    return next((name for name in names if pattern.search(name)), names[0])
+
+
+def check_keep(keep: str) -> None:
+    if keep in ("first", "last"):
+        return
+    try:
+        re.compile(keep)
+    except re.error as exc:
+        raise UsageError(
+            "--keep",
+            f"{keep!r} is not a regular expression: {exc}",
+            "use first, last or a valid regex",
+        ) from exc
+
+
+def select(
+    tensors: Sequence[TensorInfo],
+    *,
+    exclude: Sequence[str] = (),
+    strip_prefix: str | None = None,
+    training_checkpoint: bool = False,
+    keep: str = "first",
+    clone: bool = False,
+    by_content: bool = False,
+    dtype: str | None = None,
+) -> Selection:
+    """Decide names and dtypes. `strip_prefix` is None, "auto" or an exact prefix."""
+    check_keep(keep)
+    excluded = tuple(
+        t.name for t in tensors if any(fnmatch.fnmatchcase(t.name, glob) for glob in exclude)
+    )
+    kept = [t for t in tensors if t.name not in set(excluded)]
+    if strip_prefix == "auto":
+        prefixes = common_wrapper_prefixes(
+            [t.name for t in kept], training_checkpoint=training_checkpoint
+        )
+    elif strip_prefix:
+        prefixes = [strip_prefix]
+    else:
+        prefixes = []
+    renamed: dict[str, str] = {}
+    owners: dict[str, str] = {}
+    for tensor in kept:
+        new = tensor.name
+        for prefix in prefixes:
+            if new.startswith(prefix):
+                new = new[len(prefix) :]
+        if new in owners:
+            raise UsageError(
+                "--strip-prefix",
+                f"{tensor.name!r} and {owners[new]!r} would both become {new!r}",
+                "strip less, or exclude one of them",
+            )
+        owners[new] = tensor.name
+        if new != tensor.name:
+            renamed[tensor.name] = new
+    dropped: dict[str, str] = {}
+    if not clone:
+        dropped.update(_aliases(kept, keep, renamed))
+    if by_content:
+        remaining = [t for t in kept if renamed.get(t.name, t.name) not in dropped]
+        dropped.update(_same_content(remaining, keep, renamed))
+    out = []
+    for tensor in kept:
+        name = renamed.get(tensor.name, tensor.name)
+        if name in dropped:
+            continue
+        target = dtype if dtype and DTYPES[tensor.dtype].is_floating else tensor.dtype
+        out.append(OutTensor(name, tensor, target))
+    return Selection(tuple(out), dropped, renamed, excluded, tuple(prefixes))
+
+
+def _aliases(tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]) -> dict[str, str]:
+    """Exact aliases (same storage, offset, shape, strides, dtype) collapse to one name."""
+    groups: dict[tuple[object, ...], list[str]] = defaultdict(list)
+    for t in tensors:
+        if t.storage is None:
+            continue
+        key = (t.file, t.storage, t.byte_range, t.shape, t.strides, t.dtype)
+        groups[key].append(renamed.get(t.name, t.name))
+    return _drop_all_but_one(groups.values(), keep)
+
+
+def _same_content(
+    tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]
+) -> dict[str, str]:
+    """Separately stored tensors with equal dtype, shape and bytes; only candidates whose
+    dtype and shape collide are read and hashed."""
+    candidates: dict[tuple[object, ...], list[TensorInfo]] = defaultdict(list)
+    for t in tensors:
+        if t.nbytes:
+            candidates[(t.dtype, t.shape)].append(t)
+    groups: dict[tuple[object, ...], list[str]] = defaultdict(list)
+    handles: dict[str, int] = {}
+    try:
+        for key, members in candidates.items():
+            if len(members) < 2:
+                continue
+            for t in members:
+                if t.file not in handles:
+                    handles[t.file] = os.open(t.file, os.O_RDONLY)
+                digest = hashlib.blake2b(tensor_bytes(handles[t.file], t), digest_size=32).digest()
+                groups[(key, digest)].append(renamed.get(t.name, t.name))
+    finally:
+        for fd in handles.values():
+            os.close(fd)
+    return _drop_all_but_one(groups.values(), keep)
+
+
+def _drop_all_but_one(groups: Iterable[list[str]], keep: str) -> dict[str, str]:
+    dropped: dict[str, str] = {}
+    for names in groups:
+        if len(names) < 2:
+            continue
+        kept = _keeper(names, keep)
+        dropped.update({name: kept for name in names if name != kept})
+    return dropped
+
+
+def describe_prefixes(prefixes: Sequence[str]) -> str:
+    return ", ".join(f"{p!r} ({WRAPPER_PREFIXES.get(p, 'given')})" for p in prefixes)

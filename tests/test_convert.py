@@ -1,0 +1,349 @@
+"""convert and dedupe: bitwise against torch.load(weights_only=True), aliases, views, nesting."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import ckptfix
+from ckptfix.rewrite import DROPPED_KEY
+from tests.helpers import cli
+from tests.test_torch_read import (
+    SAVED_DTYPES,
+    ZIP_ONLY_DTYPES,
+    random_tensor,
+    raw,
+    views_state_dict,
+)
+from tests.torch_files import hostile_pickles, zip_checkpoint
+
+
+def load_folder(folder: Path) -> dict[str, torch.Tensor]:
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
+
+
+def assert_same(got: torch.Tensor, want: torch.Tensor, name: str) -> None:
+    assert got.dtype == want.dtype, name
+    assert tuple(got.shape) == tuple(want.shape), name
+    assert raw(got) == raw(want), name
+
+
+def check_conversion(source: Path, out: Path) -> dict[str, str]:
+    """Every source name resolves (directly or via the dropped record) to equal bytes."""
+    oracle = torch.load(source, weights_only=True)
+    written = load_folder(out)
+    with safe_open(str(next(out.glob("*.safetensors"))), "pt") as handle:
+        metadata = handle.metadata() or {}
+    index = out / "model.safetensors.index.json"
+    if index.exists():
+        dropped = json.loads(index.read_text())["metadata"].get(DROPPED_KEY, {})
+    else:
+        dropped = json.loads(metadata.get(DROPPED_KEY, "{}"))
+    assert metadata.get("format") == "pt"
+    for name, tensor in oracle.items():
+        assert_same(written[dropped.get(name, name)], tensor, name)
+    assert set(written) | set(dropped) == set(oracle)
+    return dropped
+
+
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+def test_views_aliases_and_strides(tmp_path: Path, legacy: bool) -> None:
+    source = tmp_path / "views.bin"
+    torch.save(views_state_dict(), source, _use_new_zipfile_serialization=not legacy)
+    out = tmp_path / "out"
+    run = cli("convert", source, "-o", out, "--json")
+    assert run.code == 0, run.stderr
+    dropped = check_conversion(source, out)
+    assert dropped == {"lm_head": "embed"}  # first name in source order is kept
+    assert run.json()["plan"]["dropped"] == {"lm_head": "embed"}
+    assert ckptfix.inspect(out).findings == tuple(
+        f for f in ckptfix.inspect(out).findings if f.code == "dtype-mix"
+    )
+
+
+@pytest.mark.parametrize("dtype", SAVED_DTYPES + ZIP_ONLY_DTYPES, ids=str)
+def test_every_dtype(tmp_path: Path, dtype: torch.dtype) -> None:
+    source = tmp_path / "d.pt"
+    base = random_tensor(dtype, (6, 4), 0)
+    torch.save(
+        {
+            "m": base,
+            "t": base.t(),
+            "s": random_tensor(dtype, (), 1),
+            "z": torch.empty(0, 3, dtype=dtype),
+        },
+        source,
+    )
+    out = tmp_path / "out"
+    assert cli("convert", source, "-o", out).code == 0
+    check_conversion(source, out)
+
+
+view_specs = st.lists(
+    st.tuples(st.integers(0, 2), st.sampled_from(["row", "col", "t", "alias", "step", "expand"])),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    view_specs,
+    st.sampled_from([torch.float32, torch.bfloat16, torch.int64, torch.bool]),
+    st.integers(1, 3),
+)
+def test_random_state_dicts_round_trip(
+    tmp_path: Path, specs: list[tuple[int, str]], dtype: torch.dtype, shard_kb: int
+) -> None:
+    bases = [random_tensor(dtype, (4 + i, 6), i) for i in range(3)]
+    state: dict[str, torch.Tensor] = {}
+    for number, (which, kind) in enumerate(specs):
+        base = bases[which]
+        state[f"t{number}"] = {
+            "row": base[1:3],
+            "col": base[:, 2:5],
+            "t": base.t(),
+            "alias": base,
+            "step": base[::2, ::3],
+            "expand": base[0:1].expand(3, 6),
+        }[kind]
+    source = tmp_path / "random.pt"
+    torch.save(state, source)
+    out = tmp_path / "out"
+    if out.exists():
+        import shutil
+
+        shutil.rmtree(out)
+    run = cli("convert", source, "-o", out, "--max-shard", f"{shard_kb * 100}")
+    assert run.code == 0, run.stderr
+    check_conversion(source, out)
+
+
+def test_written_size_is_what_the_views_use(tmp_path: Path) -> None:
+    source = tmp_path / "view.pt"
+    torch.save({"head": torch.zeros(1000, 1000)[:2]}, source)  # a 4 MB storage on disk
+    assert source.stat().st_size > 4_000_000
+    out = tmp_path / "out"
+    assert cli("convert", source, "-o", out).code == 0
+    written = out / "model.safetensors"
+    assert written.stat().st_size < 8000 + 200  # 2 rows of 1000 floats and a header
+
+
+def test_tied_gpt2_loads_in_transformers(tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=100,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(config).eval()
+    folder = tmp_path / "gpt2"
+    folder.mkdir()
+    config.save_pretrained(folder)
+    torch.save(model.state_dict(), folder / "pytorch_model.bin")
+    report = ckptfix.inspect(folder / "pytorch_model.bin")
+    assert "shared-storage" in {f.code for f in report.findings}
+    out = tmp_path / "converted"
+    run = cli("convert", folder, "-o", out, "--json")
+    assert run.code == 0, run.stderr
+    assert run.json()["plan"]["dropped"] == {"lm_head.weight": "transformer.wte.weight"}
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    loaded, info = GPT2LMHeadModel.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(tokens).logits, model(tokens).logits)
+
+
+def lightning_checkpoint(path: Path) -> dict[str, torch.Tensor]:
+    weights = OrderedDict(
+        [
+            ("model.encoder.weight", random_tensor(torch.float32, (4, 4), 1)),
+            ("model.head.weight", random_tensor(torch.float32, (2, 4), 2)),
+            ("model.head.bias", random_tensor(torch.float32, (2,), 3)),
+        ]
+    )
+    torch.save(
+        {
+            "epoch": 3,
+            "global_step": 10,
+            "state_dict": weights,
+            "optimizer_states": [{"state": {0: {"exp_avg": torch.zeros(4, 4)}}}],
+        },
+        path,
+    )
+    return weights
+
+
+def test_lightning_key_and_prefix(tmp_path: Path) -> None:
+    source = tmp_path / "last.ckpt"
+    weights = lightning_checkpoint(source)
+    out = tmp_path / "out"
+    run = cli("convert", source, "-o", out, "--strip-prefix", "auto", "--json")
+    assert run.code == 0, run.stderr
+    plan = run.json()["plan"]
+    assert plan["renamed"] == {name: name.removeprefix("model.") for name in weights}
+    written = load_file(out / "model.safetensors")
+    for name, tensor in weights.items():
+        assert_same(written[name.removeprefix("model.")], tensor, name)
+    bad = cli("convert", source, "-o", tmp_path / "bad", "--key", "ema")
+    assert bad.code == 1
+    assert bad.error_lines[0].startswith(f"error: {source}: no tensor dictionary at key 'ema'")
+    assert not (tmp_path / "bad").exists()
+
+
+def test_exclude_and_explicit_prefix(tmp_path: Path) -> None:
+    source = tmp_path / "ddp.bin"
+    torch.save(
+        {"module.a": torch.ones(2), "module.b": torch.ones(3), "module.aux.c": torch.ones(1)},
+        source,
+    )
+    out = tmp_path / "out"
+    assert (
+        cli(
+            "convert", source, "-o", out, "--strip-prefix", "module.", "--exclude", "module.aux.*"
+        ).code
+        == 0
+    )
+    assert sorted(load_file(out / "model.safetensors")) == ["a", "b"]
+
+
+def test_dtype_casts_floating_tensors_only(tmp_path: Path) -> None:
+    source = tmp_path / "mixed.pt"
+    state = {
+        "w": random_tensor(torch.float32, (3, 4), 0).clamp(-1e30, 1e30).nan_to_num(),
+        "h": torch.randn(5, dtype=torch.float16),
+        "i": torch.arange(4),
+        "b": torch.ones(2) > 0,
+    }
+    torch.save(state, source)
+    out = tmp_path / "out"
+    assert cli("convert", source, "-o", out, "--dtype", "bf16").code == 0
+    written = load_file(out / "model.safetensors")
+    assert written["w"].dtype == torch.bfloat16 and torch.equal(written["w"], state["w"].bfloat16())
+    assert written["h"].dtype == torch.bfloat16 and torch.equal(written["h"], state["h"].bfloat16())
+    assert_same(written["i"], state["i"], "i")
+    assert_same(written["b"], state["b"], "b")
+
+
+def test_to_torch(tmp_path: Path) -> None:
+    source = tmp_path / "views.bin"
+    torch.save(views_state_dict(), source)
+    out = tmp_path / "out"
+    run = cli("convert", source, "-o", out, "--to", "torch", "--max-shard", "200")
+    assert run.code == 0, run.stderr
+    index = json.loads((out / "pytorch_model.bin.index.json").read_text())
+    oracle = torch.load(source, weights_only=True)
+    loaded: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        loaded.update(torch.load(out / shard, weights_only=True))
+    assert index["metadata"][DROPPED_KEY] == {"lm_head": "embed"}
+    for name, tensor in oracle.items():
+        assert_same(loaded[{"lm_head": "embed"}.get(name, name)], tensor, name)
+    assert ckptfix.inspect(out).findings == tuple(
+        f for f in ckptfix.inspect(out).findings if f.code == "dtype-mix"
+    )
+
+
+def test_clone_and_keep(tmp_path: Path) -> None:
+    shared = torch.ones(3, 2)
+    source = tmp_path / "tied.bin"
+    torch.save(
+        OrderedDict([("embed", shared), ("head", shared), ("other", torch.zeros(1))]), source
+    )
+    cloned = tmp_path / "cloned"
+    assert cli("convert", source, "-o", cloned, "--clone").code == 0
+    assert sorted(load_file(cloned / "model.safetensors")) == ["embed", "head", "other"]
+    last = tmp_path / "last"
+    run = cli("dedupe", source, "-o", last, "--keep", "last", "--json")
+    assert run.json()["plan"]["dropped"] == {"embed": "head"}
+    regex = tmp_path / "regex"
+    run = cli("dedupe", source, "-o", regex, "--keep", "^emb", "--json")
+    assert run.json()["plan"]["dropped"] == {"head": "embed"}
+    bad = cli("dedupe", source, "-o", tmp_path / "bad", "--keep", "(")
+    assert bad.code == 2 and bad.error_lines[0].startswith("error: --keep: '(' is not a regular")
+
+
+def test_dedupe_by_content(tmp_path: Path) -> None:
+    source = tmp_path / "copies.safetensors"
+    same = random_tensor(torch.float32, (4, 4), 7)
+    save_file(
+        {
+            "a": same.clone(),
+            "b": same.clone(),
+            "c": random_tensor(torch.float32, (4, 4), 8),
+            "d": same.clone().to(torch.float16),
+        },
+        str(source),
+    )
+    out = tmp_path / "out"
+    dry = cli("dedupe", source, "-o", out, "--by-content", "--dry-run", "--json")
+    assert dry.code == 0 and not out.exists()
+    assert dry.json()["plan"]["dropped"] == {"b": "a"}
+    assert dry.json()["plan"]["total_size"] == 64 * 2 + 32
+    human = cli("dedupe", source, "-o", out, "--by-content", "--dry-run")
+    assert "dropped (stored once, as the kept name): b → a" in human.stdout
+    assert cli("dedupe", source, "-o", out, "--by-content").code == 0
+    written = load_file(out / "model.safetensors")
+    assert sorted(written) == ["a", "c", "d"]
+    with safe_open(str(out / "model.safetensors"), "pt") as handle:
+        assert json.loads((handle.metadata() or {})[DROPPED_KEY]) == {"b": "a"}
+
+
+def test_sharded_bin_folder_to_safetensors(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    a, b = random_tensor(torch.float32, (8, 8), 1), random_tensor(torch.float32, (8, 8), 2)
+    torch.save({"a": a}, folder / "pytorch_model-00001-of-00002.bin")
+    torch.save({"b": b}, folder / "pytorch_model-00002-of-00002.bin")
+    (folder / "pytorch_model.bin.index.json").write_text(
+        json.dumps(
+            {
+                "metadata": {"total_size": 512},
+                "weight_map": {
+                    "a": "pytorch_model-00001-of-00002.bin",
+                    "b": "pytorch_model-00002-of-00002.bin",
+                },
+            }
+        )
+    )
+    (folder / "config.json").write_text("{}")
+    out = tmp_path / "out"
+    assert cli("convert", folder, "-o", out).code == 0
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    written = load_file(out / "model.safetensors")
+    assert_same(written["a"], a, "a")
+    assert_same(written["b"], b, "b")
+
+
+@pytest.mark.parametrize("form", list(hostile_pickles(Path("x"))))
+def test_hostile_pickles_convert_nothing(tmp_path: Path, form: str) -> None:
+    canary = tmp_path / "CANARY"
+    source = zip_checkpoint(tmp_path / "evil.bin", hostile_pickles(canary)[form])
+    for command in ("convert", "dedupe"):
+        out = tmp_path / f"out-{command}"
+        run = cli(command, source, "-o", out)
+        assert run.code == 1
+        assert len(run.error_lines) == 1 and "outside the allowlist" in run.error_lines[0]
+        assert not out.exists()
+    assert not canary.exists()
+    assert not list(tmp_path.glob(".ckptfix-*"))
