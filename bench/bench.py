@@ -326,6 +326,86 @@ def bench_reshard(inputs: dict[str, Path], repeat: int) -> list[str]:
     return header + rows + flat_rows
 
 
+TO_BIN = """
+import sys, torch
+from safetensors.torch import load_file
+torch.save(load_file(sys.argv[1]), sys.argv[2])
+"""
+
+CONVERT_RECIPE = """
+import os, sys, torch
+from huggingface_hub import save_torch_state_dict
+state = torch.load(sys.argv[1], weights_only=True, mmap=True)
+os.makedirs(sys.argv[2])
+save_torch_state_dict(state, sys.argv[2], max_shard_size=sys.argv[3])
+for name in os.listdir(sys.argv[2]):  # fsynced like ckptfix's output
+    fd = os.open(os.path.join(sys.argv[2], name), os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+"""
+
+
+def ensure_bin(source: Path) -> Path:
+    target = source.with_suffix(".bin")
+    if not target.exists():
+        print(f"building {target} ...", flush=True)
+        partial = target.with_suffix(".partial")
+        subprocess.run([PYTHON, "-c", TO_BIN, str(source), str(partial)], check=True)
+        partial.rename(target)
+    return target
+
+
+def bench_convert(inputs: dict[str, Path], repeat: int) -> list[str]:
+    source = ensure_bin(inputs["single"])
+    out = CACHE / "bench-out"
+    size = data_size(source)
+    cp = timed_write(
+        ["sh", "-c", f"mkdir {out} && cp {source} {out}/ && sync {out}/{source.name}"],
+        out,
+        source,
+        repeat,
+    )
+    ours = timed_write(
+        [*CKPTFIX, "convert", str(source), "-o", str(out), "--json"], out, source, repeat
+    )
+    recipe = timed_write(
+        [PYTHON, "-c", CONVERT_RECIPE, str(source), str(out), "5GB"], out, source, repeat
+    )
+    ok = ours.wall <= 1.5 * cp.wall and ours.rss_mib <= 250
+    rows = [
+        f"\nconvert of a {size / 1e9:.2f} GB `.bin` (torch.save) to safetensors; median of "
+        f"{repeat}, source in the page cache, outputs fsynced\n",
+        "| job | wall | peak RSS | vs cp | target |",
+        "|---|---|---|---|---|",
+        f"| `cp` + `sync` of the file | {cp.wall:.2f} s | {cp.rss_mib:.0f} MiB | 1.00× | |",
+        f"| `ckptfix convert` (verified, fsynced, atomic) | {ours.wall:.2f} s | "
+        f"{ours.rss_mib:.0f} MiB | {ours.wall / cp.wall:.2f}× | "
+        f"≤ 1.5× and ≤ 250 MiB: {'met' if ok else 'MISSED'} |",
+        f"| `torch.load(weights_only=True, mmap=True)` + `save_torch_state_dict` (+ fsync) | "
+        f"{recipe.wall:.2f} s | {recipe.rss_mib:.0f} MiB | {recipe.wall / cp.wall:.2f}× | |",
+        "\npeak RSS of `ckptfix convert` by checkpoint size\n",
+        "| checkpoint | wall | peak RSS |",
+        "|---|---|---|",
+    ]
+    flat = []
+    for key in ("half", "single", "four"):
+        binary = ensure_bin(inputs[key])
+        measure = timed_write(
+            [*CKPTFIX, "convert", str(binary), "-o", str(out), "--json"], out, binary, 2
+        )
+        flat.append(measure.rss_mib)
+        rows.append(
+            f"| {data_size(binary) / 1e9:.2f} GB | {measure.wall:.2f} s | "
+            f"{measure.rss_mib:.0f} MiB |"
+        )
+    ratio = flat[-1] / flat[0]
+    rows.append(
+        f"\n4 GB vs 0.5 GB peak RSS: {ratio:.2f}× (flat: "
+        f"{'met' if abs(ratio - 1) <= 0.10 else 'MISSED'})"
+    )
+    return rows
+
+
 def data_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -335,14 +415,17 @@ def data_size(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--only", choices=["inspect", "reshard"], default=None)
+    parser.add_argument("--only", choices=["inspect", "reshard", "convert"], default=None)
     args = parser.parse_args()
     inputs = ensure_inputs()
     if args.only in (None, "reshard"):
         for row in bench_reshard(inputs, max(3, args.repeat // 2 + 1)):
             print(row, flush=True)
-        if args.only == "reshard":
-            return
+    if args.only in (None, "convert"):
+        for row in bench_convert(inputs, max(3, args.repeat // 2 + 1)):
+            print(row, flush=True)
+    if args.only in ("reshard", "convert"):
+        return
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
         f"{inputs['five'].name} ({data_size(inputs['five']) / 1e9:.2f} GB), "

@@ -6,7 +6,6 @@ reading it back and comparing each tensor's bytes with its source.
 from __future__ import annotations
 
 import errno
-import functools
 import hashlib
 import json
 import mmap
@@ -29,6 +28,7 @@ from ckptfix.sizes import format_size
 
 COPY_CHUNK = 64 * 2**20
 COMPARE_CHUNK = 2**20
+FLUSH_EVERY = 256 * 2**20
 # Called with (bytes copied so far, bytes to copy in all) as the copy advances.
 Progress = Callable[[int, int], None]
 
@@ -281,16 +281,10 @@ def _create(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
 
 
-def _verify_shard(
-    path: str,
-    display: str,
-    entries: Sequence[HeaderEntry],
-    metadata: Mapping[str, str],
-    tensors: Mapping[str, OutTensor],
-    sources: _Sources,
-    digests: Mapping[str, bytes],
-    cancel: threading.Event,
+def _verify_header(
+    path: str, display: str, entries: Sequence[HeaderEntry], metadata: Mapping[str, str]
 ) -> None:
+    """The finished file must pass every validation rule and match the plan exactly."""
     try:
         header = read_header(path, display)
     except CorruptFileError as exc:
@@ -306,30 +300,34 @@ def _verify_shard(
         raise VerificationError(
             display, "written header differs from the plan", "this is a bug; please report it"
         )
-    dst = os.open(path, os.O_RDONLY)
-    try:
-        for entry, info in zip(entries, header.tensors, strict=True):
-            tensor = tensors[entry.name]
-            source = tensor.source
-            if tensor.streamed:
-                same = ranges_equal(
-                    sources.fd(source.file),
-                    source.byte_range[0],
-                    dst,
-                    info.byte_range[0],
-                    source.nbytes,
-                    cancel,
-                )
-            else:
-                same = _range_digest(dst, info.byte_range) == digests[entry.name]
-            if not same:
-                raise VerificationError(
-                    display,
-                    f"tensor {entry.name!r} reads back different from its source {source.file}",
-                    "check the disk and the source, then run again",
-                )
-    finally:
-        os.close(dst)
+
+
+def _verify_tensors(
+    dst: int,
+    display: str,
+    placed: Sequence[tuple[str, int]],
+    tensors: Mapping[str, OutTensor],
+    sources: _Sources,
+    digests: Mapping[str, bytes],
+    cancel: threading.Event,
+) -> None:
+    """Each tensor written at `(name, offset)` must equal its source: streamed ones compared
+    bitwise with the source range, produced ones by the digest taken when they were made."""
+    for name, offset in placed:
+        tensor = tensors[name]
+        source = tensor.source
+        if tensor.streamed:
+            same = ranges_equal(
+                sources.fd(source.file), source.byte_range[0], dst, offset, source.nbytes, cancel
+            )
+        else:
+            same = _range_digest(dst, (offset, offset + tensor.nbytes)) == digests[name]
+        if not same:
+            raise VerificationError(
+                display,
+                f"tensor {name!r} reads back different from its source {source.file}",
+                "check the disk and the source, then run again",
+            )
 
 
 def _digest(data: bytes) -> bytes:
@@ -419,16 +417,6 @@ def copy_extra(source_root: str, names: Sequence[str], staging: str) -> list[Wri
     return written
 
 
-def _finish_shard(fd: int, verify: Callable[[], None] | None) -> None:
-    """Verify a written shard (from the page cache), then flush it to disk; closes `fd`."""
-    try:
-        if verify is not None:
-            verify()
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_shards(
     plan: ShardPlan,
     tensors: Mapping[str, OutTensor],
@@ -442,15 +430,16 @@ def write_shards(
 ) -> list[WrittenFile]:
     """Write every planned shard (and the index) into `staging`; verify each file.
 
-    The main thread only copies (kernel to kernel, into the page cache); two worker threads
-    verify finished shards and fsync them, so the disk is kept busy writing back while the
-    next shard is copied, as it is for `cp` followed by `sync`.
+    The main thread only copies (kernel to kernel, into the page cache). Two worker threads
+    flush what has been copied so far every FLUSH_EVERY bytes, then verify and fsync each
+    finished shard side by side, so the disk writes back while copying goes on.
     """
     sources = _Sources()
     before = _source_state({tensor.source.file for tensor in tensors.values()})
     digests: dict[str, bytes] = {}  # of tensors produced in memory, for verification
     written: list[WrittenFile] = []
     jobs: list[Future[None]] = []
+    open_fds: list[int] = []
     cancel = threading.Event()
     done = 0
 
@@ -466,49 +455,70 @@ def write_shards(
                 path = os.path.join(staging, shard.file)
                 header, entries = shard_header(shard, tensors, metadata)
                 fd = _create(path)
-                try:
-                    _write_all(fd, header, 0)
-                    offset = len(header)
-                    for name in shard.tensors:
-                        tensor = tensors[name]
-                        source = tensor.source
-                        if tensor.streamed:
-                            copy_range(
-                                sources.fd(source.file),
-                                source.byte_range[0],
-                                source.nbytes,
-                                fd,
-                                offset,
-                                advance,
-                                source.file,
+                open_fds.append(fd)
+                reader = os.open(path, os.O_RDONLY)  # for verification (mmap needs read access)
+                open_fds.append(reader)
+                display = os.path.join(out, shard.file)
+                placed: list[tuple[str, int]] = []  # copied, not yet verified
+                unflushed = 0
+                _write_all(fd, header, 0)
+                offset = len(header)
+                for name in shard.tensors:
+                    tensor = tensors[name]
+                    source = tensor.source
+                    if tensor.streamed:
+                        copy_range(
+                            sources.fd(source.file),
+                            source.byte_range[0],
+                            source.nbytes,
+                            fd,
+                            offset,
+                            advance,
+                            source.file,
+                        )
+                    else:  # one tensor in memory at a time
+                        data = produce(sources.fd(source.file), tensor)
+                        _write_all(fd, data, offset)
+                        digests[name] = _digest(data)
+                        advance(len(data))
+                        del data
+                    placed.append((name, offset))
+                    offset += tensor.nbytes
+                    unflushed += tensor.nbytes
+                    if unflushed >= FLUSH_EVERY:
+                        # Start writeback early and verify what is copied so far, while the
+                        # main thread goes on copying.
+                        jobs.append(workers.submit(os.fdatasync, fd))
+                        if verify:
+                            jobs.append(
+                                workers.submit(
+                                    _verify_tensors,
+                                    reader,
+                                    display,
+                                    placed,
+                                    tensors,
+                                    sources,
+                                    digests,
+                                    cancel,
+                                )
                             )
-                        else:  # one tensor in memory at a time
-                            data = produce(sources.fd(source.file), tensor)
-                            _write_all(fd, data, offset)
-                            digests[name] = _digest(data)
-                            advance(len(data))
-                            del data
-                        offset += tensor.nbytes
-                    os.ftruncate(fd, offset)  # a trailing hole in the source leaves it short
-                except BaseException:
-                    os.close(fd)
-                    raise
-                check = (
-                    functools.partial(
-                        _verify_shard,
-                        path,
-                        os.path.join(out, shard.file),
-                        entries,
-                        metadata,
-                        tensors,
-                        sources,
-                        digests,
-                        cancel,
+                        placed, unflushed = [], 0
+                os.ftruncate(fd, offset)  # a trailing hole in the source leaves it short
+                if verify:
+                    jobs.append(
+                        workers.submit(
+                            _verify_tensors,
+                            reader,
+                            display,
+                            placed,
+                            tensors,
+                            sources,
+                            digests,
+                            cancel,
+                        )
                     )
-                    if verify
-                    else None
-                )
-                jobs.append(workers.submit(_finish_shard, fd, check))
+                    jobs.append(workers.submit(_verify_header, path, display, entries, metadata))
+                jobs.append(workers.submit(os.fsync, fd))
                 written.append(WrittenFile(shard.file, offset))
                 for job in [job for job in jobs if job.done()]:
                     job.result()  # surface a verification failure early
@@ -523,6 +533,8 @@ def write_shards(
         finally:
             workers.shutdown(wait=True)
             sources.close()
+            for fd in open_fds:
+                os.close(fd)
             for job in jobs:
                 if job.done() and not job.cancelled():
                     job.exception()  # retrieved: a _Cancelled there is expected
