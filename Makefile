@@ -5,6 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-full
+DEMO := $(VENV)/.installed-demo
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: install test lint demo bench fuzz clean
@@ -21,7 +22,13 @@ $(BASE): pyproject.toml | $(BIN)/python
 $(FULL): pyproject.toml | $(BIN)/python
 	$(PIP) torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
 	$(PIP) -e '.[test,dev]' 2> >(grep -v "^WARNING: Location" >&2)
-	touch $@ $(BASE)
+	touch $@ $(BASE) $(DEMO)
+
+# The demo also saves a sample with torch.save, so it gets torch (pinned, CPU) but not the
+# test dependencies.
+$(DEMO): $(BASE)
+	$(PIP) torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
+	touch $@
 
 install: $(FULL)
 
@@ -33,7 +40,7 @@ lint: $(FULL)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-demo: $(BASE)
+demo: $(DEMO)
 	@$(BIN)/python scripts/make_demo.py demo-out
 	@echo; echo "\$$ ckptfix inspect demo-out/sample-model"
 	@$(BIN)/ckptfix inspect demo-out/sample-model; echo "(exit code $$?: this sample has errors on purpose)"
@@ -45,6 +52,12 @@ demo: $(BASE)
 	@$(BIN)/ckptfix reshard demo-out/fixable-model -o demo-out/fixed-model --max-shard 100KB
 	@echo; echo "\$$ ckptfix inspect demo-out/fixed-model --fail-on warning"
 	@$(BIN)/ckptfix inspect demo-out/fixed-model --fail-on warning
+	@echo; echo "\$$ ckptfix inspect demo-out/torch-model"
+	@$(BIN)/ckptfix inspect demo-out/torch-model; echo "(exit code $$?)"
+	@echo; echo "\$$ ckptfix convert demo-out/torch-model -o demo-out/converted-model"
+	@$(BIN)/ckptfix convert demo-out/torch-model -o demo-out/converted-model
+	@echo; echo "\$$ ckptfix inspect demo-out/converted-model --fail-on warning"
+	@$(BIN)/ckptfix inspect demo-out/converted-model --fail-on warning
 
 bench: $(FULL)
 	$(BIN)/python bench/bench.py

@@ -9,12 +9,13 @@ from ckptfix.errors import (
     CkptfixError,
     CorruptFileError,
     InputNotFoundError,
+    UnsafePickleError,
     UsageError,
 )
 from ckptfix.findings import Finding, Severity
 from ckptfix.inspect import inspect
 from ckptfix.report import FileSummary, Report
-from ckptfix.rewrite import RewriteResult, reshard
+from ckptfix.rewrite import RewriteResult, convert, dedupe, reshard
 
 __all__ = [
     "CkptfixError",
@@ -26,8 +27,11 @@ __all__ = [
     "RewriteResult",
     "Severity",
     "TensorInfo",
+    "UnsafePickleError",
     "UsageError",
     "__version__",
+    "convert",
+    "dedupe",
     "inspect",
     "reshard",
 ]

@@ -12,6 +12,10 @@ OUT_FOLDER/sample-model is broken beyond a rewrite, on purpose:
 
 OUT_FOLDER/fixable-model only has warnings, which `ckptfix reshard` repairs: three shards
 of very different sizes written without "format" metadata, and a stale total_size.
+
+OUT_FOLDER/torch-model/pytorch_model.bin is what `torch.save(model.state_dict())` gives for a
+small model with tied embeddings, q/k/v as views of one fused buffer and a transposed
+weight: safetensors refuses to save it as it is; `ckptfix convert` fixes all three.
 """
 
 from __future__ import annotations
@@ -133,12 +137,37 @@ def write_config(out: Path, *, tie: bool) -> None:
     (out / "tokenizer_config.json").write_text("{}\n")
 
 
+def torch_model(out: Path) -> None:
+    import torch  # installed by `make demo`; the other samples need nothing but ckptfix
+
+    out.mkdir(parents=True)
+    generator = torch.Generator().manual_seed(0)
+    embed = torch.nn.Parameter(torch.randn(VOCAB, HIDDEN, generator=generator))
+    state: dict[str, torch.Tensor] = {"model.embed_tokens.weight": embed}
+    for index in range(2):
+        prefix = f"model.layers.{index}"
+        qkv = torch.randn(3 * HIDDEN, HIDDEN, generator=generator)  # one fused buffer
+        state[f"{prefix}.self_attn.q_proj.weight"] = qkv[:HIDDEN]
+        state[f"{prefix}.self_attn.k_proj.weight"] = qkv[HIDDEN : 2 * HIDDEN]
+        state[f"{prefix}.self_attn.v_proj.weight"] = qkv[2 * HIDDEN :]
+        # stored transposed, as some training code keeps it
+        state[f"{prefix}.self_attn.o_proj.weight"] = torch.randn(
+            HIDDEN, HIDDEN, generator=generator
+        ).t()
+        state[f"{prefix}.input_layernorm.weight"] = torch.ones(HIDDEN)
+    state["model.norm.weight"] = torch.ones(HIDDEN)
+    state["lm_head.weight"] = embed  # tied to the embeddings
+    torch.save(state, out / "pytorch_model.bin")
+    write_config(out, tie=True)
+
+
 def main(out: Path) -> None:
     if out.exists():
         shutil.rmtree(out)
     broken_model(out / "sample-model")
     fixable_model(out / "fixable-model")
-    print(f"wrote sample model folders {out}/sample-model and {out}/fixable-model")
+    torch_model(out / "torch-model")
+    print(f"wrote sample model folders sample-model, fixable-model and torch-model in {out}")
 
 
 if __name__ == "__main__":

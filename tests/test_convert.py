@@ -347,3 +347,15 @@ def test_hostile_pickles_convert_nothing(tmp_path: Path, form: str) -> None:
         assert not out.exists()
     assert not canary.exists()
     assert not list(tmp_path.glob(".ckptfix-*"))
+
+
+def test_tied_aliases_satisfy_tie_word_embeddings(tmp_path: Path) -> None:
+    folder = tmp_path / "m"
+    folder.mkdir()
+    embed = torch.ones(4, 2)
+    torch.save(
+        {"model.embed_tokens.weight": embed, "lm_head.weight": embed}, folder / "pytorch_model.bin"
+    )
+    (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
+    codes = {f.code for f in ckptfix.inspect(folder).findings}
+    assert "tied-config-mismatch" not in codes and "shared-storage" in codes
