@@ -30,6 +30,7 @@ class ShardPlan:
     renamed: dict[str, str] = field(default_factory=dict)
     copied_files: tuple[str, ...] = ()
     left_out: tuple[str, ...] = ()
+    dropped_bytes: int = 0  # what writing every dropped name as its own copy would add
 
     @property
     def total_size(self) -> int:
@@ -47,6 +48,7 @@ class ShardPlan:
             "index": self.index_file,
             "oversized": list(self.oversized),
             "dropped": dict(self.dropped),
+            "dropped_bytes": self.dropped_bytes,
             "renamed": dict(self.renamed),
             "copied_files": list(self.copied_files),
             "left_out": list(self.left_out),

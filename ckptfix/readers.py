@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 
 from ckptfix.catalog import TensorInfo
-from ckptfix.errors import CorruptFileError, LfsPointerError
+from ckptfix.errors import CorruptFileError, LfsPointerError, UnsupportedFormatError
 from ckptfix.formats import safetensors, torch_pickle
 from ckptfix.sizes import format_size
 from ckptfix.sniff import SNIFF_BYTES, FileFormat, describe, sniff
@@ -99,6 +99,12 @@ def read_weight_file(path: str, display: str, key: str = "auto") -> WeightFile:
             display, "unreadable", f"cannot read the file: {exc.strerror}", "check its permissions"
         ) from exc
     fmt = sniff(head[:SNIFF_BYTES])
+    if head[257:262] == b"ustar":  # POSIX tar: how torch saved checkpoints before 0.4
+        raise UnsupportedFormatError(
+            display,
+            "file is a tar archive (the PyTorch checkpoint format before 0.4), not read",
+            "load and re-save it with torch.save in a trusted environment",
+        )
     if fmt is FileFormat.LFS_POINTER:
         raise _lfs_error(head, display)
     if fmt is FileFormat.SAFETENSORS or (

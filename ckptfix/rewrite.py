@@ -148,6 +148,7 @@ def _write(
         left_out=tuple(left_out),
         dropped=dict(selection.dropped),
         renamed=dict(selection.renamed),
+        dropped_bytes=selection.dropped_bytes,
     )
     if dry_run:
         return RewriteResult(checkpoint.report, plan, None)

@@ -28,6 +28,7 @@ class Selection:
     renamed: dict[str, str] = field(default_factory=dict)  # source name -> output name
     excluded: tuple[str, ...] = ()
     stripped: tuple[str, ...] = ()
+    dropped_bytes: int = 0
 
 
 def _keeper(names: Sequence[str], keep: str) -> str:
@@ -101,13 +102,15 @@ def select(
         remaining = [t for t in kept if renamed.get(t.name, t.name) not in dropped]
         dropped.update(_same_content(remaining, keep, renamed))
     out = []
+    dropped_bytes = 0
     for tensor in kept:
         name = renamed.get(tensor.name, tensor.name)
         if name in dropped:
+            dropped_bytes += tensor.nbytes
             continue
         target = dtype if dtype and DTYPES[tensor.dtype].is_floating else tensor.dtype
         out.append(OutTensor(name, tensor, target))
-    return Selection(tuple(out), dropped, renamed, excluded, tuple(prefixes))
+    return Selection(tuple(out), dropped, renamed, excluded, tuple(prefixes), dropped_bytes)
 
 
 def _aliases(tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]) -> dict[str, str]:

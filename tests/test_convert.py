@@ -23,7 +23,7 @@ from tests.test_torch_read import (
     raw,
     views_state_dict,
 )
-from tests.torch_files import hostile_pickles, zip_checkpoint
+from tests.torch_files import hostile_pickles, legacy_checkpoint, zip_checkpoint
 
 
 def load_folder(folder: Path) -> dict[str, torch.Tensor]:
@@ -299,9 +299,11 @@ def test_dedupe_by_content(tmp_path: Path) -> None:
     dry = cli("dedupe", source, "-o", out, "--by-content", "--dry-run", "--json")
     assert dry.code == 0 and not out.exists()
     assert dry.json()["plan"]["dropped"] == {"b": "a"}
+    assert dry.json()["plan"]["dropped_bytes"] == 64
     assert dry.json()["plan"]["total_size"] == 64 * 2 + 32
     human = cli("dedupe", source, "-o", out, "--by-content", "--dry-run")
     assert "dropped (stored once, as the kept name): b → a" in human.stdout
+    assert "1 name(s) dropped: 64 B not written again" in human.stdout
     assert cli("dedupe", source, "-o", out, "--by-content").code == 0
     written = load_file(out / "model.safetensors")
     assert sorted(written) == ["a", "c", "d"]
@@ -335,10 +337,15 @@ def test_sharded_bin_folder_to_safetensors(tmp_path: Path) -> None:
     assert_same(written["b"], b, "b")
 
 
+@pytest.mark.parametrize("container", ["zip", "legacy"])
 @pytest.mark.parametrize("form", list(hostile_pickles(Path("x"))))
-def test_hostile_pickles_convert_nothing(tmp_path: Path, form: str) -> None:
+def test_hostile_pickles_convert_nothing(tmp_path: Path, form: str, container: str) -> None:
     canary = tmp_path / "CANARY"
-    source = zip_checkpoint(tmp_path / "evil.bin", hostile_pickles(canary)[form])
+    payload = hostile_pickles(canary)[form]
+    if container == "zip":
+        source = zip_checkpoint(tmp_path / "evil.bin", payload)
+    else:
+        source = legacy_checkpoint(tmp_path / "evil.bin", payload, [], [])
     for command in ("convert", "dedupe"):
         out = tmp_path / f"out-{command}"
         run = cli(command, source, "-o", out)
@@ -359,3 +366,21 @@ def test_tied_aliases_satisfy_tie_word_embeddings(tmp_path: Path) -> None:
     (folder / "config.json").write_text(json.dumps({"tie_word_embeddings": True}))
     codes = {f.code for f in ckptfix.inspect(folder).findings}
     assert "tied-config-mismatch" not in codes and "shared-storage" in codes
+
+
+def test_tar_checkpoints_are_refused(tmp_path: Path) -> None:
+    import tarfile
+
+    path = tmp_path / "ancient.pt"
+    member = tmp_path / "sys_info"
+    member.write_bytes(b"\x80\x02}q\x00.")
+    with tarfile.open(path, "w") as archive:
+        archive.add(member, arcname="sys_info")
+    for args in (["inspect", path], ["convert", path, "-o", tmp_path / "out"]):
+        run = cli(*args)
+        assert run.code == 1
+        assert run.error_lines == [
+            f"error: {path}: file is a tar archive (the PyTorch checkpoint format before 0.4), "
+            "not read (load and re-save it with torch.save in a trusted environment)"
+        ]
+    assert not (tmp_path / "out").exists()

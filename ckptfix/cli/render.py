@@ -137,6 +137,12 @@ def rewrite(result: RewriteResult) -> None:
         pairs = ", ".join(f"{d} → {k}" for d, k in list(plan.dropped.items())[:6])
         more = f" and {len(plan.dropped) - 6} more" if len(plan.dropped) > 6 else ""
         console.print(Text(f"dropped (stored once, as the kept name): {pairs}{more}"))
+        console.print(
+            Text(
+                f"{len(plan.dropped)} name(s) dropped: {format_size(plan.dropped_bytes)} not "
+                "written again"
+            )
+        )
     if plan.renamed:
         old_name, new_name = next(iter(plan.renamed.items()))
         console.print(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))
