@@ -450,6 +450,12 @@ def write_shards(
             progress(done, plan.total_size)
 
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:
+
+        def check_later(reader: int, display: str, placed: list[tuple[str, int]]) -> Future[None]:
+            return workers.submit(
+                _verify_tensors, reader, display, placed, tensors, sources, digests, cancel
+            )
+
         try:
             for shard in plan.shards:
                 path = os.path.join(staging, shard.file)
@@ -490,33 +496,11 @@ def write_shards(
                         # main thread goes on copying.
                         jobs.append(workers.submit(os.fdatasync, fd))
                         if verify:
-                            jobs.append(
-                                workers.submit(
-                                    _verify_tensors,
-                                    reader,
-                                    display,
-                                    placed,
-                                    tensors,
-                                    sources,
-                                    digests,
-                                    cancel,
-                                )
-                            )
+                            jobs.append(check_later(reader, display, placed))
                         placed, unflushed = [], 0
                 os.ftruncate(fd, offset)  # a trailing hole in the source leaves it short
                 if verify:
-                    jobs.append(
-                        workers.submit(
-                            _verify_tensors,
-                            reader,
-                            display,
-                            placed,
-                            tensors,
-                            sources,
-                            digests,
-                            cancel,
-                        )
-                    )
+                    jobs.append(check_later(reader, display, placed))
                     jobs.append(workers.submit(_verify_header, path, display, entries, metadata))
                 jobs.append(workers.submit(os.fsync, fd))
                 written.append(WrittenFile(shard.file, offset))

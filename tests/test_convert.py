@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from collections import OrderedDict
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from tests.test_torch_read import (
     ZIP_ONLY_DTYPES,
     random_tensor,
     raw,
+    state_from_specs,
+    view_specs,
     views_state_dict,
 )
 from tests.torch_files import hostile_pickles, legacy_checkpoint, zip_checkpoint
@@ -90,13 +93,6 @@ def test_every_dtype(tmp_path: Path, dtype: torch.dtype) -> None:
     check_conversion(source, out)
 
 
-view_specs = st.lists(
-    st.tuples(st.integers(0, 2), st.sampled_from(["row", "col", "t", "alias", "step", "expand"])),
-    min_size=1,
-    max_size=8,
-)
-
-
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -109,23 +105,10 @@ def test_random_state_dicts_round_trip(
     tmp_path: Path, specs: list[tuple[int, str]], dtype: torch.dtype, shard_kb: int
 ) -> None:
     bases = [random_tensor(dtype, (4 + i, 6), i) for i in range(3)]
-    state: dict[str, torch.Tensor] = {}
-    for number, (which, kind) in enumerate(specs):
-        base = bases[which]
-        state[f"t{number}"] = {
-            "row": base[1:3],
-            "col": base[:, 2:5],
-            "t": base.t(),
-            "alias": base,
-            "step": base[::2, ::3],
-            "expand": base[0:1].expand(3, 6),
-        }[kind]
     source = tmp_path / "random.pt"
-    torch.save(state, source)
+    torch.save(state_from_specs(bases, specs), source)
     out = tmp_path / "out"
     if out.exists():
-        import shutil
-
         shutil.rmtree(out)
     run = cli("convert", source, "-o", out, "--max-shard", f"{shard_kb * 100}")
     assert run.code == 0, run.stderr
