@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -336,4 +337,152 @@ INDEX_CASES = [
         ),
         "nan-constant",
     ),
+]
+
+
+# --- PyTorch files -------------------------------------------------------------------------
+
+
+def _pickle_case(form: str, container: str) -> Callable[[Factory], Path]:
+    from tests.torch_files import hostile_pickles, legacy_checkpoint, zip_checkpoint
+
+    def build(f: Factory) -> Path:
+        payload = hostile_pickles(f.root / "CANARY")[form]
+        path = f.path(f"{form}.bin")
+        if container == "zip":
+            return zip_checkpoint(path, payload)
+        return legacy_checkpoint(path, payload, [], [])
+
+    return build
+
+
+def _hidden_payload(f: Factory) -> Path:
+    import torch
+
+    from tests.torch_files import canary_command
+
+    class Payload:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (os.system, (canary_command(f.root / "CANARY"),))
+
+    path = f.path("pytorch_model.bin")
+    torch.save({"weight": torch.ones(3), "extra": Payload()}, path)
+    return path
+
+
+def _crafted_zip(
+    tensor: tuple[int, list[int], list[int]], blob_size: int = 24, **kwargs: object
+) -> Callable[[Factory], Path]:
+    from tests.torch_files import state_dict_pickle, zip_checkpoint
+
+    def build(f: Factory) -> Path:
+        offset, shape, stride = tensor
+        pkl = state_dict_pickle({"w": ("0", "FloatStorage", 6, offset, shape, stride)})
+        storages = {"0": bytes(blob_size)} if blob_size >= 0 else {}
+        return zip_checkpoint(f.path("crafted.pt"), pkl, storages, **kwargs)  # type: ignore[arg-type]
+
+    return build
+
+
+def _legacy_edit(edit: Callable[[bytes], bytes]) -> Callable[[Factory], Path]:
+    def build(f: Factory) -> Path:
+        import torch
+
+        path = f.path("legacy.pt")
+        torch.save({"w": torch.ones(64)}, path, _use_new_zipfile_serialization=False)
+        path.write_bytes(edit(path.read_bytes()))
+        return path
+
+    return build
+
+
+def _torchscript(f: Factory) -> Path:
+    import torch
+
+    path = f.path("scripted.pt")
+    torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
+    return path
+
+
+def _tar(f: Factory) -> Path:
+    import io
+    import tarfile
+
+    path = f.path("ancient.pt")
+    with tarfile.open(path, "w") as archive:
+        info = tarfile.TarInfo("sys_info")
+        info.size = 6
+        archive.addfile(info, io.BytesIO(b"\x80\x02}q\x00."))
+    return path
+
+
+def _zip_with_pickle(data: bytes) -> Callable[[Factory], Path]:
+    from tests.torch_files import zip_checkpoint
+
+    return lambda f: zip_checkpoint(f.path("weird.pt"), data)
+
+
+_BAD_PID = (
+    b"\x80\x02}(X\x01\x00\x00\x00wctorch._utils\n_rebuild_tensor_v2\n((X\x07\x00\x00\x00storage"
+    b"X\x01\x00\x00\x000tQJ\x00\x00\x00\x00(J\x01\x00\x00\x00t(J\x01\x00\x00\x00t\x89"
+    b"ccollections\nOrderedDict\n)RtRu."
+)
+
+HOSTILE_FORMS = [
+    "global-os-system",
+    "global-posix-system",
+    "stack-global-exec",
+    "inst-os-system",
+    "obj-os-system",
+    "global-eval",
+]
+PICKLE_CASES = [
+    *(
+        Case(f"{form}-{container}", _pickle_case(form, container), "unsafe-pickle", "unsafe-pickle")
+        for form in HOSTILE_FORMS
+        for container in ("zip", "legacy")
+    ),
+    Case("payload-beside-tensors", _hidden_payload, "unsafe-pickle", "unsafe-pickle"),
+    Case(
+        "compressed-storage",
+        _crafted_zip((0, [2, 3], [3, 1]), compress_storages=True),
+        "compressed-storage",
+    ),
+    Case("storage-size", _crafted_zip((0, [2, 3], [3, 1]), blob_size=20), "storage-size"),
+    Case("missing-storage", _crafted_zip((0, [2, 3], [3, 1]), blob_size=-1), "missing-storage"),
+    Case(
+        "two-pickles",
+        _crafted_zip((0, [2, 3], [3, 1]), extra=[("archive/other.pkl", b"\x80\x02}.")]),
+        "zip-layout",
+    ),
+    Case(
+        "duplicate-entry",
+        _crafted_zip((0, [2, 3], [3, 1]), extra=[("archive/data/0", bytes(24))]),
+        "zip-duplicate-entry",
+    ),
+    Case(
+        "path-traversal-entry",
+        _crafted_zip((0, [2, 3], [3, 1]), extra=[("../evil/data.bin", b"x")]),
+        "zip-layout",
+    ),
+    Case("view-out-of-bounds", _crafted_zip((4, [2, 3], [3, 1])), "view-out-of-bounds"),
+    Case("negative-stride", _crafted_zip((0, [2, 3], [-3, 1])), "bad-tensor"),
+    Case("stride-0-bomb", _crafted_zip((0, [2**20, 2**20, 16], [0, 0, 0])), "expansion-bomb"),
+    Case("absurd-shape", _crafted_zip((0, [2**40, 2**40], [1, 1])), "view-out-of-bounds"),
+    Case("garbage-pickle", _zip_with_pickle(b"\x80\x02\xff\xfe garbage"), "bad-pickle"),
+    Case("bad-persistent-id", _zip_with_pickle(_BAD_PID), "bad-storage-ref"),
+    Case("not-a-zip", lambda f: f.bytes("broken.bin", b"PK\x03\x04" + b"\x00" * 40), "bad-zip"),
+    Case("legacy-truncated", _legacy_edit(lambda b: b[:-10]), "truncated"),
+    Case("legacy-trailing", _legacy_edit(lambda b: b + b"junk"), "trailing-bytes"),
+    Case(
+        "legacy-bad-magic",
+        _legacy_edit(
+            lambda b: b.replace(
+                b"\x8a\nl\xfc\x9cF\xf9 j\xa8P\x19", b"\x8a\nl\xfc\x9cF\xf9 j\xa8P\x18", 1
+            )
+        ),
+        "bad-magic",
+    ),
+    Case("torchscript", _torchscript, "torchscript", "unsupported-format"),
+    Case("tar-format", _tar, "tar", "unsupported-format"),
 ]

@@ -1,0 +1,47 @@
+"""The bad-input corpus against every command: the documented exit code, one error line
+naming the file and the rule, no traceback, nothing written, nothing executed."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, Case
+from tests.conftest import Factory
+from tests.helpers import cli, tree_snapshot
+
+CORPUS = SAFETENSORS_CASES + INDEX_CASES + PICKLE_CASES
+COMMANDS = ["inspect", "reshard", "convert", "dedupe"]
+
+
+def test_corpus_size() -> None:
+    assert len({case.id for case in CORPUS}) == len(CORPUS) >= 80
+
+
+def marker(case: Case) -> str:
+    if case.code == "unsafe-pickle":
+        return "outside the allowlist"
+    if case.code == "lfs-pointer":
+        return "Git LFS pointer"
+    if case.code == "unsupported-format":
+        return {"torchscript": "TorchScript", "tar": "tar archive"}[case.rule]
+    return f"(rule {case.rule};"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("case", CORPUS, ids=lambda case: case.id)
+def test_every_command_refuses(factory: Factory, case: Case, command: str) -> None:
+    path = case.build(factory)
+    before = tree_snapshot(factory.root)
+    out = factory.root / "out"
+    args = [command, path] if command == "inspect" else [command, path, "-o", out]
+    run = cli(*args)
+    assert run.code == 1
+    assert "Traceback" not in run.stdout + run.stderr
+    assert len(run.error_lines) == 1, run.stderr
+    line = run.error_lines[0]
+    assert line.startswith(f"error: {factory.root}"), line  # names the file
+    assert marker(case) in line, line
+    assert not out.exists()
+    assert not list(factory.root.glob(".ckptfix-*"))
+    assert tree_snapshot(factory.root) == before
+    assert not (factory.root / "CANARY").exists()
