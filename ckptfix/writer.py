@@ -363,7 +363,12 @@ def needed_bytes(
 
 
 def check_free_space(folder: str, needed: int, out: str) -> None:
+    """Refuse up front a read-only or too-full file system, before anything is created."""
     stats = os.statvfs(folder)
+    if stats.f_flag & os.ST_RDONLY:
+        raise WriteError(
+            out, f"cannot write: {os.strerror(errno.EROFS)}", "check the folder's permissions"
+        )
     available = stats.f_bavail * stats.f_frsize
     margin = max(64 * 2**20, needed // 100)
     if needed + margin > available:
