@@ -192,3 +192,94 @@ def test_fast_json_equals_strict_json(
         assert fast is None
     else:
         assert fast is None or fast == strict
+
+
+# --- pickles, and write commands on mutated inputs ------------------------------------------
+
+
+def _torch_zip_and_legacy() -> tuple[bytes, bytes]:
+    import io
+    import zipfile
+
+    import torch
+
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    state = {"w": base, "t": base.t(), "row": base[1], "tied": base, "i": torch.arange(3)}
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as archive:
+        data_pkl = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+    legacy = io.BytesIO()
+    torch.save(state, legacy, _use_new_zipfile_serialization=False)
+    return data_pkl, legacy.getvalue()
+
+
+DATA_PKL, LEGACY = _torch_zip_and_legacy()
+WRITE_FUZZ = settings(
+    max_examples=max(EXAMPLES // 3, 20),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+
+
+def _write_attempt(source: Path, out: Path) -> None:
+    """convert must either fail with our error and leave nothing, or write valid output."""
+    import shutil
+
+    from ckptfix.errors import CkptfixError
+    from ckptfix.rewrite import convert
+
+    try:
+        convert(source, out)
+    except CkptfixError:
+        assert not out.exists()
+    else:
+        assert not [f for f in ckptfix.inspect(out).findings if f.severity.value == "error"]
+        shutil.rmtree(out)
+    assert not list(out.parent.glob(".ckptfix-*"))
+
+
+@WRITE_FUZZ
+@given(mutations(DATA_PKL))
+def test_mutated_pickle_in_zip(tmp_path: Path, blob: bytes) -> None:
+    from tests.torch_files import zip_checkpoint
+
+    storages = {str(key): bytes(48) for key in range(4)}
+    path = zip_checkpoint(tmp_path / "m.pt", blob, storages)
+    from ckptfix.errors import CkptfixError
+    from ckptfix.readers import read_weight_file
+
+    with contextlib.suppress(CkptfixError):
+        read_weight_file(str(path), str(path))
+    ckptfix.inspect(path)
+    _write_attempt(path, tmp_path / "out")
+
+
+@WRITE_FUZZ
+@given(mutations(LEGACY))
+def test_mutated_legacy_file(tmp_path: Path, blob: bytes) -> None:
+    path = tmp_path / "legacy.pt"
+    path.write_bytes(blob)
+    ckptfix.inspect(path)
+    _write_attempt(path, tmp_path / "out")
+
+
+@WRITE_FUZZ
+@given(mutations(VALID))
+def test_mutated_safetensors_through_reshard(tmp_path: Path, blob: bytes) -> None:
+    import shutil
+
+    from ckptfix.errors import CkptfixError
+    from ckptfix.rewrite import reshard
+
+    path = tmp_path / "m.safetensors"
+    path.write_bytes(blob)
+    out = tmp_path / "out"
+    try:
+        reshard(path, out, max_shard=16)
+    except CkptfixError:
+        assert not out.exists()
+    else:
+        assert ckptfix.inspect(out).exit_code() == 0
+        shutil.rmtree(out)
+    assert not list(tmp_path.glob(".ckptfix-*"))
