@@ -413,3 +413,15 @@ def test_emit_helper_builds_what_torch_reads(tmp_path: Path) -> None:
         torch.frombuffer(bytearray(range(16)), dtype=torch.float32).reshape(2, 2),
     )
     assert_matches_oracle(path, legacy=True)
+
+
+def test_legacy_pickle_claiming_a_huge_length(tmp_path: Path) -> None:
+    """Found by fuzzing: an opcode claiming 7.6e18 bytes must not be allocated or read."""
+    path = tmp_path / "legacy.pt"
+    torch.save({"w": torch.ones(4)}, path, _use_new_zipfile_serialization=False)
+    data = bytearray(path.read_bytes())
+    data[2] = 0x8E  # LONG1 becomes BINBYTES8, whose 8-byte length is absurd
+    path.write_bytes(bytes(data))
+    run = cli("inspect", path)
+    assert run.code == 1
+    assert "(rule bad-pickle;" in run.error_lines[0]

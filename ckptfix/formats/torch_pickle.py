@@ -302,7 +302,7 @@ def scan_globals(data: bytes, path: str) -> Counter[str]:
                 recent.append(memo[int(str(arg))])
             if name == "STOP":
                 break
-    except (ValueError, KeyError, IndexError, struct.error) as exc:
+    except (ValueError, KeyError, IndexError, struct.error, MemoryError) as exc:
         raise CorruptFileError(path, "bad-pickle", f"pickle is malformed: {exc}", _FIX) from exc
     return found
 
@@ -595,14 +595,39 @@ def read_legacy(path: str, display: str) -> PickleCheckpoint:
     return PickleCheckpoint(_rebind(obj, storages), storages, "torch-legacy")
 
 
+class _Bounded:
+    """A read-only view of a file that never reads past `end`: a pickle opcode claiming a
+    huge length gets a short read (and pickletools a clean error), not a huge allocation."""
+
+    def __init__(self, handle: Any, end: int) -> None:
+        self.handle = handle
+        self.end = end
+
+    def read(self, size: int = -1) -> bytes:
+        left = max(self.end - self.handle.tell(), 0)
+        data: bytes = self.handle.read(left if size < 0 else min(size, left))
+        return data
+
+    def readline(self) -> bytes:
+        line: bytes = self.handle.readline(max(self.end - self.handle.tell(), 0))
+        return line
+
+    def tell(self) -> int:
+        position: int = self.handle.tell()
+        return position
+
+
 def _pickle_end(handle: Any, display: str, what: str) -> int:
     """Walk one pickle's opcodes from the current position; return the offset after STOP."""
+    start = handle.tell()
+    size = os.fstat(handle.fileno()).st_size
+    bounded = _Bounded(handle, min(size, start + MAX_PICKLE_SIZE))
     try:
-        for opcode, _, _ in pickletools.genops(handle):
+        for opcode, _, _ in pickletools.genops(bounded):  # type: ignore[arg-type]
             if opcode.name == "STOP":
                 end: int = handle.tell()
                 return end
-    except (ValueError, KeyError, IndexError, struct.error) as exc:
+    except (ValueError, KeyError, IndexError, struct.error, MemoryError) as exc:
         raise CorruptFileError(
             display, "bad-pickle", f"{what} pickle is malformed: {exc}", _FIX
         ) from exc
