@@ -58,7 +58,13 @@ class _Collector:
             return None
         self.weights[shown] = weight_file
         self.files.append(
-            FileSummary(shown, weight_file.format.value, size, len(weight_file.tensors))
+            FileSummary(
+                shown,
+                weight_file.format.value,
+                size,
+                len(weight_file.tensors),
+                weight_file.metadata,
+            )
         )
         return weight_file
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckptfix.catalog import TensorInfo
 from ckptfix.findings import Finding, Severity
@@ -18,6 +18,8 @@ class FileSummary:
     format: str
     bytes: int
     tensor_count: int
+    # safetensors header metadata, kept for the write commands (not part of the JSON)
+    metadata: dict[str, str] | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, object]:
         return {

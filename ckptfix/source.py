@@ -11,7 +11,6 @@ from ckptfix.errors import CkptfixError, UnsupportedFormatError, UsageError
 from ckptfix.findings import Severity
 from ckptfix.folder import Family, scan_folder
 from ckptfix.formats.index import read_index
-from ckptfix.formats.safetensors import read_header
 from ckptfix.inspect import inspect
 from ckptfix.report import Report
 
@@ -88,14 +87,13 @@ def _choose_family(
 
 
 def _merged_metadata(paths: list[str], report: Report) -> dict[str, str]:
-    """String metadata of the safetensors sources (torch files have none)."""
-    formats = {item.path: item.format for item in report.files}
+    """String metadata of the safetensors sources (torch files have none), as read by
+    inspect: the first file's value wins."""
+    metadata = {item.path: item.metadata or {} for item in report.files}
     merged: dict[str, str] = {}
     for path in paths:
-        if formats.get(path) != "safetensors":
-            continue
-        for key, value in (read_header(path).metadata or {}).items():
-            merged.setdefault(key, value)  # the first file's value wins
+        for key, value in metadata.get(path, {}).items():
+            merged.setdefault(key, value)
     return merged
 
 
