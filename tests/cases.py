@@ -396,6 +396,26 @@ def _legacy_edit(edit: Callable[[bytes], bytes]) -> Callable[[Factory], Path]:
     return build
 
 
+def _zip_edit(edit: Callable[[bytes], bytes]) -> Callable[[Factory], Path]:
+    """A real torch.save zip, then damaged."""
+
+    def build(f: Factory) -> Path:
+        import torch
+
+        path = f.path("damaged.pt")
+        torch.save({"w": torch.ones(64)}, path)
+        path.write_bytes(edit(path.read_bytes()))
+        return path
+
+    return build
+
+
+def _flip_in_pickle(data: bytes) -> bytes:
+    """Change one byte inside data.pkl (a string it holds) so its CRC-32 no longer matches."""
+    at = data.index(b"FloatStorage")
+    return data[:at] + b"G" + data[at + 1 :]
+
+
 def _torchscript(f: Factory) -> Path:
     import torch
 
@@ -483,6 +503,8 @@ PICKLE_CASES = [
         ),
         "bad-magic",
     ),
+    Case("zip-crc-mismatch", _zip_edit(_flip_in_pickle), "bad-zip"),
+    Case("zip-truncated", _zip_edit(lambda b: b[: len(b) // 2]), "bad-zip"),
     Case("torchscript", _torchscript, "torchscript", "unsupported-format"),
     Case("tar-format", _tar, "tar", "unsupported-format"),
 ]
