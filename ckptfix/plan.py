@@ -31,6 +31,7 @@ class ShardPlan:
     copied_files: tuple[str, ...] = ()
     left_out: tuple[str, ...] = ()
     dropped_bytes: int = 0  # what writing every dropped name as its own copy would add
+    excluded: tuple[str, ...] = ()  # left out by --exclude
 
     @property
     def total_size(self) -> int:
@@ -49,6 +50,7 @@ class ShardPlan:
             "oversized": list(self.oversized),
             "dropped": dict(self.dropped),
             "dropped_bytes": self.dropped_bytes,
+            "excluded": list(self.excluded),
             "renamed": dict(self.renamed),
             "copied_files": list(self.copied_files),
             "left_out": list(self.left_out),

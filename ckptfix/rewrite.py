@@ -149,6 +149,7 @@ def _write(
         dropped=dict(selection.dropped),
         renamed=dict(selection.renamed),
         dropped_bytes=selection.dropped_bytes,
+        excluded=selection.excluded,
     )
     if dry_run:
         return RewriteResult(checkpoint.report, plan, None)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ckptfix.catalog import TensorInfo
-from ckptfix.checks import WRAPPER_PREFIXES, common_wrapper_prefixes
+from ckptfix.checks import common_wrapper_prefixes
 from ckptfix.dtypes import DTYPES
 from ckptfix.errors import UsageError
 from ckptfix.gather import tensor_bytes
@@ -27,7 +27,6 @@ class Selection:
     dropped: dict[str, str] = field(default_factory=dict)  # dropped name -> kept name
     renamed: dict[str, str] = field(default_factory=dict)  # source name -> output name
     excluded: tuple[str, ...] = ()
-    stripped: tuple[str, ...] = ()
     dropped_bytes: int = 0
 
 
@@ -110,7 +109,7 @@ def select(
             continue
         target = dtype if dtype and DTYPES[tensor.dtype].is_floating else tensor.dtype
         out.append(OutTensor(name, tensor, target))
-    return Selection(tuple(out), dropped, renamed, excluded, tuple(prefixes), dropped_bytes)
+    return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes)
 
 
 def _aliases(tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]) -> dict[str, str]:
@@ -158,7 +157,3 @@ def _drop_all_but_one(groups: Iterable[list[str]], keep: str) -> dict[str, str]:
         kept = _keeper(names, keep)
         dropped.update({name: kept for name in names if name != kept})
     return dropped
-
-
-def describe_prefixes(prefixes: Sequence[str]) -> str:
-    return ", ".join(f"{p!r} ({WRAPPER_PREFIXES.get(p, 'given')})" for p in prefixes)

@@ -201,13 +201,34 @@ def test_exclude_and_explicit_prefix(tmp_path: Path) -> None:
         source,
     )
     out = tmp_path / "out"
-    assert (
-        cli(
-            "convert", source, "-o", out, "--strip-prefix", "module.", "--exclude", "module.aux.*"
-        ).code
-        == 0
+    run = cli(
+        "convert",
+        source,
+        "-o",
+        out,
+        "--strip-prefix",
+        "module.",
+        "--exclude",
+        "module.aux.*",
+        "--json",
     )
+    assert run.code == 0
+    assert run.json()["plan"]["excluded"] == ["module.aux.c"]
+    assert run.json()["plan"]["renamed"] == {"module.a": "a", "module.b": "b"}
     assert sorted(load_file(out / "model.safetensors")) == ["a", "b"]
+    human = cli(
+        "convert",
+        source,
+        "-o",
+        tmp_path / "again",
+        "--strip-prefix",
+        "module.",
+        "--exclude",
+        "module.aux.*",
+        "--dry-run",
+    )
+    assert "excluded 1 tensor(s): module.aux.c" in human.stdout
+    assert "renamed 2 tensor(s), e.g. module.a → a" in human.stdout
 
 
 def test_dtype_casts_floating_tensors_only(tmp_path: Path) -> None:

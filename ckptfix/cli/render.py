@@ -146,6 +146,14 @@ def rewrite(result: RewriteResult) -> None:
     if plan.renamed:
         old_name, new_name = next(iter(plan.renamed.items()))
         console.print(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))
+    if plan.excluded:
+        console.print(
+            Text(
+                f"excluded {len(plan.excluded)} tensor(s): "
+                + ", ".join(plan.excluded[:6])
+                + (" ..." if len(plan.excluded) > 6 else "")
+            )
+        )
     if plan.copied_files:
         console.print(Text("copied: " + ", ".join(plan.copied_files)))
     if plan.left_out:
