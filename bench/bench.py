@@ -272,18 +272,19 @@ def timed_write(command: list[str], out: Path, source: Path, repeat: int) -> Mea
     return Measure(statistics.median(s.wall for s in samples), max(s.rss_mib for s in samples))
 
 
+def cp_and_sync(source: Path, out: Path, repeat: int) -> Measure:
+    """The reference for a write command: copy the file, then fsync the copy."""
+    command = f"mkdir {out} && cp {source} {out}/ && sync {out}/{source.name}"
+    return timed_write(["sh", "-c", command], out, source, repeat)
+
+
 def bench_reshard(inputs: dict[str, Path], repeat: int) -> list[str]:
     source = inputs["single"]
     out = CACHE / "bench-out"
     size = data_size(source)
-    cp = timed_write(
-        ["sh", "-c", f"mkdir {out} && cp {source} {out}/ && sync {out}/{source.name}"],
-        out,
-        source,
-        repeat,
-    )
+    cp = cp_and_sync(source, out, repeat)
     ours = timed_write(
-        [*CKPTFIX, "reshard", str(source), "-o", str(out), "--max-shard", "500MB"],
+        [*CKPTFIX, "reshard", str(source), "-o", str(out), "--max-shard", "500MB", "--json"],
         out,
         source,
         repeat,
@@ -359,12 +360,7 @@ def bench_convert(inputs: dict[str, Path], repeat: int) -> list[str]:
     source = ensure_bin(inputs["single"])
     out = CACHE / "bench-out"
     size = data_size(source)
-    cp = timed_write(
-        ["sh", "-c", f"mkdir {out} && cp {source} {out}/ && sync {out}/{source.name}"],
-        out,
-        source,
-        repeat,
-    )
+    cp = cp_and_sync(source, out, repeat)
     ours = timed_write(
         [*CKPTFIX, "convert", str(source), "-o", str(out), "--json"], out, source, repeat
     )
