@@ -309,10 +309,19 @@ def bench_reshard(inputs: dict[str, Path], repeat: int) -> list[str]:
     flat = []
     for key in ("half", "single", "four"):
         measure = timed_write(
-            [*CKPTFIX, "reshard", str(inputs[key]), "-o", str(out), "--max-shard", "500MB"],
+            [
+                *CKPTFIX,
+                "reshard",
+                str(inputs[key]),
+                "-o",
+                str(out),
+                "--max-shard",
+                "500MB",
+                "--json",
+            ],
             out,
             inputs[key],
-            max(1, repeat // 2),
+            2,
         )
         flat.append((key, data_size(inputs[key]), measure))
     small, large = flat[0][2].rss_mib, flat[-1][2].rss_mib
