@@ -98,6 +98,16 @@ class Staging:
                 "check the folder's permissions",
             ) from exc
         self.committed = False
+        self.swapping = False
+        self.deferred: Interrupted | None = None
+
+    def interrupt(self, signal_name: str, exit_code: int) -> None:
+        """What a signal does: stop the write, unless it is being committed or is done."""
+        error = Interrupted(self.out, signal_name, exit_code)
+        if self.swapping:
+            self.deferred = error
+        elif not self.committed:
+            raise error
 
     def remove(self) -> None:
         if not self.committed:
@@ -106,15 +116,17 @@ class Staging:
     def commit(self) -> None:
         """fsync the staging folder, then swap it in as OUT (atomically where possible).
 
-        SIGINT and SIGTERM are held back meanwhile, so a signal cannot split the swap
-        from the clean-up of the old folder.
+        A SIGINT or SIGTERM that arrives meanwhile is deferred (see `staged`), so a signal
+        cannot split the swap from the clean-up of the old folder; once the swap is done
+        the output is complete and the signal no longer undoes anything.
         """
-        held = {signal.SIGINT, signal.SIGTERM}
-        previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+        self.swapping = True
         try:
             self._swap()
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            self.swapping = False
+        if self.deferred is not None and not self.committed:
+            raise self.deferred
 
     def _swap(self) -> None:
         os.chmod(self.path, 0o777 & ~_umask())
@@ -143,20 +155,21 @@ class Staging:
 
 @contextlib.contextmanager
 def staged(out: str) -> Iterator[Staging]:
-    """Yield a Staging for OUT; remove it unless committed, whatever happens (SIGTERM too)."""
+    """Yield a Staging for OUT; remove it unless committed, whatever happens (SIGINT and
+    SIGTERM too). Python runs signal handlers in the main thread between bytecodes, so the
+    handlers below see the staging state exactly, whichever thread the signal reached."""
     staging = Staging(out)
 
-    def on_sigterm(signum: int, frame: FrameType | None) -> None:
-        raise Interrupted(out, "SIGTERM", 128 + signal.SIGTERM)
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        staging.interrupt(signal.Signals(signum).name, 128 + signum)
 
     # Signal handlers can only be set from the main thread; elsewhere the caller owns them.
     main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, on_sigterm) if main_thread else None
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(signum, on_signal) for signum in held] if main_thread else []
     try:
         yield staging
-    except KeyboardInterrupt:
-        raise Interrupted(out, "SIGINT", 128 + signal.SIGINT) from None
     finally:
         staging.remove()
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in zip(held, previous, strict=False):
+            signal.signal(signum, handler)

@@ -304,3 +304,51 @@ def test_real_enospc_mid_write(
     with pytest.raises(WriteError, match="no space left on device"):
         RUNNERS[command](source, out, max_shard=2 * 10**6)
     assert list(tiny.iterdir()) == []
+
+
+def test_signal_held_during_the_swap_does_not_undo_it(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM arriving while the swap holds signals is delivered right after it; by then the
+    output is complete, and the command finishes normally instead of claiming otherwise."""
+    from ckptfix import staging
+
+    real_swap = staging.Staging._swap
+
+    def swap_then_signal(self: staging.Staging) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # held back until the swap is over
+        real_swap(self)
+
+    monkeypatch.setattr(staging.Staging, "_swap", swap_then_signal)
+    out = tmp_path / "out"
+    result = reshard(sources["reshard"], out, max_shard=30 * 10**6)
+    assert result.written is not None
+    assert ckptfix.inspect(out).findings == ()
+
+
+def test_ctrl_c_mid_write(
+    sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptfix.errors import Interrupted
+
+    real = writer.copy_range
+    calls = 0
+
+    def copy_then_ctrl_c(*args: object, **kwargs: object) -> None:
+        nonlocal calls
+        real(*args, **kwargs)  # type: ignore[arg-type]
+        calls += 1
+        if calls == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(writer, "copy_range", copy_then_ctrl_c)
+    out = tmp_path / "out"
+    with pytest.raises(Interrupted) as caught:
+        reshard(sources["reshard"], out, max_shard=30 * 10**6)
+    assert caught.value.exit_code == 130
+    assert caught.value.line() == (
+        f"error: {out}: interrupted by SIGINT; the output was left as it was"
+    )
+    assert not out.exists()
+    assert not list(tmp_path.glob(".ckptfix-*"))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
