@@ -18,6 +18,7 @@ import tempfile
 import threading
 from collections.abc import Iterator
 from types import FrameType
+from typing import Any
 
 from ckptfix.errors import Interrupted, UsageError, WriteError
 
@@ -163,13 +164,16 @@ def staged(out: str) -> Iterator[Staging]:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         staging.interrupt(signal.Signals(signum).name, 128 + signum)
 
-    # Signal handlers can only be set from the main thread; elsewhere the caller owns them.
-    main_thread = threading.current_thread() is threading.main_thread()
-    held = (signal.SIGINT, signal.SIGTERM)
-    previous = [signal.signal(signum, on_signal) for signum in held] if main_thread else []
+    # Handlers can only be set from the main thread (elsewhere the caller owns them), and a
+    # signal the caller ignores (nohup, a background job's SIGINT) stays ignored.
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for held in (signal.SIGINT, signal.SIGTERM):
+            if signal.getsignal(held) is not signal.SIG_IGN:
+                previous[held] = signal.signal(held, on_signal)
     try:
         yield staging
     finally:
         staging.remove()
-        for signum, handler in zip(held, previous, strict=False):
-            signal.signal(signum, handler)
+        for held, handler in previous.items():
+            signal.signal(held, handler)

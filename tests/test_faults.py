@@ -342,13 +342,27 @@ def test_ctrl_c_mid_write(
             os.kill(os.getpid(), signal.SIGINT)
 
     monkeypatch.setattr(writer, "copy_range", copy_then_ctrl_c)
+    # As at an interactive shell (CI may run tests with SIGINT ignored, which ckptfix keeps).
+    outer = signal.signal(signal.SIGINT, signal.default_int_handler)
     out = tmp_path / "out"
-    with pytest.raises(Interrupted) as caught:
-        reshard(sources["reshard"], out, max_shard=30 * 10**6)
+    try:
+        with pytest.raises(Interrupted) as caught:
+            reshard(sources["reshard"], out, max_shard=30 * 10**6)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+    finally:
+        signal.signal(signal.SIGINT, outer)
     assert caught.value.exit_code == 130
     assert caught.value.line() == (
         f"error: {out}: interrupted by SIGINT; the output was left as it was"
     )
     assert not out.exists()
     assert not list(tmp_path.glob(".ckptfix-*"))
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+def test_an_ignored_signal_stays_ignored(sources: dict[str, Path], tmp_path: Path) -> None:
+    outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        reshard(sources["reshard"], tmp_path / "out", max_shard=30 * 10**6)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, outer)
