@@ -175,5 +175,5 @@ def staged(out: str) -> Iterator[Staging]:
         yield staging
     finally:
         staging.remove()
-        for held, handler in previous.items():
-            signal.signal(held, handler)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
