@@ -4,8 +4,6 @@ dedupe and dtype casts, decided as data before anything is written."""
 from __future__ import annotations
 
 import fnmatch
-import hashlib
-import os
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
@@ -15,7 +13,7 @@ from ckptfix.catalog import TensorInfo
 from ckptfix.checks import common_wrapper_prefixes
 from ckptfix.dtypes import DTYPES
 from ckptfix.errors import UsageError
-from ckptfix.gather import tensor_bytes
+from ckptfix.values import content_groups
 from ckptfix.writer import OutTensor
 
 
@@ -126,27 +124,11 @@ def _aliases(tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]) 
 def _same_content(
     tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]
 ) -> dict[str, str]:
-    """Separately stored tensors with equal dtype, shape and bytes; only candidates whose
-    dtype and shape collide are read and hashed."""
-    candidates: dict[tuple[object, ...], list[TensorInfo]] = defaultdict(list)
-    for t in tensors:
-        if t.nbytes:
-            candidates[(t.dtype, t.shape)].append(t)
-    groups: dict[tuple[object, ...], list[str]] = defaultdict(list)
-    handles: dict[str, int] = {}
-    try:
-        for key, members in candidates.items():
-            if len(members) < 2:
-                continue
-            for t in members:
-                if t.file not in handles:
-                    handles[t.file] = os.open(t.file, os.O_RDONLY)
-                digest = hashlib.blake2b(tensor_bytes(handles[t.file], t), digest_size=32).digest()
-                groups[(key, digest)].append(renamed.get(t.name, t.name))
-    finally:
-        for fd in handles.values():
-            os.close(fd)
-    return _drop_all_but_one(groups.values(), keep)
+    """Separately stored tensors with equal dtype, shape and bytes (see values.content_groups:
+    only tensors whose dtype and shape collide are read and hashed)."""
+    groups = content_groups(tensors, lambda path: path)
+    names = [[renamed.get(t.name, t.name) for t in group] for group in groups]
+    return _drop_all_but_one(names, keep)
 
 
 def _drop_all_but_one(groups: Iterable[list[str]], keep: str) -> dict[str, str]:

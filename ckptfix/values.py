@@ -7,6 +7,7 @@ every float format (bf16 and fp8 included) without torch and without float conve
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 from ckptfix.catalog import TensorInfo
 from ckptfix.errors import CorruptFileError
 from ckptfix.findings import Finding, finding, name_list
+from ckptfix.gather import tensor_bytes
 from ckptfix.sizes import format_size
 
 if TYPE_CHECKING:
@@ -48,9 +50,23 @@ def iter_bytes(path: str, byte_range: tuple[int, int], display: str) -> Iterator
             yield view[:size]
 
 
+def tensor_chunks(path: str, tensor: TensorInfo) -> Iterator[memoryview]:
+    """A tensor's row-major bytes in bounded chunks. A contiguous tensor is streamed from its
+    byte range; a strided view (pickles) is gathered first, since its byte range is the
+    storage span it reads, not its content."""
+    if tensor.contiguous:
+        yield from iter_bytes(path, tensor.byte_range, tensor.file)
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield memoryview(tensor_bytes(fd, tensor))
+    finally:
+        os.close(fd)
+
+
 def digest(path: str, tensor: TensorInfo) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
-    for chunk in iter_bytes(path, tensor.byte_range, tensor.file):
+    for chunk in tensor_chunks(path, tensor):
         hasher.update(chunk)
     return hasher.digest()
 
@@ -146,7 +162,7 @@ def count_non_finite(path: str, tensor: TensorInfo) -> tuple[int, int]:
     unsigned = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[bits.width]
     nan = inf = 0
     # CHUNK is a multiple of every element width, so chunks never split an element.
-    for chunk in iter_bytes(path, tensor.byte_range, tensor.file):
+    for chunk in tensor_chunks(path, tensor):
         values = np.frombuffer(chunk, dtype=np.dtype(unsigned).newbyteorder("<"))
         chunk_nan, chunk_inf = _count_non_finite(values, bits)
         nan += chunk_nan

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -126,3 +128,17 @@ def test_hash_across_shards(factory: Factory) -> None:
     assert [(item.code, item.tensors) for item in report.findings] == [
         ("duplicate-content", ("x", "y"))
     ]
+
+
+def test_strided_views_are_hashed_and_scanned_by_content(tmp_path: Path) -> None:
+    """A view's byte range is the storage span it reads; --hash and --scan-values must use
+    its elements. Two views with equal spans but different strides are not duplicates."""
+    base = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    other = base.clone()
+    other[0, 1] = float("nan")  # inside the span, outside the column view below
+    path = tmp_path / "views.pt"
+    torch.save({"col": base[:, 0], "other_col": other[:, 0]}, path)
+    report = ckptfix.inspect(path, hash=True, scan_values=True)
+    duplicates = [f.tensors for f in report.findings if f.code == "duplicate-content"]
+    assert duplicates == [("col", "other_col")]  # equal elements, different spans
+    assert not [f for f in report.findings if f.code == "non-finite"]
