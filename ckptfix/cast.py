@@ -3,25 +3,13 @@ numpy dtype). torch is imported here and nowhere else on the convert path."""
 
 from __future__ import annotations
 
-from ckptfix.dtypes import DTYPES
+from ckptfix.dtypes import DTYPES, TORCH_NAMES
 from ckptfix.errors import UsageError
-from ckptfix.formats.torch_pickle import TORCH_DTYPES
 
 CAST_TARGETS = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 
 
-def _torch_names() -> dict[str, str]:
-    """safetensors dtype -> torch attribute, the first (canonical) name of each."""
-    names: dict[str, str] = {}
-    for attribute, dtype in TORCH_DTYPES.items():
-        names.setdefault(dtype, attribute)
-    return names
-
-
-TORCH_NAMES = _torch_names()
-
-
-def cast_bytes(data: bytes, source: str, target: str) -> bytes:
+def cast_bytes(data: bytes | memoryview, source: str, target: str) -> bytes:
     """Cast raw little-endian elements from one floating dtype to another (round to nearest)."""
     try:
         import torch
@@ -31,7 +19,7 @@ def cast_bytes(data: bytes, source: str, target: str) -> bytes:
         raise UsageError(
             "--dtype", f"cannot cast {source} to {target}", "cast floating dtypes only"
         )
-    if not data:
+    if not len(data):
         return b""
     values = torch.frombuffer(bytearray(data), dtype=getattr(torch, TORCH_NAMES[source]))
     cast = values.to(getattr(torch, TORCH_NAMES[target]))

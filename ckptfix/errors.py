@@ -7,6 +7,7 @@ class CkptfixError(Exception):
     """Base of every error ckptfix raises on purpose."""
 
     exit_code = 1
+    code: str | None = None  # the finding code inspect reports for it, when there is one
 
     def __init__(self, path: str | None, what: str, fix: str | None = None) -> None:
         self.path = path
@@ -37,6 +38,8 @@ class InputNotFoundError(UsageError):
 class CorruptFileError(CkptfixError):
     """A file cannot be parsed or breaks a validation rule; `rule` names the rule."""
 
+    code = "corrupt-file"
+
     def __init__(self, path: str | None, rule: str, what: str, fix: str | None = None) -> None:
         self.rule = rule
         super().__init__(path, what, fix)
@@ -49,9 +52,19 @@ class CorruptFileError(CkptfixError):
 class LfsPointerError(CorruptFileError):
     """A weight file is a Git LFS pointer stub, not the weights."""
 
+    code = "lfs-pointer"
+
+
+class DuplicateNameError(CorruptFileError):
+    """Two tensors of one file would have the same name, so one would be lost."""
+
+    code = "duplicate-name"
+
 
 class UnsupportedFormatError(CkptfixError):
     """A file is of a kind ckptfix recognises but does not read (yet, or ever)."""
+
+    code = "unsupported-format"
 
 
 class WriteError(CkptfixError):
@@ -72,3 +85,5 @@ class Interrupted(CkptfixError):
 
 class UnsafePickleError(CkptfixError):
     """A pickle names a global outside the allowlist; it was not loaded."""
+
+    code = "unsafe-pickle"

@@ -1,60 +1,125 @@
-"""Materialising a strided view as row-major bytes, one tensor at a time (numpy, no torch)."""
+"""Materialising a strided view as row-major bytes, in bounded chunks (numpy, no torch).
+
+The view's storage span is read once; blocks of whole rows are copied out of it one at a
+time, so a tensor that expands 4 bytes into 16 GiB streams through a buffer of at most
+CHUNK bytes. The element address range is recomputed here from shape, strides and offset
+and checked against the span, whatever the descriptor claims: nothing outside the span
+read for it ever reaches an output.
+"""
 
 from __future__ import annotations
 
-import mmap
 import os
+from collections.abc import Iterator
+from typing import Any
 
 from ckptfix.catalog import TensorInfo
 from ckptfix.dtypes import DTYPES
+from ckptfix.errors import CorruptFileError
 
-_UNSIGNED = {1: "u1", 2: "<u2", 4: "<u4", 8: "<u8"}
+CHUNK = 16 * 2**20
+
+
+def tensor_chunks(fd: int, tensor: TensorInfo, chunk: int = CHUNK) -> Iterator[bytes]:
+    """The tensor's elements in row-major order, in pieces of at most `chunk` bytes (a
+    piece never splits an element)."""
+    if tensor.nbytes == 0:
+        return
+    if tensor.contiguous or tensor.strides is None:
+        yield from _read_chunks(fd, tensor.byte_range[0], tensor.nbytes, chunk)
+        return
+    yield from _gather(fd, tensor, chunk)
 
 
 def tensor_bytes(fd: int, tensor: TensorInfo) -> bytes:
-    """The tensor's elements in row-major order, read from its storage span in the file.
-
-    Only the span is mapped (resident pages count towards RSS), and the result is one
-    tensor's bytes, so peak memory stays near the size of the largest tensor.
-    """
-    import numpy as np
-
-    begin, end = tensor.byte_range
-    if tensor.nbytes == 0:
-        return b""
-    if tensor.contiguous or tensor.strides is None:
-        return _read_exact(fd, begin, tensor.nbytes)
-    itemsize = DTYPES[tensor.dtype].bits // 8
-    base = begin - begin % mmap.ALLOCATIONGRANULARITY
-    mapped = mmap.mmap(fd, end - base, access=mmap.ACCESS_READ, offset=base)
-    try:
-        flat = np.frombuffer(
-            mapped,
-            dtype=np.dtype(_UNSIGNED[itemsize]),
-            offset=begin - base,
-            count=(end - begin) // itemsize,
-        )
-        view = np.lib.stride_tricks.as_strided(
-            flat,
-            shape=tensor.shape,
-            strides=[s * itemsize for s in tensor.strides],
-            writeable=False,
-        )
-        data = np.ascontiguousarray(view).tobytes()
-        del view, flat
-    finally:
-        mapped.close()
-    return data
+    """The whole tensor's row-major bytes (for callers that need it in memory at once)."""
+    return b"".join(tensor_chunks(fd, tensor))
 
 
-def _read_exact(fd: int, offset: int, size: int) -> bytes:
-    """pread in a loop: one call returns at most about 2 GiB on Linux."""
+def _read_chunks(fd: int, offset: int, size: int, chunk: int) -> Iterator[bytes]:
+    while size:
+        data = read_exact(fd, offset, min(size, chunk))
+        offset += len(data)
+        size -= len(data)
+        yield data
+
+
+def read_exact(fd: int, offset: int, size: int) -> bytes:
+    """pread in a loop (one call returns at most about 2 GiB on Linux); a file that ends
+    early changed under us or was truncated."""
     parts = []
     while size:
-        chunk = os.pread(fd, min(size, 1 << 30), offset)
-        if not chunk:
-            raise OSError(f"file ended at byte {offset}")
-        parts.append(chunk)
-        offset += len(chunk)
-        size -= len(chunk)
+        part = os.pread(fd, min(size, 1 << 30), offset)
+        if not part:
+            raise SourceChanged(offset)
+        parts.append(part)
+        offset += len(part)
+        size -= len(part)
     return b"".join(parts)
+
+
+class SourceChanged(OSError):
+    """A source file ended before a byte range it held when it was read."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(f"file ended at byte {offset}")
+        self.offset = offset
+
+
+def _checked_layout(tensor: TensorInfo) -> tuple[list[int], list[int], int]:
+    """Shape and byte strides without size-1 dimensions, and the span the view needs;
+    refuses a view whose elements fall outside its byte range."""
+    itemsize = DTYPES[tensor.dtype].bits // 8
+    assert tensor.strides is not None
+    pairs = [(d, s) for d, s in zip(tensor.shape, tensor.strides, strict=True) if d != 1]
+    shape = [d for d, _ in pairs]
+    strides = [s * itemsize for _, s in pairs]
+    low = sum((d - 1) * s for d, s in pairs if s < 0) * itemsize
+    high = sum((d - 1) * s for d, s in pairs if s > 0) * itemsize + itemsize
+    begin, end = tensor.byte_range
+    if low < 0 or high > end - begin:
+        raise CorruptFileError(
+            tensor.file,
+            "view-out-of-bounds",
+            f"tensor {tensor.name!r} would read bytes outside its storage",
+            "re-export the checkpoint",
+        )
+    return shape, strides, high
+
+
+def _row_blocks(shape: list[int], itemsize: int, chunk: int) -> tuple[int, int]:
+    """(k, rows): dimensions k.. form one row of at most `chunk` bytes; `rows` rows of
+    dimension k-1 are copied per block."""
+    row = itemsize
+    k = len(shape)
+    while k > 0 and row * shape[k - 1] <= chunk:
+        row *= shape[k - 1]
+        k -= 1
+    return k, max(chunk // row, 1)
+
+
+def _gather(fd: int, tensor: TensorInfo, chunk: int) -> Iterator[bytes]:
+    import numpy as np
+
+    itemsize = DTYPES[tensor.dtype].bits // 8
+    shape, strides, span = _checked_layout(tensor)
+    # Read, not mapped: a source truncated by someone else while we work must be an error
+    # (a short read), never SIGBUS on a mapped page past the new end of the file.
+    stored = np.frombuffer(read_exact(fd, tensor.byte_range[0], span), dtype=np.uint8)
+    view = np.lib.stride_tricks.as_strided(
+        stored, shape=[*shape, itemsize], strides=[*strides, 1], writeable=False
+    )
+    yield from _blocks(view, shape, itemsize, chunk)
+
+
+def _blocks(array: Any, shape: list[int], itemsize: int, chunk: int) -> Iterator[bytes]:
+    import numpy as np
+
+    k, rows = _row_blocks(shape, itemsize, chunk)
+    if k == 0:
+        yield np.ascontiguousarray(array).tobytes()
+        return
+    for index in np.ndindex(*shape[: k - 1]):
+        outer = array[index]
+        for start in range(0, shape[k - 1], rows):
+            yield np.ascontiguousarray(outer[start : start + rows]).tobytes()

@@ -10,11 +10,9 @@ from dataclasses import dataclass, field
 from ckptfix import checks, values
 from ckptfix.catalog import TensorInfo
 from ckptfix.errors import (
+    CkptfixError,
     CorruptFileError,
     InputNotFoundError,
-    LfsPointerError,
-    UnsafePickleError,
-    UnsupportedFormatError,
     UsageError,
 )
 from ckptfix.findings import Finding, finding
@@ -44,17 +42,10 @@ class _Collector:
         size = os.path.getsize(real)
         try:
             weight_file = read_weight_file(real, shown, self.key)
-        except LfsPointerError as exc:
-            self._failed(shown, FileFormat.LFS_POINTER, size, "lfs-pointer", exc.detail())
-            return None
-        except UnsafePickleError as exc:
-            self._failed(shown, sniff_path(real), size, "unsafe-pickle", exc.detail())
-            return None
-        except CorruptFileError as exc:
-            self._failed(shown, sniff_path(real), size, "corrupt-file", exc.detail())
-            return None
-        except UnsupportedFormatError as exc:
-            self._failed(shown, sniff_path(real), size, "unsupported-format", exc.detail())
+        except CkptfixError as exc:
+            if exc.code is None:
+                raise
+            self._failed(shown, sniff_path(real), size, exc.code, exc.detail())
             return None
         self.weights[shown] = weight_file
         self.files.append(

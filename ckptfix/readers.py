@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ckptfix.catalog import TensorInfo
 from ckptfix.errors import CorruptFileError, LfsPointerError, UnsupportedFormatError
-from ckptfix.formats import safetensors, torch_pickle
+from ckptfix.formats import safetensors, tensor_dict, torch_legacy, torch_zip
 from ckptfix.sizes import format_size
 from ckptfix.sniff import SNIFF_BYTES, FileFormat, describe, sniff
 
@@ -47,35 +47,32 @@ def _lfs_error(head: bytes, display: str) -> LfsPointerError:
 
 
 def read_torch_file(path: str, display: str, fmt: FileFormat, key: str = "auto") -> WeightFile:
-    """A PyTorch zip or legacy file, read without executing it (see formats.torch_pickle)."""
+    """A PyTorch zip or legacy file, read without executing it (see formats.unpickler)."""
     try:
         if fmt is FileFormat.TORCH_ZIP:
-            checkpoint = torch_pickle.read_zip(path, display)
+            checkpoint = torch_zip.read_zip(path, display)
         else:
-            checkpoint = torch_pickle.read_legacy(path, display)
+            checkpoint = torch_legacy.read_legacy(path, display)
     except OSError as exc:
         raise CorruptFileError(
             display, "unreadable", f"cannot read the file: {exc.strerror}", "check its permissions"
         ) from exc
-    found = torch_pickle.find_tensor_dict(checkpoint.obj, key, display)
-    torch_pickle.check_views(display, list(found.tensors.items()))
-    tensors = []
-    for name, ref in found.tensors.items():
-        begin, end = ref.span
-        start = ref.storage.begin
-        tensors.append(
-            TensorInfo(
-                name=name,
-                dtype=ref.dtype,
-                shape=ref.shape,
-                nbytes=ref.numel * ref.itemsize,
-                file=display,
-                byte_range=(start + begin, start + end),
-                contiguous=ref.contiguous,
-                storage=ref.storage.key,
-                strides=ref.stride,
-            )
+    found = tensor_dict.find_tensor_dict(checkpoint.obj, key, display)
+    views = tensor_dict.check_views(display, found.tensors, checkpoint.storages)
+    tensors = [
+        TensorInfo(
+            name=view.name,
+            dtype=view.dtype,
+            shape=view.shape,
+            nbytes=view.numel * view.itemsize,
+            file=display,
+            byte_range=(view.storage.begin + view.span[0], view.storage.begin + view.span[1]),
+            contiguous=view.contiguous,
+            storage=view.storage.key,
+            strides=view.stride,
         )
+        for view in views
+    ]
     return WeightFile(
         path=display,
         format=fmt,

@@ -8,7 +8,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ckptfix.cast import TORCH_NAMES
+from ckptfix.dtypes import TORCH_NAMES
 from ckptfix.errors import CorruptFileError, VerificationError
 from ckptfix.gather import tensor_bytes
 from ckptfix.plan import ShardPlan
@@ -40,7 +40,7 @@ def write_torch_shards(
                 tensor = tensors[name]
                 if tensor.source.file not in handles:
                     handles[tensor.source.file] = os.open(tensor.source.file, os.O_RDONLY)
-                data = produce(handles[tensor.source.file], tensor)
+                data = b"".join(produce(handles[tensor.source.file], tensor))
                 digests[name] = hashlib.blake2b(data, digest_size=32).digest()
                 dtype = getattr(torch, TORCH_NAMES[tensor.dtype])
                 values = (

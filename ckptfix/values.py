@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ckptfix import gather
 from ckptfix.catalog import TensorInfo
 from ckptfix.errors import CorruptFileError
 from ckptfix.findings import Finding, finding, name_list
-from ckptfix.gather import tensor_bytes
 from ckptfix.sizes import format_size
 
 if TYPE_CHECKING:
@@ -52,14 +52,15 @@ def iter_bytes(path: str, byte_range: tuple[int, int], display: str) -> Iterator
 
 def tensor_chunks(path: str, tensor: TensorInfo) -> Iterator[memoryview]:
     """A tensor's row-major bytes in bounded chunks. A contiguous tensor is streamed from its
-    byte range; a strided view (pickles) is gathered first, since its byte range is the
-    storage span it reads, not its content."""
+    byte range; a strided view (pickles) is gathered block by block, since its byte range
+    is the storage span it reads, not its content."""
     if tensor.contiguous:
         yield from iter_bytes(path, tensor.byte_range, tensor.file)
         return
     fd = os.open(path, os.O_RDONLY)
     try:
-        yield memoryview(tensor_bytes(fd, tensor))
+        for chunk in gather.tensor_chunks(fd, tensor, CHUNK):
+            yield memoryview(chunk)
     finally:
         os.close(fd)
 

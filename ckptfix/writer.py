@@ -22,7 +22,7 @@ from ckptfix.catalog import TensorInfo
 from ckptfix.dtypes import DTYPES
 from ckptfix.errors import CkptfixError, CorruptFileError, VerificationError, WriteError
 from ckptfix.formats.safetensors import HeaderEntry, encode_header, read_header
-from ckptfix.gather import tensor_bytes
+from ckptfix.gather import tensor_chunks
 from ckptfix.plan import PlannedShard, ShardPlan
 from ckptfix.sizes import format_size
 
@@ -89,12 +89,13 @@ class OutTensor:
         return cls(source.name, source, source.dtype)
 
 
-def produce(fd: int, tensor: OutTensor) -> bytes:
-    """The output bytes of a tensor that is not streamed: gathered, then cast if asked."""
-    data = tensor_bytes(fd, tensor.source)
-    if tensor.dtype != tensor.source.dtype:
-        data = cast_bytes(data, tensor.source.dtype, tensor.dtype)
-    return data
+def produce(fd: int, tensor: OutTensor) -> Iterator[bytes]:
+    """The output bytes of a tensor that is not streamed, in bounded chunks: gathered
+    (strided views), then cast if asked."""
+    for chunk in tensor_chunks(fd, tensor.source):
+        if tensor.dtype != tensor.source.dtype:
+            chunk = cast_bytes(chunk, tensor.source.dtype, tensor.dtype)
+        yield chunk
 
 
 class _Sources:
@@ -330,8 +331,17 @@ def _verify_tensors(
             )
 
 
-def _digest(data: bytes) -> bytes:
-    return hashlib.blake2b(data, digest_size=32).digest()
+def _write_produced(
+    fd: int, offset: int, chunks: Iterable[bytes], advance: Callable[[int], None]
+) -> bytes:
+    """Write produced chunks one after another; return the digest of all of them."""
+    hasher = hashlib.blake2b(digest_size=32)
+    for chunk in chunks:
+        _write_all(fd, chunk, offset)
+        hasher.update(chunk)
+        offset += len(chunk)
+        advance(len(chunk))
+    return hasher.digest()
 
 
 def _range_digest(fd: int, byte_range: tuple[int, int]) -> bytes:
@@ -487,12 +497,10 @@ def write_shards(
                             advance,
                             source.file,
                         )
-                    else:  # one tensor in memory at a time
-                        data = produce(sources.fd(source.file), tensor)
-                        _write_all(fd, data, offset)
-                        digests[name] = _digest(data)
-                        advance(len(data))
-                        del data
+                    else:  # gathered or cast in bounded chunks
+                        digests[name] = _write_produced(
+                            fd, offset, produce(sources.fd(source.file), tensor), advance
+                        )
                     placed.append((name, offset))
                     offset += tensor.nbytes
                     unflushed += tensor.nbytes

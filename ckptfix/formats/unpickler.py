@@ -1,0 +1,290 @@
+"""Restricted unpickling: the only objects a checkpoint's pickle can reach are inert.
+
+A pickle is first walked by `pickle_scan` (bounds, where it ends, every global it names);
+any global outside the allowlist refuses the file before anything is built. Only then does
+CPython's unpickler run, with a `find_class` that maps exact (module, name) pairs to the
+allowlist's entries and refuses everything else, and a `persistent_load` that turns storage
+references into descriptors. Nothing named in a file is ever imported or called.
+
+The allowlist is data: a mapping from (module, name) to the object the pickle gets, which
+is a small builder, a marker, a container type, or an inert stub. Every object we hand out
+refuses `__setstate__`, so the BUILD opcode cannot rewrite a descriptor after it was built;
+views are validated once, at the end, on the final objects (see `tensor_dict.check_views`).
+"""
+
+from __future__ import annotations
+
+import collections
+import gc
+import io
+import pickle
+import reprlib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from ckptfix.dtypes import TORCH_DTYPES, TORCH_STORAGES
+from ckptfix.errors import CorruptFileError, UnsafePickleError
+from ckptfix.formats.pickle_scan import PickleRejected, ScanResult, scan
+
+REFUSED_FIX = "only load it if you trust its origin; ckptfix never executes pickles"
+REEXPORT = "re-export the checkpoint"
+
+_brief = reprlib.Repr()
+_brief.maxlevel, _brief.maxstring, _brief.maxother = 3, 40, 40
+
+
+def brief(value: object) -> str:
+    """A short repr that cannot recurse deeply or print megabytes (hostile values)."""
+    try:
+        return _brief.repr(value)
+    except Exception:  # a hostile value's repr can fail in any way; its type cannot
+        return f"<{type(value).__name__}>"
+
+
+class Inert:
+    """Base of every object a pickle can get from us: it refuses BUILD (`__setstate__`)."""
+
+    def __setstate__(self, state: object) -> None:
+        raise PickleRejected(
+            "mutated-object",
+            f"pickle tries to rewrite a {type(self).__name__.lstrip('_')} after building it",
+        )
+
+
+@dataclass(frozen=True)
+class StorageRef(Inert):
+    """A storage as the pickle names it: key, dtype (None: untyped, counted in bytes), size."""
+
+    key: str
+    dtype: str | None
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TensorRef(Inert):
+    """A tensor as the pickle describes it: a strided view of a storage. Not yet validated."""
+
+    storage: StorageRef
+    dtype: str
+    offset: int
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    parameter: bool = False
+
+
+@dataclass(frozen=True)
+class DtypeMark(Inert):
+    """What `torch.float16` and friends unpickle to."""
+
+    dtype: str
+
+
+@dataclass(frozen=True)
+class StorageType(Inert):
+    """What `torch.FloatStorage`, `torch.UntypedStorage`, ... unpickle to."""
+
+    dtype: str | None
+
+
+def _ints(value: object, what: str) -> tuple[int, ...]:
+    if type(value) not in (tuple, list) or not all(type(v) is int for v in value):  # type: ignore[attr-defined]
+        raise PickleRejected("bad-tensor", f"tensor {what} is {brief(value)}, not integers")
+    return tuple(value)  # type: ignore[arg-type]
+
+
+def _tensor(
+    storage: object, offset: object, size: object, stride: object, dtype: object
+) -> TensorRef:
+    if not isinstance(storage, StorageRef):
+        raise PickleRejected("bad-tensor", "tensor is not built on a storage")
+    if dtype is None:
+        dtype = storage.dtype
+    elif isinstance(dtype, DtypeMark):
+        dtype = dtype.dtype
+    else:
+        raise PickleRejected("bad-tensor", f"tensor dtype {brief(dtype)} is not a torch dtype")
+    if dtype is None:
+        raise PickleRejected("bad-tensor", "tensor on an untyped storage has no dtype")
+    if type(offset) is not int:
+        raise PickleRejected("bad-tensor", f"tensor storage offset is {brief(offset)}")
+    return TensorRef(storage, str(dtype), offset, _ints(size, "shape"), _ints(stride, "stride"))
+
+
+class Builder(Inert):
+    """A callable the pickle may REDUCE; wraps one of the functions below."""
+
+    def __init__(self, name: str, function: Callable[..., object]) -> None:
+        self._name = name
+        self._function = function
+
+    def __call__(self, *args: object) -> object:
+        try:
+            return self._function(*args)
+        except TypeError:  # wrong arity: a malformed or hostile pickle
+            raise PickleRejected(
+                "bad-tensor", f"{self._name} called with {len(args)} argument(s)"
+            ) from None
+
+
+def _rebuild_v2(
+    storage: object, offset: object, size: object, stride: object, *_: object
+) -> TensorRef:
+    return _tensor(storage, offset, size, stride, None)
+
+
+def _rebuild_v3(
+    storage: object,
+    offset: object,
+    size: object,
+    stride: object,
+    grad: object,
+    hooks: object,
+    dtype: object,
+    *_: object,
+) -> TensorRef:
+    return _tensor(storage, offset, size, stride, dtype)
+
+
+def _parameter(data: object, *_: object) -> TensorRef:
+    if not isinstance(data, TensorRef):
+        raise PickleRejected("bad-tensor", "parameter is not built on a tensor")
+    return TensorRef(data.storage, data.dtype, data.offset, data.shape, data.stride, True)
+
+
+Allowlist = Mapping[tuple[str, str], object]
+
+
+def _torch_allowlist() -> dict[tuple[str, str], object]:
+    allowed: dict[tuple[str, str], object] = {
+        ("collections", "OrderedDict"): collections.OrderedDict,
+        ("torch._utils", "_rebuild_tensor_v2"): Builder("_rebuild_tensor_v2", _rebuild_v2),
+        ("torch._utils", "_rebuild_tensor_v3"): Builder("_rebuild_tensor_v3", _rebuild_v3),
+        ("torch._utils", "_rebuild_parameter"): Builder("_rebuild_parameter", _parameter),
+        ("torch._utils", "_rebuild_parameter_with_state"): Builder(
+            "_rebuild_parameter_with_state", _parameter
+        ),
+        ("torch.storage", "UntypedStorage"): StorageType(None),
+        ("torch", "UntypedStorage"): StorageType(None),
+    }
+    for name, dtype in TORCH_DTYPES.items():
+        allowed[("torch", name)] = DtypeMark(dtype)
+    for name, dtype in TORCH_STORAGES.items():
+        allowed[("torch", name)] = StorageType(dtype)
+    return allowed
+
+
+TORCH_ALLOWLIST: Allowlist = _torch_allowlist()
+
+# Called by persistent_load with (key, dtype or None, element count); returns the storage.
+Resolver = Callable[[str, str | None, int], StorageRef]
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, data: bytes, allowed: Allowlist, resolve: Resolver) -> None:
+        super().__init__(io.BytesIO(data))
+        self.allowed = allowed
+        self.resolve = resolve
+
+    def find_class(self, module: str, name: str) -> Any:
+        # Never the default find_class: nothing named in the file is ever imported.
+        try:
+            return self.allowed[(module, name)]
+        except (KeyError, TypeError):
+            raise _Unsafe(f"{module}.{name}") from None
+
+    def persistent_load(self, pid: Any) -> StorageRef:
+        if (
+            type(pid) is not tuple
+            or len(pid) not in (5, 6)
+            or pid[0] != "storage"
+            or not isinstance(pid[1], StorageType)
+            or type(pid[2]) is not str
+            or type(pid[4]) is not int
+            or pid[4] < 0
+            or (len(pid) == 6 and pid[5] is not None)
+        ):
+            raise PickleRejected("bad-storage-ref", f"unexpected persistent id {brief(pid)}")
+        return self.resolve(pid[2], pid[1].dtype, pid[4])
+
+
+class _Unsafe(Exception):
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """Building millions of small objects triggers the cyclic GC over and over (a
+    1,000,000-tensor header parses 5× slower with it on); none of them form cycles."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def refuse_unsafe(names: collections.Counter[str], allowed: Allowlist, path: str) -> None:
+    """Refuse a pickle naming any global outside the allowlist, listing them all."""
+    refused = {
+        name: count for name, count in names.items() if tuple(name.rsplit(".", 1)) not in allowed
+    }
+    if refused:
+        listed = ", ".join(f"{name} ×{count}" for name, count in sorted(refused.items()))
+        raise UnsafePickleError(
+            path,
+            f"pickle references globals outside the allowlist: {listed[:300]}; it was not loaded",
+            REFUSED_FIX,
+        )
+
+
+_UNPICKLE_ERRORS = (
+    pickle.UnpicklingError,
+    EOFError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    IndexError,
+    KeyError,
+    RecursionError,
+    MemoryError,
+    OverflowError,
+    UnicodeDecodeError,
+    LookupError,
+)
+
+
+def unpickle(
+    data: bytes,
+    path: str,
+    resolve: Resolver,
+    allowed: Allowlist = TORCH_ALLOWLIST,
+    *,
+    walk: ScanResult | None = None,
+) -> Any:
+    """Walk (unless `walk` is the walk already made), gate and unpickle one pickle."""
+    if walk is None:
+        try:
+            walk = scan(data)
+        except PickleRejected as exc:
+            raise CorruptFileError(path, exc.rule, exc.what, REEXPORT) from exc
+    refuse_unsafe(walk.globals, allowed, path)
+    try:
+        with paused_gc():
+            return _Unpickler(data[: walk.end], allowed, resolve).load()
+    except _Unsafe as exc:
+        raise UnsafePickleError(
+            path,
+            f"pickle references {exc.name}, outside the allowlist; it was not loaded",
+            REFUSED_FIX,
+        ) from None
+    except PickleRejected as exc:
+        raise CorruptFileError(path, exc.rule, exc.what, REEXPORT) from exc
+    except _UNPICKLE_ERRORS as exc:
+        raise CorruptFileError(
+            path, "bad-pickle", f"pickle cannot be read: {brief(str(exc))}", REEXPORT
+        ) from exc
