@@ -255,12 +255,15 @@ def shard_numbering_findings(family: Family, names: Sequence[str], where: str) -
         return found
     total = totals[0]
     seen = {parsed.part for _, parsed in parts if parsed.part is not None}
-    missing = [part for part in range(1, total + 1) if part not in seen]
+    # `total` comes from a file name and may be 9999999999: never build a list that long.
+    absent = total - len({part for part in seen if 1 <= part <= total})
+    missing = list(itertools.islice((p for p in range(1, total + 1) if p not in seen), 5))
     bad = sorted(part for part in seen if not 1 <= part <= total)
-    if missing or bad:
+    if absent or bad:
         detail = []
-        if missing:
-            detail.append(f"part(s) {', '.join(map(str, missing[:5]))} of {total} absent")
+        if absent:
+            more = f" and {absent - len(missing)} more" if absent > len(missing) else ""
+            detail.append(f"part(s) {', '.join(map(str, missing))}{more} of {total} absent")
         if bad:
             detail.append(f"part number(s) {', '.join(map(str, bad[:5]))} outside 1..{total}")
         found.append(

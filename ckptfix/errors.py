@@ -8,15 +8,23 @@ class CkptfixError(Exception):
 
     exit_code = 1
     code: str | None = None  # the finding code inspect reports for it, when there is one
+    rule: str | None = None  # the validation rule broken, when there is one
 
-    def __init__(self, path: str | None, what: str, fix: str | None = None) -> None:
+    def __init__(
+        self, path: str | None, what: str, fix: str | None = None, *, rule: str | None = None
+    ) -> None:
         self.path = path
         self.what = what
         self.fix = fix
+        if rule is not None:
+            self.rule = rule
         super().__init__(self.line())
 
     def detail(self) -> str:
-        """The message without the file: `<what> (<how to fix>)`."""
+        """The message without the file: `<what> (rule <rule>; <how to fix>)`."""
+        if self.rule:
+            fix = f"; {self.fix}" if self.fix else ""
+            return f"{self.what} (rule {self.rule}{fix})"
         return f"{self.what} ({self.fix})" if self.fix else self.what
 
     def line(self) -> str:
@@ -41,12 +49,7 @@ class CorruptFileError(CkptfixError):
     code = "corrupt-file"
 
     def __init__(self, path: str | None, rule: str, what: str, fix: str | None = None) -> None:
-        self.rule = rule
-        super().__init__(path, what, fix)
-
-    def detail(self) -> str:
-        fix = f"; {self.fix}" if self.fix else ""
-        return f"{self.what} (rule {self.rule}{fix})"
+        super().__init__(path, what, fix, rule=rule)
 
 
 class LfsPointerError(CorruptFileError):
@@ -69,6 +72,19 @@ class UnsupportedFormatError(CkptfixError):
 
 class WriteError(CkptfixError):
     """Writing the output failed (disk full, permissions, a source that changed)."""
+
+
+class SourceChangedError(WriteError):
+    """A source file ended early (or changed) while it was being read; nothing was written."""
+
+    def __init__(self, path: str | None) -> None:
+        super().__init__(
+            path, "file ended early: it changed during the run", "run again on a stable copy"
+        )
+
+
+class PlanError(CkptfixError):
+    """The output cannot be written as asked (e.g. a header over the format's limit)."""
 
 
 class VerificationError(CkptfixError):

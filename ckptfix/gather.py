@@ -15,7 +15,7 @@ from typing import Any
 
 from ckptfix.catalog import TensorInfo
 from ckptfix.dtypes import DTYPES
-from ckptfix.errors import CorruptFileError
+from ckptfix.errors import CorruptFileError, SourceChangedError
 
 CHUNK = 16 * 2**20
 
@@ -26,7 +26,7 @@ def tensor_chunks(fd: int, tensor: TensorInfo, chunk: int = CHUNK) -> Iterator[b
     if tensor.nbytes == 0:
         return
     if tensor.contiguous or tensor.strides is None:
-        yield from _read_chunks(fd, tensor.byte_range[0], tensor.nbytes, chunk)
+        yield from _read_chunks(fd, tensor.byte_range[0], tensor.nbytes, chunk, tensor.file)
         return
     yield from _gather(fd, tensor, chunk)
 
@@ -36,34 +36,26 @@ def tensor_bytes(fd: int, tensor: TensorInfo) -> bytes:
     return b"".join(tensor_chunks(fd, tensor))
 
 
-def _read_chunks(fd: int, offset: int, size: int, chunk: int) -> Iterator[bytes]:
+def _read_chunks(fd: int, offset: int, size: int, chunk: int, path: str) -> Iterator[bytes]:
     while size:
-        data = read_exact(fd, offset, min(size, chunk))
+        data = read_exact(fd, offset, min(size, chunk), path)
         offset += len(data)
         size -= len(data)
         yield data
 
 
-def read_exact(fd: int, offset: int, size: int) -> bytes:
+def read_exact(fd: int, offset: int, size: int, path: str | None = None) -> bytes:
     """pread in a loop (one call returns at most about 2 GiB on Linux); a file that ends
     early changed under us or was truncated."""
     parts = []
     while size:
         part = os.pread(fd, min(size, 1 << 30), offset)
         if not part:
-            raise SourceChanged(offset)
+            raise SourceChangedError(path)
         parts.append(part)
         offset += len(part)
         size -= len(part)
     return b"".join(parts)
-
-
-class SourceChanged(OSError):
-    """A source file ended before a byte range it held when it was read."""
-
-    def __init__(self, offset: int) -> None:
-        super().__init__(f"file ended at byte {offset}")
-        self.offset = offset
 
 
 def _checked_layout(tensor: TensorInfo) -> tuple[list[int], list[int], int]:
@@ -105,7 +97,7 @@ def _gather(fd: int, tensor: TensorInfo, chunk: int) -> Iterator[bytes]:
     shape, strides, span = _checked_layout(tensor)
     # Read, not mapped: a source truncated by someone else while we work must be an error
     # (a short read), never SIGBUS on a mapped page past the new end of the file.
-    stored = np.frombuffer(read_exact(fd, tensor.byte_range[0], span), dtype=np.uint8)
+    stored = np.frombuffer(read_exact(fd, tensor.byte_range[0], span, tensor.file), dtype=np.uint8)
     view = np.lib.stride_tricks.as_strided(
         stored, shape=[*shape, itemsize], strides=[*strides, 1], writeable=False
     )

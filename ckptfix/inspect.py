@@ -17,12 +17,13 @@ from ckptfix.errors import (
 )
 from ckptfix.findings import Finding, finding
 from ckptfix.folder import Family, scan_folder
-from ckptfix.formats.index import ShardIndex, read_index
+from ckptfix.formats.index import ShardIndex, read_index, read_small_file
 from ckptfix.readers import WeightFile, read_weight_file
 from ckptfix.report import FileSummary, Report
 from ckptfix.sniff import FileFormat, sniff_path
 
 DEFAULT_MAX_SHARD = 5 * 10**9
+MAX_CONFIG_SIZE = 16 * 2**20
 
 
 @dataclass
@@ -39,7 +40,7 @@ class _Collector:
     def read(self, real: str, shown: str) -> WeightFile | None:
         """Read one weight file; problems become findings, never exceptions."""
         self.real_paths[shown] = real
-        size = os.path.getsize(real)
+        size = _size(real)
         try:
             weight_file = read_weight_file(real, shown, self.key)
         except CkptfixError as exc:
@@ -65,6 +66,14 @@ class _Collector:
 
     def real(self, shown: str) -> str:
         return self.real_paths[shown]
+
+
+def _size(path: str) -> int:
+    """A file's size for the report; 0 when it cannot be read (its finding says why)."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def inspect(
@@ -170,11 +179,11 @@ def _read_index(collector: _Collector, family: Family) -> ShardIndex | None:
     try:
         index = read_index(real, real, weight_ext)
     except CorruptFileError as exc:
-        collector.files.append(FileSummary(real, FileFormat.INDEX.value, os.path.getsize(real), 0))
+        collector.files.append(FileSummary(real, FileFormat.INDEX.value, _size(real), 0))
         collector.findings.append(finding("corrupt-file", exc.detail(), file=real))
         return None
     collector.files.append(
-        FileSummary(real, FileFormat.INDEX.value, os.path.getsize(real), len(index.weight_map))
+        FileSummary(real, FileFormat.INDEX.value, _size(real), len(index.weight_map))
     )
     return index
 
@@ -209,9 +218,10 @@ def _config_findings(
     if not os.path.isfile(config_path):
         return []
     try:
-        with open(config_path, "rb") as handle:
-            config = json.loads(handle.read())
-    except (OSError, ValueError, RecursionError) as exc:
+        config = json.loads(read_small_file(config_path, config_path, MAX_CONFIG_SIZE, "config"))
+    except CorruptFileError as exc:
+        return [finding("corrupt-file", exc.detail(), file=config_path)]
+    except (ValueError, RecursionError) as exc:
         return [
             finding(
                 "corrupt-file",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -32,6 +32,7 @@ class ShardPlan:
     left_out: tuple[str, ...] = ()
     dropped_bytes: int = 0  # what writing every dropped name as its own copy would add
     excluded: tuple[str, ...] = ()  # left out by --exclude
+    metadata_scope: str = "every shard"  # or "first shard", when it is large (see below)
 
     @property
     def total_size(self) -> int:
@@ -54,7 +55,25 @@ class ShardPlan:
             "renamed": dict(self.renamed),
             "copied_files": list(self.copied_files),
             "left_out": list(self.left_out),
+            "metadata_scope": self.metadata_scope,
         }
+
+
+# String metadata up to this size goes into every shard, as huggingface_hub writes it; a
+# larger amount (10 MB of it would cost 200 MB over 20 shards) only into the first shard,
+# with "format" still in every shard.
+SHARED_METADATA_LIMIT = 64 * 2**10
+
+
+def metadata_per_shard(
+    metadata: Mapping[str, str], count: int
+) -> tuple[list[Mapping[str, str]], str]:
+    """Each shard's header metadata, and where the full metadata went."""
+    size = sum(len(key) + len(value) for key, value in metadata.items())
+    if count == 1 or size <= SHARED_METADATA_LIMIT:
+        return [metadata] * count, "every shard"
+    rest = {key: value for key, value in metadata.items() if key == "format"}
+    return [metadata] + [rest] * (count - 1), "first shard"
 
 
 def shard_file_name(stem: str, ext: str, number: int, count: int) -> str:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ckptfix.catalog import TensorInfo
 from ckptfix.findings import Finding, Severity
+from ckptfix.memory import paused_gc
 
 SCHEMA_VERSION = 1
 FAIL_ON_LEVELS = ("error", "warning", "info", "never")
@@ -76,6 +79,30 @@ class Report:
         ]
 
     def to_dict(self) -> dict[str, object]:
+        with paused_gc():  # one dict per tensor: 1,000,000 of them for the largest headers
+            return self._document(_tensor_dicts(self.tensors))
+
+    def json_chunks(self, batch: int = 10_000) -> Iterator[bytes]:
+        """`orjson.dumps(self.to_dict(), option=OPT_INDENT_2)`, byte for byte, in pieces:
+        the tensor list is encoded a batch at a time, so memory holds one batch of it."""
+        import orjson
+
+        if not self.tensors:
+            yield orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2)
+            return
+        marker = "\x00ckptfix-tensors\x00"
+        whole = orjson.dumps(self._document([marker]), option=orjson.OPT_INDENT_2)
+        head, tail = whole.split(b"    " + orjson.dumps(marker), 1)
+        yield head
+        for start in range(0, len(self.tensors), batch):
+            with paused_gc():
+                items = _tensor_dicts(self.tensors[start : start + batch])
+            encoded = [orjson.dumps(item, option=orjson.OPT_INDENT_2) for item in items]
+            lines = b",\n".join(encoded).replace(b"\n", b"\n    ")
+            yield (b",\n    " if start else b"    ") + lines
+        yield tail
+
+    def _document(self, tensors: list[Any]) -> dict[str, object]:
         return {
             "schema_version": SCHEMA_VERSION,
             "path": self.path,
@@ -85,18 +112,22 @@ class Report:
             "parameter_count": self.parameter_count,
             "total_bytes": self.total_bytes,
             "dtypes": self.dtypes,
-            "tensors": [
-                # Inlined TensorInfo.to_dict(): this list can hold 100,000+ entries.
-                {
-                    "name": t.name,
-                    "dtype": t.dtype,
-                    "shape": list(t.shape),
-                    "nbytes": t.nbytes,
-                    "file": t.file,
-                    "contiguous": t.contiguous,
-                    "storage": t.storage,
-                }
-                for t in self.tensors
-            ],
+            "tensors": tensors,
             "findings": [item.to_dict() for item in self.findings],
         }
+
+
+def _tensor_dicts(tensors: Sequence[TensorInfo]) -> list[dict[str, object]]:
+    # Inlined rather than a TensorInfo method: this list can hold 1,000,000 entries.
+    return [
+        {
+            "name": t.name,
+            "dtype": t.dtype,
+            "shape": list(t.shape),
+            "nbytes": t.nbytes,
+            "file": t.file,
+            "contiguous": t.contiguous,
+            "storage": t.storage,
+        }
+        for t in tensors
+    ]

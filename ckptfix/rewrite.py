@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 
 from ckptfix.cast import CAST_TARGETS
 from ckptfix.errors import UsageError
-from ckptfix.plan import ShardPlan, plan_shards
+from ckptfix.plan import ShardPlan, metadata_per_shard, plan_shards
 from ckptfix.report import Report
 from ckptfix.source import Checkpoint, open_checkpoint
 from ckptfix.staging import check_output, staged
@@ -21,8 +21,8 @@ from ckptfix.writer import (
     WriteResult,
     WrittenFile,
     check_free_space,
+    checked_headers,
     copy_extra,
-    needed_bytes,
     wrap_os_error,
     write_shards,
 )
@@ -151,8 +151,6 @@ def _write(
         dropped_bytes=selection.dropped_bytes,
         excluded=selection.excluded,
     )
-    if dry_run:
-        return RewriteResult(checkpoint.report, plan, None)
     metadata = {**checkpoint.metadata, "format": "pt"}
     index_metadata = dict(checkpoint.index_metadata)
     if selection.dropped:  # dropped -> kept, where loaders and people can find it
@@ -160,9 +158,14 @@ def _write(
             metadata[DROPPED_KEY] = json.dumps(selection.dropped, sort_keys=True)
         else:
             index_metadata[DROPPED_KEY] = dict(sorted(selection.dropped.items()))
+    shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
+    plan = replace(plan, metadata_scope=scope)
+    headers = checked_headers(plan, tensors, shard_metadata, target) if to != "torch" else []
+    if dry_run:
+        return RewriteResult(checkpoint.report, plan, None)
     parent = os.path.dirname(os.path.abspath(target))
     os.makedirs(parent, exist_ok=True)
-    check_free_space(parent, needed_bytes(plan, tensors, metadata), target)
+    check_free_space(parent, sum(headers) + plan.total_size, target)
     try:
         with staged(target) as staging:
             if to == "torch":
@@ -181,7 +184,7 @@ def _write(
                 written = write_shards(
                     plan,
                     tensors,
-                    metadata,
+                    shard_metadata,
                     index_metadata,
                     staging.path,
                     target,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import mmap
 import os
 import shutil
 import threading
@@ -20,14 +19,26 @@ from typing import Any
 from ckptfix.cast import cast_bytes
 from ckptfix.catalog import TensorInfo
 from ckptfix.dtypes import DTYPES
-from ckptfix.errors import CkptfixError, CorruptFileError, VerificationError, WriteError
-from ckptfix.formats.safetensors import HeaderEntry, encode_header, read_header
-from ckptfix.gather import tensor_chunks
+from ckptfix.errors import (
+    CkptfixError,
+    CorruptFileError,
+    PlanError,
+    SourceChangedError,
+    VerificationError,
+    WriteError,
+)
+from ckptfix.formats.safetensors import (
+    MAX_HEADER_SIZE,
+    HeaderEntry,
+    encode_header,
+    read_header,
+)
+from ckptfix.gather import read_exact, tensor_chunks
 from ckptfix.plan import PlannedShard, ShardPlan
 from ckptfix.sizes import format_size
 
 COPY_CHUNK = 64 * 2**20
-COMPARE_CHUNK = 2**20
+COMPARE_CHUNK = 4 * 2**20
 FLUSH_EVERY = 256 * 2**20
 # Called with (bytes copied so far, bytes to copy in all) as the copy advances.
 Progress = Callable[[int, int], None]
@@ -125,10 +136,15 @@ def _write_all(fd: int, data: bytes, offset: int) -> None:
         offset += written
 
 
-def _data_segments(fd: int, begin: int, end: int) -> Iterator[tuple[int, int]]:
+def _data_segments(
+    fd: int, begin: int, end: int, path: str | None = None
+) -> Iterator[tuple[int, int]]:
     """The parts of [begin, end) that hold data; holes of a sparse file are skipped (they read
     as zeros, as the unwritten parts of the new file do). Without SEEK_DATA support the
-    whole range is one segment."""
+    whole range is one segment. A file now shorter than `end` changed under us: past its
+    end, SEEK_DATA reports a hole, which must not be taken for zeros."""
+    if os.fstat(fd).st_size < end:
+        raise SourceChangedError(path)
     position = begin
     while position < end:
         try:
@@ -158,7 +174,7 @@ def copy_range(
     shift = dst_offset - src_offset
     end = src_offset + length
     done = src_offset
-    for begin, stop in _data_segments(src, src_offset, end):
+    for begin, stop in _data_segments(src, src_offset, end, src_path):
         if advance is not None and begin > done:
             advance(begin - done)  # a hole: nothing to copy, counted as done
         _copy_segment(src, begin, stop - begin, dst, begin + shift, advance, src_path)
@@ -196,11 +212,7 @@ def _copy_segment(
             if copied:
                 _write_all(dst, view[:copied].tobytes(), dst_offset)
         if copied == 0:
-            raise WriteError(
-                src_path,
-                "file ended early: it changed during the run",
-                "run again on a stable copy",
-            )
+            raise SourceChangedError(src_path)
         src_offset += copied
         dst_offset += copied
         length -= copied
@@ -219,45 +231,20 @@ def ranges_equal(
     dst_offset: int,
     length: int,
     cancel: threading.Event | None = None,
+    src_path: str | None = None,
 ) -> bool:
-    """Bitwise comparison of two byte ranges of two files.
+    """Bitwise comparison of two byte ranges of two files, a window at a time.
 
-    Both are mapped a window at a time (no copy out of the page cache) and compared as
-    64-bit words by numpy, about three times faster than reading them into buffers. Each
-    window is unmapped before the next, so resident memory stays at two windows.
+    Read with pread rather than mapped: on these machines it is as fast (the comparison is
+    a memcmp of two page-cache copies), holds two windows at most, and a source that
+    someone truncates during the run gives a short read (an error) instead of SIGBUS.
     """
-    import numpy as np
-
-    granularity = mmap.ALLOCATIONGRANULARITY
     while length:
         if cancel is not None and cancel.is_set():
             raise _Cancelled
         size = min(length, COMPARE_CHUNK)
-        views = []
-        maps = []
-        try:
-            for fd, offset in ((src, src_offset), (dst, dst_offset)):
-                base = offset - offset % granularity
-                mapped = mmap.mmap(fd, size + offset - base, access=mmap.ACCESS_READ, offset=base)
-                maps.append(mapped)
-                views.append((mapped, offset - base))
-            words = size // 8
-            (first, first_at), (second, second_at) = views
-            if words and not np.array_equal(
-                np.frombuffer(first, np.uint64, words, first_at),
-                np.frombuffer(second, np.uint64, words, second_at),
-            ):
-                return False
-            tail = words * 8
-            if (
-                first[first_at + tail : first_at + size]
-                != second[second_at + tail : second_at + size]
-            ):
-                return False
-        finally:
-            views.clear()
-            for mapped in maps:
-                mapped.close()
+        if read_exact(src, src_offset, size, src_path) != read_exact(dst, dst_offset, size):
+            return False
         src_offset += size
         dst_offset += size
         length -= size
@@ -319,7 +306,13 @@ def _verify_tensors(
         source = tensor.source
         if tensor.streamed:
             same = ranges_equal(
-                sources.fd(source.file), source.byte_range[0], dst, offset, source.nbytes, cancel
+                sources.fd(source.file),
+                source.byte_range[0],
+                dst,
+                offset,
+                source.nbytes,
+                cancel,
+                source.file,
             )
         else:
             same = _range_digest(dst, (offset, offset + tensor.nbytes)) == digests[name]
@@ -364,12 +357,28 @@ def _source_state(paths: Iterable[str]) -> dict[str, tuple[int, int, int]]:
     return states
 
 
-def needed_bytes(
-    plan: ShardPlan, tensors: Mapping[str, OutTensor], metadata: Mapping[str, str]
-) -> int:
-    return sum(
-        len(shard_header(shard, tensors, metadata)[0]) + shard.nbytes for shard in plan.shards
-    )
+def checked_headers(
+    plan: ShardPlan,
+    tensors: Mapping[str, OutTensor],
+    metadata: Sequence[Mapping[str, str]],
+    out: str,
+) -> list[int]:
+    """The header size of every planned shard, refusing before anything is written a shard
+    whose header would break the format's 100,000,000-byte limit (many tensor names, large
+    metadata, or "format" added to a header already at the limit)."""
+    sizes = []
+    for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
+        size = len(shard_header(shard, tensors, shard_metadata)[0]) - 8
+        if size > MAX_HEADER_SIZE:
+            raise PlanError(
+                os.path.join(out, shard.file),
+                f"its header would take {size} bytes, over the {MAX_HEADER_SIZE}-byte limit "
+                f"of the format ({len(shard.tensors)} tensors)",
+                "choose a smaller --max-shard, so that each shard lists fewer tensors",
+                rule="header-too-large",
+            )
+        sizes.append(size + 8)
+    return sizes
 
 
 def check_free_space(folder: str, needed: int, out: str) -> None:
@@ -435,7 +444,7 @@ def copy_extra(source_root: str, names: Sequence[str], staging: str) -> list[Wri
 def write_shards(
     plan: ShardPlan,
     tensors: Mapping[str, OutTensor],
-    metadata: Mapping[str, str],
+    metadata: Sequence[Mapping[str, str]],
     index_metadata: Mapping[str, Any],
     staging: str,
     out: str,
@@ -472,9 +481,9 @@ def write_shards(
             )
 
         try:
-            for shard in plan.shards:
+            for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
                 path = os.path.join(staging, shard.file)
-                header, entries = shard_header(shard, tensors, metadata)
+                header, entries = shard_header(shard, tensors, shard_metadata)
                 fd = _create(path)
                 open_fds.append(fd)
                 reader = os.open(path, os.O_RDONLY)  # for verification (mmap needs read access)
@@ -514,7 +523,9 @@ def write_shards(
                 os.ftruncate(fd, offset)  # a trailing hole in the source leaves it short
                 if verify:
                     jobs.append(check_later(reader, display, placed))
-                    jobs.append(workers.submit(_verify_header, path, display, entries, metadata))
+                    jobs.append(
+                        workers.submit(_verify_header, path, display, entries, shard_metadata)
+                    )
                 jobs.append(workers.submit(os.fsync, fd))
                 written.append(WrittenFile(shard.file, offset))
                 for job in [job for job in jobs if job.done()]:

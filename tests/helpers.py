@@ -41,3 +41,55 @@ def tree_snapshot(root: Path) -> dict[str, bytes]:
         for path in sorted(root.rglob("*"))
         if path.is_file()
     }
+
+
+@dataclass(frozen=True)
+class Measured:
+    code: int
+    stdout: str
+    stderr: str
+    peak_rss: int  # bytes: the child's maximum resident set, mapped file pages included
+    seconds: float
+
+    @property
+    def error_lines(self) -> list[str]:
+        return [line for line in self.stderr.splitlines() if line]
+
+
+# VmHWM, not getrusage's ru_maxrss: that one keeps the parent's size across fork and exec.
+_MEASURE = """
+import os, sys
+from ckptfix.cli.app import main
+sys.argv = ["ckptfix", *sys.argv[2:]]
+try:
+    main()
+finally:
+    with open("/proc/self/status") as status:
+        peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    with open(os.environ["CKPTFIX_RSS_REPORT"], "w") as report:
+        report.write(str(int(peak) * 1024))
+"""
+
+
+def measured(*args: str | os.PathLike[str], timeout: float = 120) -> Measured:
+    """Run the CLI in a fresh process; report its exit code, output, peak RSS and time. A
+    run past `timeout` seconds fails the test (a hang is a bug)."""
+    import subprocess
+    import sys
+    import tempfile
+    import time
+
+    with tempfile.NamedTemporaryFile("r", suffix=".rss") as report:
+        env = {**os.environ, "CKPTFIX_RSS_REPORT": report.name}
+        start = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, "-c", _MEASURE, "ckptfix", *map(os.fspath, args)],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout,
+            check=False,
+        )
+        seconds = time.perf_counter() - start
+        peak = int(report.read() or 0)
+    return Measured(done.returncode, done.stdout, done.stderr, peak, seconds)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from tests.attacks import ATTACK_CASES
 from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, Case
 from tests.conftest import Factory
 from tests.helpers import cli, tree_snapshot
 
-CORPUS = SAFETENSORS_CASES + INDEX_CASES + PICKLE_CASES
+CORPUS = SAFETENSORS_CASES + INDEX_CASES + PICKLE_CASES + ATTACK_CASES
 COMMANDS = ["inspect", "reshard", "convert", "dedupe"]
 
 

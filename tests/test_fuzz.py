@@ -283,3 +283,116 @@ def test_mutated_safetensors_through_reshard(tmp_path: Path, blob: bytes) -> Non
         assert ckptfix.inspect(out).exit_code() == 0
         shutil.rmtree(out)
     assert not list(tmp_path.glob(".ckptfix-*"))
+
+
+# --- opcode-level pickle mutations and zip header mutations (the security review's shapes) ---
+
+
+def _op_boundaries(data: bytes) -> list[int]:
+    import pickletools
+
+    return [position for _, _, position in pickletools.genops(data)]
+
+
+BOUNDARIES = _op_boundaries(DATA_PKL)
+_FIELDS = ["stride", "dtype", "nbytes", "offset", "shape", "storage", "__call__", "key"]
+
+
+@st.composite
+def hostile_opcodes(draw: st.DrawFn) -> bytes:
+    """One opcode (with an argument drawn to hurt) of the kinds that mutate, index or size."""
+    kind = draw(st.sampled_from(["single", "put", "get", "frame", "build", "int"]))
+    if kind == "single":
+        return draw(st.sampled_from(list(b"bsua e012(t\x85\x86\x87)}]N\x94R\x81Q\x93."))).to_bytes(
+            1, "little"
+        )
+    if kind == "put":
+        return b"r" + struct.pack("<I", draw(st.integers(0, 2**32 - 1)))
+    if kind == "get":
+        return (
+            draw(st.sampled_from([b"j", b"h"]))
+            + struct.pack("<I", draw(st.integers(0, 2**32 - 1)))[:4]
+        )
+    if kind == "frame":
+        return b"\x95" + struct.pack("<Q", draw(st.integers(0, 2**64 - 1)))
+    if kind == "int":
+        return b"J" + struct.pack("<i", draw(st.integers(-(2**31), 2**31 - 1)))
+    field = draw(st.sampled_from(_FIELDS)).encode()
+    value = draw(
+        st.sampled_from([b"N", b"J\xff\xff\xff\xff", b")", b"K\x07\x85", b"X\x01\x00\x00\x00x"])
+    )
+    return b"}X" + struct.pack("<I", len(field)) + field + value + b"sb"
+
+
+@st.composite
+def opcode_mutations(draw: st.DrawFn) -> bytes:
+    """DATA_PKL with hostile opcodes inserted at (or replacing the opcode at) opcode boundaries
+    after a valid prefix."""
+    data = bytearray(DATA_PKL)
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.sampled_from(BOUNDARIES[1:]))
+        if at >= len(data):
+            continue
+        ops = draw(hostile_opcodes())
+        if draw(st.booleans()):
+            data[at:at] = ops
+        else:
+            data[at : at + 1] = ops
+    return bytes(data)
+
+
+@WRITE_FUZZ
+@given(opcode_mutations())
+def test_opcode_mutations_in_zip(tmp_path: Path, blob: bytes) -> None:
+    from tests.torch_files import zip_checkpoint
+
+    path = zip_checkpoint(tmp_path / "m.pt", blob, {str(key): bytes(48) for key in range(4)})
+    ckptfix.inspect(path)
+    _write_attempt(path, tmp_path / "out")
+
+
+def _zip_fields(data: bytes) -> list[tuple[int, int]]:
+    """(offset, width) of every header field worth corrupting: flags, method, CRC, sizes and
+    name lengths of local headers and central records, and the end record's counts and offset."""
+    fields: list[tuple[int, int]] = []
+    for signature, layout in (
+        (b"PK\x03\x04", [(6, 2), (8, 2), (14, 4), (18, 4), (22, 4), (26, 2), (28, 2)]),
+        (b"PK\x01\x02", [(8, 2), (10, 2), (16, 4), (20, 4), (24, 4), (28, 2), (30, 2), (42, 4)]),
+        (b"PK\x05\x06", [(8, 2), (10, 2), (12, 4), (16, 4)]),
+    ):
+        at = data.find(signature)
+        while at >= 0:
+            fields.extend((at + offset, width) for offset, width in layout)
+            at = data.find(signature, at + 4)
+    return fields
+
+
+def _torch_zip() -> bytes:
+    import io
+
+    import torch
+
+    base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    buffer = io.BytesIO()
+    torch.save({"w": base, "t": base.t(), "i": torch.arange(3)}, buffer)
+    return buffer.getvalue()
+
+
+TORCH_ZIP = _torch_zip()
+ZIP_FIELDS = _zip_fields(TORCH_ZIP)
+
+
+@WRITE_FUZZ
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(ZIP_FIELDS), st.integers(0, 2**32 - 1)), min_size=1, max_size=3
+    )
+)
+def test_zip_header_mutations(tmp_path: Path, edits: list[tuple[tuple[int, int], int]]) -> None:
+    data = bytearray(TORCH_ZIP)
+    for (offset, width), value in edits:
+        data[offset : offset + width] = (value % (1 << (8 * width))).to_bytes(width, "little")
+    path = tmp_path / "m.pt"
+    path.write_bytes(bytes(data))
+    ckptfix.inspect(path)
+    _write_attempt(path, tmp_path / "out")

@@ -88,6 +88,11 @@ class Emit:
     def __init__(self) -> None:
         self.out = bytearray(b"\x80\x02")
 
+    def op(self, raw: bytes) -> Emit:
+        """Any opcodes, as bytes: for hostile shapes the methods here do not build."""
+        self.out += raw
+        return self
+
     def glob(self, module: str, name: str) -> Emit:
         self.out += f"c{module}\n{name}\n".encode()
         return self
@@ -106,7 +111,10 @@ class Emit:
             self.out += b"J" + struct.pack("<i", value)
         else:
             data = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
-            self.out += b"\x8a" + bytes([len(data)]) + data
+            if len(data) < 256:
+                self.out += b"\x8a" + bytes([len(data)]) + data
+            else:
+                self.out += b"\x8b" + struct.pack("<I", len(data)) + data
         return self
 
     def ints(self, values: Sequence[int]) -> Emit:

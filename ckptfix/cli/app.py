@@ -142,7 +142,7 @@ def inspect(
     limit = parse_size(max_shard)
     report = ckptfix.inspect(path, max_shard=limit, hash=hash_values, scan_values=scan_values)
     if json_output:
-        _write_json(report.to_dict())
+        _write_chunks(report.json_chunks())
     else:
         from ckptfix.cli import render  # rich loads only for human output
 
@@ -340,6 +340,14 @@ def _write_json(document: object) -> None:
 
     sys.stdout.flush()
     sys.stdout.buffer.write(orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n")
+    sys.stdout.buffer.flush()
+
+
+def _write_chunks(chunks: Iterator[bytes]) -> None:
+    sys.stdout.flush()
+    for chunk in chunks:
+        sys.stdout.buffer.write(chunk)
+    sys.stdout.buffer.write(b"\n")
     sys.stdout.buffer.flush()
 
 

@@ -126,6 +126,10 @@ def rewrite(result: RewriteResult) -> None:
     console.print(table)
     if plan.index_file:
         console.print(Text(f"index: {plan.index_file} (total_size {plan.total_size:,})"))
+    if plan.metadata_scope != "every shard":
+        console.print(
+            Text(f"header metadata: over 64 KiB, so written in the {plan.metadata_scope} only")
+        )
     for name in plan.oversized:
         console.print(
             Text(

@@ -60,22 +60,37 @@ def check_shard_name(name: str, path: str, weight_ext: str | None) -> None:
         )
 
 
-def read_index(path: str | os.PathLike[str], display: str, weight_ext: str | None) -> ShardIndex:
-    """Read an index; `weight_ext` ('safetensors' or 'bin') is what its shards must end with."""
-    size = os.path.getsize(path)
-    if size > MAX_INDEX_SIZE:
+def read_small_file(path: str | os.PathLike[str], display: str, limit: int, what: str) -> bytes:
+    """The whole of a JSON side file (index, config), refusing one over `limit` bytes or
+    one that cannot be read, with a rule that names why."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > limit:
+                raise CorruptFileError(
+                    display,
+                    f"{what}-too-large",
+                    f"{what} is {size} bytes, over the {limit} limit",
+                    _FIX,
+                )
+            return handle.read(limit + 1)
+    except OSError as exc:
         raise CorruptFileError(
             display,
-            "index-too-large",
-            f"index is {size} bytes, over the {MAX_INDEX_SIZE} limit",
-            _FIX,
-        )
-    with open(path, "rb") as handle:
-        raw = handle.read()
+            "unreadable",
+            f"cannot read the {what}: {exc.strerror}",
+            "check its permissions",
+        ) from exc
+
+
+def read_index(path: str | os.PathLike[str], display: str, weight_ext: str | None) -> ShardIndex:
+    """Read an index; `weight_ext` ('safetensors' or 'bin') is what its shards must end with."""
+    raw = read_small_file(path, display, MAX_INDEX_SIZE, "index")
     try:
         parsed = parse_header_json(raw, display)
     except CorruptFileError as exc:
-        rule = "index-not-json" if exc.rule.startswith("header-") else exc.rule
+        rule = exc.rule or "index-not-json"
+        rule = "index-not-json" if rule.startswith("header-") else rule
         what = exc.what.replace("header", "index")
         raise CorruptFileError(display, rule, what, _FIX) from exc
     weight_map = parsed.get("weight_map")

@@ -20,6 +20,7 @@ import orjson
 from ckptfix.catalog import TensorInfo
 from ckptfix.dtypes import DTYPES
 from ckptfix.errors import CorruptFileError
+from ckptfix.memory import paused_gc
 
 MAX_HEADER_SIZE = 100_000_000
 U64_MAX = 2**64 - 1
@@ -327,11 +328,15 @@ def _fast_entry(entry: Any) -> tuple[str, tuple[int, ...], int, int] | None:
 
 
 def _check_coverage(
-    spans: list[tuple[int, int, str]], data_size: int, header_size: int, file_size: int, path: str
+    tensors: list[TensorInfo], data_size: int, header_size: int, file_size: int, path: str
 ) -> None:
-    """Tensors must tile the data section exactly: no gap, no overlap, no trailing bytes."""
+    """Tensors (sorted by offset) must tile the data section exactly: no gap, no overlap, no
+    trailing bytes."""
     expected = 0
-    for begin, end, name in sorted(spans):
+    data_start = 8 + header_size
+    for tensor in tensors:
+        name = tensor.name
+        begin, end = tensor.byte_range[0] - data_start, tensor.byte_range[1] - data_start
         if begin > expected:
             raise CorruptFileError(
                 path,
@@ -419,24 +424,13 @@ def _pread_exact(fd: int, size: int, offset: int) -> bytes:
 
 def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> SafetensorsHeader:
     """Validate header bytes already read; offsets are checked against `file_size`."""
-    parsed = parse_header_json(raw, path)
-    metadata = _check_metadata(parsed.pop(METADATA_KEY, None), path)
-    data_start = 8 + header_size
-    spans: list[tuple[int, int, str]] = []
-    tensors: list[TensorInfo] = []
-    add_span, add_tensor, fast = spans.append, tensors.append, _fast_entry
-    for name, entry in parsed.items():
-        checked = fast(entry) or _check_entry(name, entry, path)
-        dtype_name, shape, begin, end = checked
-        add_span((begin, end, name))
-        add_tensor(
-            TensorInfo(
-                name, dtype_name, shape, end - begin, path, (data_start + begin, data_start + end)
-            )
-        )
-    empty_names = 1 if "" in parsed else 0
-    _check_coverage(spans, file_size - data_start, header_size, file_size, path)
-    tensors.sort(key=lambda tensor: tensor.byte_range)
+    with paused_gc():
+        parsed = parse_header_json(raw, path)
+        metadata = _check_metadata(parsed.pop(METADATA_KEY, None), path)
+        empty_names = 1 if "" in parsed else 0
+        tensors = _tensor_infos(parsed, 8 + header_size, path)
+        tensors.sort(key=_byte_range)
+    _check_coverage(tensors, file_size - 8 - header_size, header_size, file_size, path)
     return SafetensorsHeader(
         path=path,
         header_size=header_size,
@@ -445,6 +439,27 @@ def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> 
         tensors=tuple(tensors),
         empty_names=empty_names,
     )
+
+
+def _byte_range(tensor: TensorInfo) -> tuple[int, int]:
+    return tensor.byte_range
+
+
+def _tensor_infos(parsed: dict[str, Any], data_start: int, path: str) -> list[TensorInfo]:
+    """Descriptors in header order. Entries are popped as they are converted, so the parsed
+    JSON and the descriptors are never both whole in memory."""
+    tensors: list[TensorInfo] = []
+    add, fast = tensors.append, _fast_entry
+    while parsed:
+        name, entry = parsed.popitem()  # last first: reversed below
+        dtype_name, shape, begin, end = fast(entry) or _check_entry(name, entry, path)
+        add(
+            TensorInfo(
+                name, dtype_name, shape, end - begin, path, (data_start + begin, data_start + end)
+            )
+        )
+    tensors.reverse()
+    return tensors
 
 
 @dataclass(frozen=True)

@@ -15,18 +15,17 @@ views are validated once, at the end, on the final objects (see `tensor_dict.che
 from __future__ import annotations
 
 import collections
-import gc
 import io
 import pickle
 import reprlib
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ckptfix.dtypes import TORCH_DTYPES, TORCH_STORAGES
 from ckptfix.errors import CorruptFileError, UnsafePickleError
 from ckptfix.formats.pickle_scan import PickleRejected, ScanResult, scan
+from ckptfix.memory import paused_gc
 
 REFUSED_FIX = "only load it if you trust its origin; ckptfix never executes pickles"
 REEXPORT = "re-export the checkpoint"
@@ -213,19 +212,6 @@ class _Unsafe(Exception):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.name = name
-
-
-@contextmanager
-def paused_gc() -> Iterator[None]:
-    """Building millions of small objects triggers the cyclic GC over and over (a
-    1,000,000-tensor header parses 5× slower with it on); none of them form cycles."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def refuse_unsafe(names: collections.Counter[str], allowed: Allowlist, path: str) -> None:

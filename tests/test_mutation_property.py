@@ -1,0 +1,190 @@
+"""The security promise as a property: for random valid checkpoints and a random single-byte
+or single-opcode mutation, every command either succeeds with output bitwise equal to the
+input's tensors, or fails with exit 1 and one error line; always within time and memory
+bounds proportional to the input's size.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickletools
+import time
+import tracemalloc
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.helpers import cli
+
+EXAMPLES = max(int(os.environ.get("CKPTFIX_FUZZ_EXAMPLES", "300")) // 5, 40)
+PROPERTY = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+DTYPES = ["float32", "float16", "bfloat16", "int64", "uint8", "bool"]
+MB = 2**20
+
+
+@st.composite
+def state_dicts(draw: st.DrawFn) -> dict[str, Any]:
+    """1-4 tensors, some of them views (transposed, sliced rows) or aliases of another."""
+    import torch
+
+    state: dict[str, Any] = {}
+    for index in range(draw(st.integers(1, 4))):
+        dtype = getattr(torch, draw(st.sampled_from(DTYPES)))
+        shape = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3)))
+        values = torch.arange(int(torch.tensor(shape).prod()), dtype=torch.float64) * (index + 1)
+        tensor = values.reshape(shape).to(dtype)
+        kind = draw(st.sampled_from(["plain", "view", "alias"]))
+        if kind == "view" and tensor.dim() >= 2:
+            tensor = tensor.transpose(0, 1) if draw(st.booleans()) else tensor[1:]
+        if kind == "alias" and state:
+            tensor = state[draw(st.sampled_from(sorted(state)))]
+        state[f"layer.{index}.weight"] = tensor
+    return state
+
+
+def _save(state: dict[str, Any], form: str) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    if form == "safetensors":
+        from safetensors.torch import save
+
+        unique = {name: tensor.contiguous().clone() for name, tensor in state.items()}
+        return save(unique, metadata={"format": "pt"})
+    torch.save(state, buffer, _use_new_zipfile_serialization=form == "zip")
+    return buffer.getvalue()
+
+
+def _mutate_pickle_in_zip(data: bytes, draw: st.DrawFn) -> bytes:
+    """One opcode of data.pkl replaced or removed, and the zip rebuilt (CRC recomputed) so the
+    mutation reaches the unpickler."""
+    source = zipfile.ZipFile(io.BytesIO(data))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        for info in source.infolist():
+            blob = source.read(info)
+            if info.filename.endswith("data.pkl"):
+                blob = _mutate_opcode(blob, draw)
+            archive.writestr(info, blob)
+    return out.getvalue()
+
+
+def _mutate_opcode(blob: bytes, draw: st.DrawFn) -> bytes:
+    positions = [position for _, _, position in pickletools.genops(blob)]
+    at = draw(st.sampled_from(positions))
+    replacement = draw(st.sampled_from([b"", b"b", b"s", b"a", b"0", b"2", b"\x85", b"N", b"R"]))
+    return blob[:at] + replacement + blob[at + 1 :]
+
+
+@st.composite
+def mutated_inputs(draw: st.DrawFn) -> tuple[str, bytes, bool]:
+    form = draw(st.sampled_from(["zip", "legacy", "safetensors"]))
+    data = bytearray(_save(draw(state_dicts()), form))
+    kind = draw(st.sampled_from(["none", "byte", "opcode"] if form == "zip" else ["none", "byte"]))
+    if kind == "byte":
+        at = draw(st.integers(0, len(data) - 1))
+        data[at] = draw(st.integers(0, 255))
+    elif kind == "opcode":
+        data = bytearray(_mutate_pickle_in_zip(bytes(data), draw))
+    return form, bytes(data), kind != "none"
+
+
+def _tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """name -> (dtype, shape, row-major bytes) of every tensor ckptfix reads from `path`."""
+    from ckptfix.gather import tensor_bytes
+    from ckptfix.readers import read_weight_file
+
+    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
+    found = {}
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            for tensor in read_weight_file(str(file), str(file)).tensors:
+                found[tensor.name] = (tensor.dtype, tensor.shape, tensor_bytes(fd, tensor))
+        finally:
+            os.close(fd)
+    return found
+
+
+def _torch_view(path: Path) -> dict[str, tuple[tuple[int, ...], bytes]] | None:
+    """What torch itself loads (weights_only), or None when torch refuses the file."""
+    import warnings
+
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # old pickle protocols after a mutation
+            state = torch.load(path, weights_only=True)
+    except Exception:
+        return None
+    if not isinstance(state, dict):
+        return None
+    return {
+        str(name): (tuple(value.shape), value.contiguous().view(torch.uint8).numpy().tobytes())
+        for name, value in state.items()
+        if isinstance(value, torch.Tensor)
+    }
+
+
+def _bounded_run(*args: str | Path, size: int) -> tuple[Any, float, int]:
+    tracemalloc.start()
+    start = time.perf_counter()
+    try:
+        run = cli(*args)
+    finally:
+        elapsed = time.perf_counter() - start
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+    assert elapsed <= 10 + size / MB, (args, elapsed)
+    assert peak <= 64 * MB + 64 * size, (args, peak)
+    return run, elapsed, peak
+
+
+@pytest.mark.slow
+@PROPERTY
+@given(mutated_inputs())
+def test_every_command_succeeds_exactly_or_fails_cleanly(
+    tmp_path_factory: pytest.TempPathFactory, case: tuple[str, bytes, bool]
+) -> None:
+    form, data, _ = case
+    root = tmp_path_factory.mktemp("mutated")
+    path = root / ("model.safetensors" if form == "safetensors" else "model.bin")
+    path.write_bytes(data)
+    commands = ["convert", "dedupe"] + (["reshard"] if form == "safetensors" else [])
+    run, _, _ = _bounded_run("inspect", path, size=len(data))
+    assert run.code in (0, 1) and "Traceback" not in run.stderr
+    assert all(line.startswith("error: ") for line in run.error_lines), run.stderr
+    for command in commands:
+        out = root / f"out-{command}"
+        run, _, _ = _bounded_run(command, path, "-o", out, "--max-shard", "64", size=len(data))
+        assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+        if run.code != 0:
+            assert run.code == 1 and len(run.error_lines) == 1, run.stderr
+            assert run.error_lines[0].startswith("error: ")
+            assert not out.exists()
+            continue
+        _check_output(path, out, form)
+    assert not list(root.glob(".ckptfix-*"))
+
+
+def _check_output(source: Path, out: Path, form: str) -> None:
+    """Every tensor written equals the source's, bitwise, as ckptfix read it and, for torch
+    files that torch itself loads, as torch read it."""
+    written = _tensors(out)
+    read = _tensors(source)
+    for name, value in written.items():
+        assert value == read[name], name
+    expected = _torch_view(source) if form != "safetensors" else None
+    if expected is not None:
+        for name, (_, shape, raw) in written.items():
+            assert expected[name] == (shape, raw), name
