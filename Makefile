@@ -8,7 +8,7 @@ FULL := $(VENV)/.installed-full
 DEMO := $(VENV)/.installed-demo
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: install test lint demo bench fuzz clean
+.PHONY: install test test-fast lint demo bench fuzz clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,6 +34,10 @@ install: $(FULL)
 
 test: $(FULL)
 	$(BIN)/python -m pytest -q
+
+# The inner loop: everything but the tests marked slow (signals, interop, huge files, property).
+test-fast: $(FULL)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 lint: $(FULL)
 	$(BIN)/ruff check .
@@ -63,7 +67,7 @@ bench: $(FULL)
 	$(BIN)/python bench/bench.py
 
 fuzz: $(FULL)
-	CKPTFIX_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest -q tests/test_fuzz.py
+	CKPTFIX_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest -q tests/test_fuzz.py tests/test_mutation_property.py
 
 clean:
 	rm -rf $(VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
