@@ -138,7 +138,18 @@ def ensure_inputs() -> dict[str, Path]:
     if not four.exists():
         print(f"building {four} ...", flush=True)
         write_safetensors(four, llama_tensors(layers=44))
-    return {"single": single, "five": five, "many": many, "half": half, "four": four}
+    million = CACHE / "million-tensors.safetensors"
+    if not million.exists():
+        print(f"building {million} ...", flush=True)
+        write_safetensors(million, [(f"t.{i}", (1,)) for i in range(1_000_000)], "U8", 1)
+    return {
+        "single": single,
+        "five": five,
+        "many": many,
+        "half": half,
+        "four": four,
+        "million": million,
+    }
 
 
 @dataclass
@@ -224,6 +235,7 @@ def bench_inspect(inputs: dict[str, Path], repeat: int) -> list[str]:
         "single": ("2.2 GB single file", 0.5, 120),
         "five": ("2.2 GB, 5 shards", 0.5, 120),
         "many": ("50 shards, 100,000 tensors", 2.0, None),
+        "million": ("1,000,000 tensors in one header", 8.0, 1024),
     }
     for key, (label, wall_target, rss_target) in targets.items():
         path = inputs[key]

@@ -9,53 +9,39 @@ read for it ever reaches an output.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from typing import Any
 
 from ckptfix.catalog import TensorInfo
 from ckptfix.dtypes import DTYPES
-from ckptfix.errors import CorruptFileError, SourceChangedError
+from ckptfix.errors import CorruptFileError
+from ckptfix.io.source import ByteSource
 
 CHUNK = 16 * 2**20
 
 
-def tensor_chunks(fd: int, tensor: TensorInfo, chunk: int = CHUNK) -> Iterator[bytes]:
+def tensor_chunks(source: ByteSource, tensor: TensorInfo, chunk: int = CHUNK) -> Iterator[bytes]:
     """The tensor's elements in row-major order, in pieces of at most `chunk` bytes (a
     piece never splits an element)."""
     if tensor.nbytes == 0:
         return
     if tensor.contiguous or tensor.strides is None:
-        yield from _read_chunks(fd, tensor.byte_range[0], tensor.nbytes, chunk, tensor.file)
+        yield from _read_chunks(source, tensor.byte_range[0], tensor.nbytes, chunk)
         return
-    yield from _gather(fd, tensor, chunk)
+    yield from _gather(source, tensor, chunk)
 
 
-def tensor_bytes(fd: int, tensor: TensorInfo) -> bytes:
+def tensor_bytes(source: ByteSource, tensor: TensorInfo) -> bytes:
     """The whole tensor's row-major bytes (for callers that need it in memory at once)."""
-    return b"".join(tensor_chunks(fd, tensor))
+    return b"".join(tensor_chunks(source, tensor))
 
 
-def _read_chunks(fd: int, offset: int, size: int, chunk: int, path: str) -> Iterator[bytes]:
+def _read_chunks(source: ByteSource, offset: int, size: int, chunk: int) -> Iterator[bytes]:
     while size:
-        data = read_exact(fd, offset, min(size, chunk), path)
+        data = source.read_at(offset, min(size, chunk))
         offset += len(data)
         size -= len(data)
         yield data
-
-
-def read_exact(fd: int, offset: int, size: int, path: str | None = None) -> bytes:
-    """pread in a loop (one call returns at most about 2 GiB on Linux); a file that ends
-    early changed under us or was truncated."""
-    parts = []
-    while size:
-        part = os.pread(fd, min(size, 1 << 30), offset)
-        if not part:
-            raise SourceChangedError(path)
-        parts.append(part)
-        offset += len(part)
-        size -= len(part)
-    return b"".join(parts)
 
 
 def _checked_layout(tensor: TensorInfo) -> tuple[list[int], list[int], int]:
@@ -90,14 +76,14 @@ def _row_blocks(shape: list[int], itemsize: int, chunk: int) -> tuple[int, int]:
     return k, max(chunk // row, 1)
 
 
-def _gather(fd: int, tensor: TensorInfo, chunk: int) -> Iterator[bytes]:
+def _gather(source: ByteSource, tensor: TensorInfo, chunk: int) -> Iterator[bytes]:
     import numpy as np
 
     itemsize = DTYPES[tensor.dtype].bits // 8
     shape, strides, span = _checked_layout(tensor)
     # Read, not mapped: a source truncated by someone else while we work must be an error
     # (a short read), never SIGBUS on a mapped page past the new end of the file.
-    stored = np.frombuffer(read_exact(fd, tensor.byte_range[0], span, tensor.file), dtype=np.uint8)
+    stored = np.frombuffer(source.read_at(tensor.byte_range[0], span), dtype=np.uint8)
     view = np.lib.stride_tricks.as_strided(
         stored, shape=[*shape, itemsize], strides=[*strides, 1], writeable=False
     )

@@ -12,6 +12,7 @@ from ckptfix.cast import CAST_TARGETS
 from ckptfix.errors import UsageError
 from ckptfix.plan import ShardPlan, metadata_per_shard, plan_shards
 from ckptfix.report import Report
+from ckptfix.sizes import DEFAULT_MAX_SHARD
 from ckptfix.source import Checkpoint, open_checkpoint
 from ckptfix.staging import check_output, staged
 from ckptfix.transform import Selection, select
@@ -27,7 +28,6 @@ from ckptfix.writer import (
     write_shards,
 )
 
-DEFAULT_MAX_SHARD = 5 * 10**9
 # Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
 DROPPED_KEY = "ckptfix.dropped"
 

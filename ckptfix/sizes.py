@@ -7,6 +7,9 @@ from decimal import Decimal, InvalidOperation
 
 from ckptfix.errors import UsageError
 
+# The Hugging Face default shard size (`save_pretrained(max_shard_size="5GB")`).
+DEFAULT_MAX_SHARD = 5 * 10**9
+
 _UNITS: dict[str, int] = {
     "": 1,
     "B": 1,

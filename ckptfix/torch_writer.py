@@ -10,10 +10,10 @@ from typing import Any
 
 from ckptfix.dtypes import TORCH_NAMES
 from ckptfix.errors import CorruptFileError, VerificationError
+from ckptfix.formats import read_file
 from ckptfix.gather import tensor_bytes
+from ckptfix.io.source import LocalFile
 from ckptfix.plan import ShardPlan
-from ckptfix.readers import read_torch_file
-from ckptfix.sniff import FileFormat
 from ckptfix.writer import OutTensor, Progress, WrittenFile, produce, write_index
 
 
@@ -31,7 +31,7 @@ def write_torch_shards(
 
     written: list[WrittenFile] = []
     done = 0
-    handles: dict[str, int] = {}
+    handles: dict[str, LocalFile] = {}
     try:
         for shard in plan.shards:
             state: dict[str, torch.Tensor] = {}
@@ -39,7 +39,7 @@ def write_torch_shards(
             for name in shard.tensors:
                 tensor = tensors[name]
                 if tensor.source.file not in handles:
-                    handles[tensor.source.file] = os.open(tensor.source.file, os.O_RDONLY)
+                    handles[tensor.source.file] = LocalFile(tensor.source.file)
                 data = b"".join(produce(handles[tensor.source.file], tensor))
                 digests[name] = hashlib.blake2b(data, digest_size=32).digest()
                 dtype = getattr(torch, TORCH_NAMES[tensor.dtype])
@@ -65,14 +65,15 @@ def write_torch_shards(
             size = write_index(os.path.join(staging, plan.index_file), plan, index_metadata)
             written.append(WrittenFile(plan.index_file, size))
     finally:
-        for fd in handles.values():
-            os.close(fd)
+        for opened in handles.values():
+            opened.close()
     return written
 
 
 def _verify(path: str, display: str, digests: Mapping[str, bytes]) -> None:
+    source = LocalFile(path, display)
     try:
-        weight_file = read_torch_file(path, display, FileFormat.TORCH_ZIP)
+        weight_file = read_file(source)
     except CorruptFileError as exc:
         raise VerificationError(
             display,
@@ -85,15 +86,12 @@ def _verify(path: str, display: str, digests: Mapping[str, bytes]) -> None:
             "written file holds other tensors than planned",
             "this is a bug; please report it",
         )
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with source:
         for tensor in weight_file.tensors:
-            got = hashlib.blake2b(tensor_bytes(fd, tensor), digest_size=32).digest()
+            got = hashlib.blake2b(tensor_bytes(source, tensor), digest_size=32).digest()
             if got != digests[tensor.name]:
                 raise VerificationError(
                     display,
                     f"tensor {tensor.name!r} reads back different",
                     "check the disk, then run again",
                 )
-    finally:
-        os.close(fd)

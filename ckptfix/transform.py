@@ -10,10 +10,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ckptfix.catalog import TensorInfo
-from ckptfix.checks import common_wrapper_prefixes
+from ckptfix.checks.tensors import common_wrapper_prefixes
+from ckptfix.checks.values import content_groups
 from ckptfix.dtypes import DTYPES
 from ckptfix.errors import UsageError
-from ckptfix.values import content_groups
+from ckptfix.io.source import LocalFile
 from ckptfix.writer import OutTensor
 
 
@@ -126,7 +127,8 @@ def _same_content(
 ) -> dict[str, str]:
     """Separately stored tensors with equal dtype, shape and bytes (see values.content_groups:
     only tensors whose dtype and shape collide are read and hashed)."""
-    groups = content_groups(tensors, lambda path: path)
+    sources: dict[str, LocalFile] = {}
+    groups = content_groups(tensors, lambda path: sources.setdefault(path, LocalFile(path)))
     names = [[renamed.get(t.name, t.name) for t in group] for group in groups]
     return _drop_all_but_one(names, keep)
 

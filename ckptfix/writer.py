@@ -33,7 +33,8 @@ from ckptfix.formats.safetensors import (
     encode_header,
     read_header,
 )
-from ckptfix.gather import read_exact, tensor_chunks
+from ckptfix.gather import tensor_chunks
+from ckptfix.io.source import ByteSource, LocalFile, pread_exact
 from ckptfix.plan import PlannedShard, ShardPlan
 from ckptfix.sizes import format_size
 
@@ -100,32 +101,35 @@ class OutTensor:
         return cls(source.name, source, source.dtype)
 
 
-def produce(fd: int, tensor: OutTensor) -> Iterator[bytes]:
+def produce(source: ByteSource, tensor: OutTensor) -> Iterator[bytes]:
     """The output bytes of a tensor that is not streamed, in bounded chunks: gathered
     (strided views), then cast if asked."""
-    for chunk in tensor_chunks(fd, tensor.source):
+    for chunk in tensor_chunks(source, tensor.source):
         if tensor.dtype != tensor.source.dtype:
             chunk = cast_bytes(chunk, tensor.source.dtype, tensor.dtype)
         yield chunk
 
 
 class _Sources:
-    """Read-only descriptors for source files, opened once each."""
+    """Source files, opened once each."""
 
     def __init__(self) -> None:
-        self._fds: dict[str, int] = {}
+        self._files: dict[str, LocalFile] = {}
         self._lock = threading.Lock()
 
-    def fd(self, path: str) -> int:
+    def source(self, path: str) -> LocalFile:
         with self._lock:
-            if path not in self._fds:
-                self._fds[path] = os.open(path, os.O_RDONLY)
-            return self._fds[path]
+            if path not in self._files:
+                self._files[path] = LocalFile(path)
+            return self._files[path]
+
+    def fd(self, path: str) -> int:
+        return self.source(path).fd()
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        for source in self._files.values():
+            source.close()
+        self._files.clear()
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:
@@ -179,8 +183,11 @@ def copy_range(
             advance(begin - done)  # a hole: nothing to copy, counted as done
         _copy_segment(src, begin, stop - begin, dst, begin + shift, advance, src_path)
         done = stop
-    if advance is not None and end > done:
-        advance(end - done)
+    if end > done:  # a hole up to the end: extend the output now, so it is never short
+        if os.fstat(dst).st_size < end + shift:
+            os.ftruncate(dst, end + shift)
+        if advance is not None:
+            advance(end - done)
 
 
 def _copy_segment(
@@ -243,7 +250,7 @@ def ranges_equal(
         if cancel is not None and cancel.is_set():
             raise _Cancelled
         size = min(length, COMPARE_CHUNK)
-        if read_exact(src, src_offset, size, src_path) != read_exact(dst, dst_offset, size):
+        if pread_exact(src, src_offset, size, src_path) != pread_exact(dst, dst_offset, size):
             return False
         src_offset += size
         dst_offset += size
@@ -508,7 +515,7 @@ def write_shards(
                         )
                     else:  # gathered or cast in bounded chunks
                         digests[name] = _write_produced(
-                            fd, offset, produce(sources.fd(source.file), tensor), advance
+                            fd, offset, produce(sources.source(source.file), tensor), advance
                         )
                     placed.append((name, offset))
                     offset += tensor.nbytes

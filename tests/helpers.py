@@ -93,3 +93,31 @@ def measured(*args: str | os.PathLike[str], timeout: float = 120) -> Measured:
         seconds = time.perf_counter() - start
         peak = int(report.read() or 0)
     return Measured(done.returncode, done.stdout, done.stderr, peak, seconds)
+
+
+def read_weights(path: str | os.PathLike[str]) -> Any:
+    """One weight file read into descriptors (a FileRead), by ckptfix's own readers."""
+    from ckptfix.formats import read_file
+    from ckptfix.io.source import LocalFile
+
+    with LocalFile(os.fspath(path)) as source:
+        return read_file(source)
+
+
+def read_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """name -> (dtype, shape, row-major bytes) of every tensor in a checkpoint file, or in
+    the .safetensors/.bin files of a folder, as ckptfix reads them."""
+    from ckptfix.gather import tensor_bytes
+    from ckptfix.io.source import LocalFile
+
+    files = (
+        sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin"))
+        if path.is_dir()
+        else [path]
+    )
+    found = {}
+    for file in files:
+        with LocalFile(str(file)) as source:
+            for tensor in read_weights(file).tensors:
+                found[tensor.name] = (tensor.dtype, tensor.shape, tensor_bytes(source, tensor))
+    return found

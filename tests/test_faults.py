@@ -21,10 +21,9 @@ import torch
 import ckptfix
 from ckptfix import writer
 from ckptfix.errors import WriteError
-from ckptfix.gather import tensor_bytes
-from ckptfix.readers import read_weight_file
 from ckptfix.rewrite import convert, dedupe, reshard
 from tests.conftest import Factory, Spec, seeded_bytes
+from tests.helpers import read_tensors
 
 MB = 2**20
 COMMANDS = ["reshard", "convert", "dedupe"]
@@ -33,21 +32,9 @@ TRIALS = 20
 
 def tensor_digests(path: Path) -> dict[str, str]:
     """name -> digest of the row-major bytes, for any checkpoint file or folder."""
-    files = (
-        sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin"))
-        if path.is_dir()
-        else [path]
-    )
-    digests = {}
-    for file in files:
-        weight = read_weight_file(str(file), str(file))
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            for tensor in weight.tensors:
-                digests[tensor.name] = hashlib.blake2b(tensor_bytes(fd, tensor)).hexdigest()
-        finally:
-            os.close(fd)
-    return digests
+    return {
+        name: hashlib.blake2b(data).hexdigest() for name, (_, _, data) in read_tensors(path).items()
+    }
 
 
 def file_digests(root: Path) -> dict[str, str]:

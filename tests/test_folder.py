@@ -341,7 +341,7 @@ def test_torch_files_in_a_folder_are_read(factory: Factory, tmp_path: Path) -> N
 def test_no_tensor_data_read_without_hash_or_scan(
     factory: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ckptfix import values
+    from ckptfix import gather
 
     folder = factory.sharded("m", [SHARD1, SHARD2])
     factory.config("m", tie_word_embeddings=True)
@@ -349,7 +349,7 @@ def test_no_tensor_data_read_without_hash_or_scan(
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("tensor data was read")
 
-    monkeypatch.setattr(values, "iter_bytes", refuse)
+    monkeypatch.setattr(gather, "tensor_chunks", refuse)
     report = ckptfix.inspect(folder)
     assert report.tensor_count == 3
     with pytest.raises(AssertionError, match="tensor data was read"):

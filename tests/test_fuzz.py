@@ -177,7 +177,7 @@ json_values = st.recursive(
 def test_fast_json_equals_strict_json(
     document: dict[str, object], separators: tuple[str, str], duplicate: bool, data: st.DataObject
 ) -> None:
-    from ckptfix.formats.safetensors import _fast_json, strict_json
+    from ckptfix.formats.strict_json import _fast_json, strict_json
 
     text = json.dumps(document, separators=separators, ensure_ascii=data.draw(st.booleans()))
     if duplicate and document:
@@ -247,10 +247,10 @@ def test_mutated_pickle_in_zip(tmp_path: Path, blob: bytes) -> None:
     storages = {str(key): bytes(48) for key in range(4)}
     path = zip_checkpoint(tmp_path / "m.pt", blob, storages)
     from ckptfix.errors import CkptfixError
-    from ckptfix.readers import read_weight_file
+    from tests.helpers import read_weights
 
     with contextlib.suppress(CkptfixError):
-        read_weight_file(str(path), str(path))
+        read_weights(path)
     ckptfix.inspect(path)
     _write_attempt(path, tmp_path / "out")
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import cli
+from tests.helpers import cli, read_tensors
 
 EXAMPLES = max(int(os.environ.get("CKPTFIX_FUZZ_EXAMPLES", "300")) // 5, 40)
 PROPERTY = settings(
@@ -98,23 +98,6 @@ def mutated_inputs(draw: st.DrawFn) -> tuple[str, bytes, bool]:
     return form, bytes(data), kind != "none"
 
 
-def _tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    """name -> (dtype, shape, row-major bytes) of every tensor ckptfix reads from `path`."""
-    from ckptfix.gather import tensor_bytes
-    from ckptfix.readers import read_weight_file
-
-    files = sorted(path.glob("*.safetensors")) if path.is_dir() else [path]
-    found = {}
-    for file in files:
-        fd = os.open(file, os.O_RDONLY)
-        try:
-            for tensor in read_weight_file(str(file), str(file)).tensors:
-                found[tensor.name] = (tensor.dtype, tensor.shape, tensor_bytes(fd, tensor))
-        finally:
-            os.close(fd)
-    return found
-
-
 def _torch_view(path: Path) -> dict[str, tuple[tuple[int, ...], bytes]] | None:
     """What torch itself loads (weights_only), or None when torch refuses the file."""
     import warnings
@@ -180,8 +163,8 @@ def test_every_command_succeeds_exactly_or_fails_cleanly(
 def _check_output(source: Path, out: Path, form: str) -> None:
     """Every tensor written equals the source's, bitwise, as ckptfix read it and, for torch
     files that torch itself loads, as torch read it."""
-    written = _tensors(out)
-    read = _tensors(source)
+    written = read_tensors(out)
+    read = read_tensors(source)
     for name, value in written.items():
         assert value == read[name], name
     expected = _torch_view(source) if form != "safetensors" else None

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 import ckptfix
 from ckptfix.gather import tensor_bytes
-from ckptfix.readers import read_weight_file
-from tests.helpers import cli
+from ckptfix.io.source import LocalFile
+from tests.helpers import cli, read_weights
 from tests.torch_files import (
     Emit,
     hostile_pickles,
@@ -71,18 +71,15 @@ def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torc
 
 def assert_matches_oracle(path: Path, legacy: bool = False) -> None:
     expected = torch.load(path, weights_only=True, map_location="cpu")
-    weight_file = read_weight_file(str(path), str(path))
-    assert weight_file.format.value == ("torch-legacy" if legacy else "torch-zip")
+    weight_file = read_weights(path)
+    assert weight_file.format == ("torch-legacy" if legacy else "torch-zip")
     assert [t.name for t in weight_file.tensors] == list(expected)
-    fd = os.open(path, os.O_RDONLY)
-    try:
+    with LocalFile(str(path)) as source:
         for info in weight_file.tensors:
             tensor = expected[info.name]
             assert info.shape == tuple(tensor.shape), info.name
             assert info.contiguous == tensor.is_contiguous(), info.name
-            assert tensor_bytes(fd, info) == raw(tensor), info.name
-    finally:
-        os.close(fd)
+            assert tensor_bytes(source, info) == raw(tensor), info.name
 
 
 def views_state_dict() -> OrderedDict[str, torch.Tensor]:
@@ -331,10 +328,9 @@ def test_crafted_file_reads_like_torch(tmp_path: Path) -> None:
     data = bytes(range(24))
     path = _tensor_zip(tmp_path, 1, [2, 2], [1, 2], data=data)
     expected = torch.load(path, weights_only=True)["w"]
-    info = read_weight_file(str(path), str(path)).tensors[0]
-    fd = os.open(path, os.O_RDONLY)
-    assert tensor_bytes(fd, info) == raw(expected)
-    os.close(fd)
+    info = read_weights(path).tensors[0]
+    with LocalFile(str(path)) as source:
+        assert tensor_bytes(source, info) == raw(expected)
 
 
 MALFORMED = {

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 from safetensors.torch import save_file
 
 import ckptfix
-from ckptfix.values import count_non_finite
+from ckptfix.checks.values import count_non_finite
+from ckptfix.io.source import LocalFile
 from tests.conftest import Factory, Spec
 
 FLOAT_DTYPES = {
@@ -48,7 +49,7 @@ def test_non_finite_counts_match_torch(factory: Factory, name: str) -> None:
     save_file({"t": tensor}, str(path))
     report = ckptfix.inspect(path)
     info = report.tensors[0]
-    assert count_non_finite(str(path), info) == _oracle(tensor)
+    assert count_non_finite(LocalFile(str(path)), info) == _oracle(tensor)
 
 
 def test_complex_non_finite(factory: Factory) -> None:
@@ -57,7 +58,7 @@ def test_complex_non_finite(factory: Factory) -> None:
     )
     path = factory.path("c.safetensors")
     save_file({"c": tensor}, str(path))
-    assert count_non_finite(str(path), ckptfix.inspect(path).tensors[0]) == (1, 1)
+    assert count_non_finite(LocalFile(str(path)), ckptfix.inspect(path).tensors[0]) == (1, 1)
 
 
 @settings(max_examples=40, deadline=None)
@@ -71,7 +72,9 @@ def test_non_finite_property(
     tensor = torch.tensor(floats, dtype=torch.float32).to(FLOAT_DTYPES[name])
     path = tmp_path_factory.mktemp("nf") / "t.safetensors"
     save_file({"t": tensor}, str(path))
-    assert count_non_finite(str(path), ckptfix.inspect(path).tensors[0]) == _oracle(tensor)
+    assert count_non_finite(LocalFile(str(path)), ckptfix.inspect(path).tensors[0]) == _oracle(
+        tensor
+    )
 
 
 def test_scan_values_finding(factory: Factory) -> None:
@@ -94,7 +97,7 @@ def test_scan_values_large_tensor_spans_chunks(factory: Factory) -> None:
     tensor[3 * 2**20] = float("nan")
     path = factory.path("big.safetensors")
     save_file({"t": tensor}, str(path))
-    assert count_non_finite(str(path), ckptfix.inspect(path).tensors[0]) == (2, 1)
+    assert count_non_finite(LocalFile(str(path)), ckptfix.inspect(path).tensors[0]) == (2, 1)
 
 
 def test_hash_finds_duplicate_content(factory: Factory) -> None:

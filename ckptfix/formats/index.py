@@ -9,7 +9,7 @@ from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
 from ckptfix.errors import CorruptFileError
-from ckptfix.formats.safetensors import parse_header_json
+from ckptfix.formats.strict_json import parse_header_json
 
 MAX_INDEX_SIZE = 100_000_000
 _FIX = "regenerate the index, or fix the entry by hand"

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
-
 from ckptfix.catalog import TensorInfo
 from ckptfix.dtypes import DTYPES
 from ckptfix.errors import CorruptFileError
+from ckptfix.findings import Finding, finding
+from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
+from ckptfix.formats.strict_json import parse_header_json
+from ckptfix.io.source import ByteSource, LocalFile
 from ckptfix.memory import paused_gc
 
 MAX_HEADER_SIZE = 100_000_000
@@ -43,127 +44,6 @@ class SafetensorsHeader:
     @property
     def data_start(self) -> int:
         return 8 + self.header_size
-
-
-class _Negative:
-    """A negative JSON integer: kept apart so `-0` cannot pass as a valid 0."""
-
-    def __init__(self, text: str) -> None:
-        self.text = text
-
-    def __repr__(self) -> str:
-        return self.text
-
-
-class _JsonRejected(Exception):
-    def __init__(self, rule: str, what: str) -> None:
-        super().__init__(what)
-        self.rule = rule
-        self.what = what
-
-
-def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result = dict(pairs)
-    if len(result) != len(pairs):  # rare: find the culprit only then
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _JsonRejected("duplicate-key", f"key {key!r} appears twice in the header")
-            seen.add(key)
-    return result
-
-
-def _reject_constant(name: str) -> Any:
-    raise _JsonRejected("nan-constant", f"header contains the non-JSON constant {name}")
-
-
-def _parse_int(text: str) -> int | _Negative:
-    return _Negative(text) if text.startswith("-") else int(text)
-
-
-# A JSON number token `-0` (possibly `-0` followed by nothing numeric). Python reads it as
-# 0, serde refuses it; only when this pattern occurs do we pay for a per-integer hook.
-_NEGATIVE_ZERO = re.compile(r"-0(?![0-9.eE])")
-_NEGATIVE_ZERO_BYTES = re.compile(rb"-0(?![0-9.eE])")
-# orjson reads integers past 64 bits as floats; the strict parser keeps them exact. A run of
-# 20 digits is found by mapping digits to "0" and all else to " " (much faster than a regex).
-_DIGITS_ONLY = bytes(ord("0") if chr(i).isdigit() and i < 128 else ord(" ") for i in range(256))
-_LONG_DIGIT_RUN = b"0" * 20
-
-
-# Whitespace before a colon (a run of it always ends in one of these pairs); see _fast_json.
-_SPACED_COLONS = (b" :", b"\t:", b"\n:", b"\r:")
-
-
-def _fast_json(raw: bytes) -> dict[str, Any] | None:
-    """orjson's parse when it provably equals the strict parse below, else None.
-
-    orjson is several times faster than json, refuses NaN, bad UTF-8 and integers past
-    64 bits by itself, but keeps the last of duplicate keys. Duplicates are ruled out by
-    counting: with no backslash in the text (so every quote delimits a string) and no space
-    before a colon, each key ends in `":`; a count that differs from the keys parsed means
-    a duplicate or something unusual, and the strict parser decides.
-    """
-    if (
-        b"\\" in raw
-        or any(pair in raw for pair in _SPACED_COLONS)
-        or _NEGATIVE_ZERO_BYTES.search(raw)
-        or _LONG_DIGIT_RUN in raw.translate(_DIGITS_ONLY)
-    ):
-        return None
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return None
-    if type(parsed) is not dict:
-        return None
-    keys = len(parsed) + sum(len(value) for value in parsed.values() if type(value) is dict)
-    return parsed if keys == raw.count(b'":') else None
-
-
-def parse_header_json(raw: bytes, path: str) -> dict[str, Any]:
-    """Decode header bytes as strict JSON with a top-level object."""
-    fast = _fast_json(raw)
-    return fast if fast is not None else strict_json(raw, path)
-
-
-def strict_json(raw: bytes, path: str) -> dict[str, Any]:
-    """The authoritative parse: every refusal names its rule."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CorruptFileError(
-            path, "header-not-utf8", f"header is not valid UTF-8 at byte {exc.start}", _REEXPORT
-        ) from exc
-    hooks: dict[str, Any] = {
-        "object_pairs_hook": _pairs_hook,
-        "parse_constant": _reject_constant,
-    }
-    if _NEGATIVE_ZERO.search(text):
-        hooks["parse_int"] = _parse_int
-    try:
-        parsed = json.loads(text, **hooks)
-    except _JsonRejected as exc:
-        raise CorruptFileError(path, exc.rule, exc.what, _REEXPORT) from exc
-    except json.JSONDecodeError as exc:
-        raise CorruptFileError(
-            path,
-            "header-not-json",
-            f"header is not valid JSON: {exc.msg} at char {exc.pos}",
-            _REEXPORT,
-        ) from exc
-    except (ValueError, RecursionError) as exc:
-        raise CorruptFileError(
-            path, "header-not-json", f"header is not valid JSON: {str(exc)[:80]}", _REEXPORT
-        ) from exc
-    if not isinstance(parsed, dict):
-        raise CorruptFileError(
-            path,
-            "header-not-object",
-            f"header is a JSON {type(parsed).__name__}, not an object",
-            _REEXPORT,
-        )
-    return parsed
 
 
 def _is_uint(value: object) -> bool:
@@ -372,54 +252,46 @@ def _check_coverage(
         )
 
 
-def read_header(path: str | os.PathLike[str], display: str | None = None) -> SafetensorsHeader:
+def read_header(
+    file: str | os.PathLike[str] | ByteSource, display: str | None = None
+) -> SafetensorsHeader:
     """Read and validate a safetensors header; raises CorruptFileError naming the rule."""
-    shown = display if display is not None else os.fspath(path)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        file_size = os.fstat(fd).st_size
-        if file_size < 8:
-            raise CorruptFileError(
-                shown,
-                "too-small",
-                f"file has {file_size} bytes; a safetensors file needs at least 8",
-                "re-download the file",
-            )
-        (header_size,) = struct.unpack("<Q", os.pread(fd, 8, 0))
-        if header_size > MAX_HEADER_SIZE:
-            first = os.pread(fd, 8, 0)
-            text = first.decode("ascii", "replace")
-            looks = f"; the file starts with text {text!r}" if text.isprintable() else ""
-            raise CorruptFileError(
-                shown,
-                "header-too-large",
-                f"header length {header_size} exceeds the {MAX_HEADER_SIZE}-byte limit{looks}",
-                "this is not a safetensors file, or it is damaged; re-download it",
-            )
-        if 8 + header_size > file_size:
-            raise CorruptFileError(
-                shown,
-                "bad-header-length",
-                f"header length {header_size} needs {8 + header_size} bytes but the file has "
-                f"{file_size}",
-                "re-download the file",
-            )
-        raw = _pread_exact(fd, header_size, 8)
-    finally:
-        os.close(fd)
+    if isinstance(file, ByteSource):
+        return _read_header(file)
+    with LocalFile(os.fspath(file), display) as source:
+        return _read_header(source)
+
+
+def _read_header(source: ByteSource) -> SafetensorsHeader:
+    shown, file_size = source.label, source.size
+    if file_size < 8:
+        raise CorruptFileError(
+            shown,
+            "too-small",
+            f"file has {file_size} bytes; a safetensors file needs at least 8",
+            "re-download the file",
+        )
+    first = source.read_at(0, 8)
+    (header_size,) = struct.unpack("<Q", first)
+    if header_size > MAX_HEADER_SIZE:
+        text = first.decode("ascii", "replace")
+        looks = f"; the file starts with text {text!r}" if text.isprintable() else ""
+        raise CorruptFileError(
+            shown,
+            "header-too-large",
+            f"header length {header_size} exceeds the {MAX_HEADER_SIZE}-byte limit{looks}",
+            "this is not a safetensors file, or it is damaged; re-download it",
+        )
+    if 8 + header_size > file_size:
+        raise CorruptFileError(
+            shown,
+            "bad-header-length",
+            f"header length {header_size} needs {8 + header_size} bytes but the file has "
+            f"{file_size}",
+            "re-download the file",
+        )
+    raw = source.read_at(8, header_size)
     return parse_header(raw, header_size=header_size, file_size=file_size, path=shown)
-
-
-def _pread_exact(fd: int, size: int, offset: int) -> bytes:
-    chunks: list[bytes] = []
-    while size:
-        chunk = os.pread(fd, size, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size -= len(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
 
 
 def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> SafetensorsHeader:
@@ -487,3 +359,62 @@ def encode_header(entries: Iterable[HeaderEntry], metadata: Mapping[str, str] | 
     body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
     body += b" " * (-len(body) % 8)
     return struct.pack("<Q", len(body)) + body
+
+
+@dataclass(frozen=True)
+class SafetensorsFile(FileRead):
+    empty_names: int = 0
+
+
+class SafetensorsFormat:
+    """`.safetensors`: a u64 header length, a JSON header, then the tensors back to back."""
+
+    name = "safetensors"
+    description = "a safetensors file"
+
+    def sniff(self, head: bytes) -> bool:
+        # Before pickle: a header length such as 128 starts with the byte 0x80, the pickle
+        # protocol marker. The writer pads the header with spaces, and the reference reader
+        # accepts leading JSON whitespace, so skip it before looking for the opening brace.
+        if len(head) < 9:
+            return False
+        (header_len,) = struct.unpack("<Q", head[:8])
+        return 0 < header_len <= MAX_HEADER_SIZE and head[8:].lstrip(b" \t\r\n")[:1] == b"{"
+
+    def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
+        header = read_header(source)
+        return SafetensorsFile(
+            source.label,
+            self.name,
+            header.file_size,
+            header.tensors,
+            header.metadata,
+            header.empty_names,
+        )
+
+    def checks(self, file: FileRead) -> list[Finding]:
+        found: list[Finding] = []
+        if "format" not in (file.metadata or {}):
+            found.append(
+                finding(
+                    "missing-format-metadata",
+                    'header __metadata__ has no "format" entry, which some loaders require '
+                    '(rewrite with `ckptfix reshard`, which adds "format": "pt")',
+                    file=file.label,
+                )
+            )
+        empty = file.empty_names if isinstance(file, SafetensorsFile) else 0
+        if empty:
+            found.append(
+                finding(
+                    "empty-name",
+                    f"{empty} tensor(s) have an empty name, which loaders cannot address "
+                    "(rename them at export)",
+                    file=file.label,
+                    tensors=[""],
+                )
+            )
+        return found
+
+
+SAFETENSORS = FORMATS.register(SafetensorsFormat())

@@ -8,11 +8,12 @@ of the file that grows only as needed, so the storages after them are never load
 
 from __future__ import annotations
 
-import os
 import struct
-from typing import Any, BinaryIO
+from typing import Any
 
 from ckptfix.errors import CorruptFileError
+from ckptfix.findings import Finding
+from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.pickle_scan import (
     MAX_PICKLE_BYTES,
     PickleRejected,
@@ -20,9 +21,11 @@ from ckptfix.formats.pickle_scan import (
     ScanResult,
     scan,
 )
+from ckptfix.formats.pickled import pickle_checks, pickle_file
 from ckptfix.formats.tensor_dict import PickleCheckpoint, Storage
 from ckptfix.formats.torch_zip import storage_nbytes
 from ckptfix.formats.unpickler import REEXPORT, Resolver, StorageRef, unpickle
+from ckptfix.io.source import ByteSource
 
 LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 LEGACY_PROTOCOL = 1001
@@ -33,10 +36,10 @@ _TRUNCATED_FIX = "re-download the file"
 class _Pickles:
     """Reads the pickles of a legacy file one after another."""
 
-    def __init__(self, handle: BinaryIO, size: int, display: str, resolve: Resolver) -> None:
-        self.handle = handle
-        self.size = size
-        self.display = display
+    def __init__(self, source: ByteSource, resolve: Resolver) -> None:
+        self.source = source
+        self.size = source.size
+        self.display = source.label
         self.resolve = resolve
         self.position = 0
 
@@ -45,8 +48,7 @@ class _Pickles:
         window = _FIRST_WINDOW
         while True:
             window = min(window, self.size - self.position, MAX_PICKLE_BYTES)
-            self.handle.seek(self.position)
-            data = self.handle.read(window)
+            data = self.source.read_at(self.position, window)
             try:
                 walk = scan(data)
                 return data[: walk.end], walk
@@ -99,23 +101,17 @@ def _storage_keys(pickles: _Pickles, display: str) -> list[str]:
 
 
 def _locate(
-    handle: BinaryIO,
-    keys: list[str],
-    pending: dict[str, tuple[str | None, int]],
-    start: int,
-    display: str,
+    source: ByteSource, keys: list[str], pending: dict[str, tuple[str | None, int]], start: int
 ) -> tuple[dict[str, Storage], int]:
     """Each storage: an int64 element count, then its bytes. Returns them and the end."""
     storages: dict[str, Storage] = {}
-    position = start
+    position, display = start, source.label
     for key in keys:
-        handle.seek(position)
-        raw = handle.read(8)
-        if len(raw) != 8:
+        if position + 8 > source.size:
             raise CorruptFileError(
                 display, "truncated", f"file ends before storage {key!r}", _TRUNCATED_FIX
             )
-        (numel,) = struct.unpack("<q", raw)
+        (numel,) = struct.unpack("<q", source.read_at(position, 8))
         dtype, expected = pending.get(key, (None, -1))
         if key not in pending or numel != expected:
             raise CorruptFileError(
@@ -130,8 +126,10 @@ def _locate(
     return storages, position
 
 
-def read_legacy(path: str, display: str) -> PickleCheckpoint:
+def read_legacy(source: ByteSource) -> PickleCheckpoint:
+    """The unpickled object of a legacy torch file, with its storages located."""
     pending: dict[str, tuple[str | None, int]] = {}
+    display, size = source.label, source.size
 
     def resolve(key: str, dtype: str | None, numel: int) -> StorageRef:
         if key in pending and pending[key] != (dtype, numel):
@@ -144,13 +142,11 @@ def read_legacy(path: str, display: str) -> PickleCheckpoint:
         pending[key] = (dtype, numel)
         return StorageRef(key, dtype, storage_nbytes(dtype, numel))
 
-    with open(path, "rb") as handle:
-        size = os.fstat(handle.fileno()).st_size
-        pickles = _Pickles(handle, size, display, resolve)
-        _header(pickles, display)
-        obj = pickles.next("checkpoint")
-        keys = _storage_keys(pickles, display)
-        storages, end = _locate(handle, keys, pending, pickles.position, display)
+    pickles = _Pickles(source, resolve)
+    _header(pickles, display)
+    obj = pickles.next("checkpoint")
+    keys = _storage_keys(pickles, display)
+    storages, end = _locate(source, keys, pending, pickles.position)
     if end > size:
         raise CorruptFileError(
             display,
@@ -171,3 +167,22 @@ def read_legacy(path: str, display: str) -> PickleCheckpoint:
             display, "missing-storage", f"storage {missing[0]!r} is used but not stored", REEXPORT
         )
     return PickleCheckpoint(obj, storages, "torch-legacy")
+
+
+class TorchLegacyFormat:
+    """The pickle format torch wrote before 1.6: pickles back to back, then the storages."""
+
+    name = "torch-legacy"
+    description = "a pickle (legacy PyTorch checkpoint)"
+
+    def sniff(self, head: bytes) -> bool:
+        return head[:1] == b"\x80"
+
+    def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
+        return pickle_file(read_legacy(source), source, self.name, options)
+
+    def checks(self, file: FileRead) -> list[Finding]:
+        return pickle_checks(file)
+
+
+TORCH_LEGACY = FORMATS.register(TorchLegacyFormat())

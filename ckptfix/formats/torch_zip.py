@@ -8,18 +8,20 @@ checked against its CRC; storages become byte ranges in the file. No tensor data
 
 from __future__ import annotations
 
-import os
 import struct
 import zipfile
 import zlib
 from collections import Counter
-from typing import BinaryIO
 
 from ckptfix.dtypes import DTYPES
 from ckptfix.errors import CorruptFileError, UnsupportedFormatError
+from ckptfix.findings import Finding
+from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.pickle_scan import MAX_PICKLE_BYTES
+from ckptfix.formats.pickled import pickle_checks, pickle_file
 from ckptfix.formats.tensor_dict import PickleCheckpoint, Storage
 from ckptfix.formats.unpickler import REEXPORT, StorageRef, unpickle
+from ckptfix.io.source import ByteSource, open_stream
 
 MAX_ENTRIES = 4_000_000  # a 1,000,000-tensor checkpoint has about as many storages
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
@@ -38,9 +40,9 @@ def _bad(display: str, rule: str, what: str) -> CorruptFileError:
     return CorruptFileError(display, rule, what, REEXPORT)
 
 
-def _open_archive(handle: BinaryIO, display: str) -> list[zipfile.ZipInfo]:
+def _open_archive(source: ByteSource, display: str) -> list[zipfile.ZipInfo]:
     try:
-        with zipfile.ZipFile(handle) as archive:
+        with open_stream(source) as stream, zipfile.ZipFile(stream) as archive:
             return archive.infolist()
     except _ZIP_ERRORS as exc:
         raise _bad(display, "bad-zip", f"zip archive cannot be read: {exc}") from exc
@@ -77,7 +79,7 @@ def _check_directory(infos: list[zipfile.ZipInfo], display: str) -> str:
 
 
 def _entry_start(
-    handle: BinaryIO, info: zipfile.ZipInfo, file_size: int, display: str, kind: str
+    source: ByteSource, info: zipfile.ZipInfo, file_size: int, display: str, kind: str
 ) -> int:
     """Where a stored entry's bytes start, from its local header, which must agree with the
     central directory (name, method) and is not taken on trust."""
@@ -90,12 +92,12 @@ def _entry_start(
             f"zip entry {info.filename!r} is compressed (method {info.compress_type}); "
             "torch writes every entry stored",
         )
-    handle.seek(info.header_offset)
-    header = handle.read(_LOCAL_HEADER.size)
-    if len(header) != _LOCAL_HEADER.size:
+    if info.header_offset + _LOCAL_HEADER.size > file_size:
         raise _bad(display, "bad-zip", f"local header of {info.filename!r} is past the end")
+    header = source.read_at(info.header_offset, _LOCAL_HEADER.size)
     magic, _, flags, method, *_, name_length, extra_length = _LOCAL_HEADER.unpack(header)
-    name = handle.read(name_length).decode("utf-8" if flags & 0x800 else "cp437", "replace")
+    raw_name = source.read_at(info.header_offset + _LOCAL_HEADER.size, name_length)
+    name = raw_name.decode("utf-8" if flags & 0x800 else "cp437", "replace")
     if magic != b"PK\x03\x04" or method != 0 or flags & 0x1 or name != info.orig_filename:
         raise _bad(
             display, "bad-zip", f"local header of {info.filename!r} disagrees with the directory"
@@ -111,56 +113,74 @@ def _entry_start(
     return start
 
 
-def _read_pickle(handle: BinaryIO, info: zipfile.ZipInfo, file_size: int, display: str) -> bytes:
+def _read_pickle(source: ByteSource, info: zipfile.ZipInfo, file_size: int, display: str) -> bytes:
     if info.file_size > MAX_PICKLE_BYTES:
         raise _bad(
             display,
             "pickle-too-large",
             f"data.pkl is {info.file_size} bytes, over {MAX_PICKLE_BYTES}",
         )
-    start = _entry_start(handle, info, file_size, display, "pickle")
-    handle.seek(start)
-    data = handle.read(info.file_size)
-    if len(data) != info.file_size or zlib.crc32(data) != info.CRC:
+    start = _entry_start(source, info, file_size, display, "pickle")
+    data = source.read_at(start, info.file_size)
+    if zlib.crc32(data) != info.CRC:
         raise _bad(display, "bad-zip", "data.pkl does not match its CRC (a damaged download?)")
     return data
 
 
-def read_zip(path: str, display: str) -> PickleCheckpoint:
-    with open(path, "rb") as handle:
-        file_size = os.fstat(handle.fileno()).st_size
-        infos = _open_archive(handle, display)
-        root = _check_directory(infos, display)
-        entries = {info.filename: info for info in infos}
-        data = _read_pickle(handle, entries[f"{root}/data.pkl"], file_size, display)
-        storages: dict[str, Storage] = {}
-        refs: dict[str, StorageRef] = {}
+def read_zip(source: ByteSource) -> PickleCheckpoint:
+    """The unpickled object of a torch zip file, with its storages located."""
+    display, file_size = source.label, source.size
+    infos = _open_archive(source, display)
+    root = _check_directory(infos, display)
+    entries = {info.filename: info for info in infos}
+    data = _read_pickle(source, entries[f"{root}/data.pkl"], file_size, display)
+    storages: dict[str, Storage] = {}
+    refs: dict[str, StorageRef] = {}
 
-        def resolve(key: str, dtype: str | None, numel: int) -> StorageRef:
-            nbytes = storage_nbytes(dtype, numel)
-            if key in refs:
-                if refs[key].nbytes != nbytes:
-                    raise _bad(
-                        display, "storage-mismatch", f"storage {key!r} is referenced with two sizes"
-                    )
-                return refs[key]
-            info = entries.get(f"{root}/data/{key}")
-            if info is None:
-                raise _bad(display, "missing-storage", f"storage {key!r} has no data/{key} entry")
-            if info.file_size != nbytes:
+    def resolve(key: str, dtype: str | None, numel: int) -> StorageRef:
+        nbytes = storage_nbytes(dtype, numel)
+        if key in refs:
+            if refs[key].nbytes != nbytes:
                 raise _bad(
-                    display,
-                    "storage-size",
-                    f"storage {key!r} should hold {nbytes} bytes but its entry has {info.file_size}",
+                    display, "storage-mismatch", f"storage {key!r} is referenced with two sizes"
                 )
-            begin = _entry_start(handle, info, file_size, display, "storage")
-            storages[key] = Storage(key, dtype, nbytes, begin)
-            refs[key] = StorageRef(key, dtype, nbytes)
             return refs[key]
+        info = entries.get(f"{root}/data/{key}")
+        if info is None:
+            raise _bad(display, "missing-storage", f"storage {key!r} has no data/{key} entry")
+        if info.file_size != nbytes:
+            raise _bad(
+                display,
+                "storage-size",
+                f"storage {key!r} should hold {nbytes} bytes but its entry has {info.file_size}",
+            )
+        begin = _entry_start(source, info, file_size, display, "storage")
+        storages[key] = Storage(key, dtype, nbytes, begin)
+        refs[key] = StorageRef(key, dtype, nbytes)
+        return refs[key]
 
-        obj = unpickle(data, display, resolve)
+    obj = unpickle(data, display, resolve)
     return PickleCheckpoint(obj, storages, "torch-zip")
 
 
 def storage_nbytes(dtype: str | None, numel: int) -> int:
     return numel if dtype is None else numel * DTYPES[dtype].bits // 8
+
+
+class TorchZipFormat:
+    """What `torch.save` writes since 1.6 (`.bin .pt .pth .ckpt`): a zip with data.pkl."""
+
+    name = "torch-zip"
+    description = "a zip archive (PyTorch checkpoint)"
+
+    def sniff(self, head: bytes) -> bool:
+        return head.startswith(b"PK\x03\x04")
+
+    def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
+        return pickle_file(read_zip(source), source, self.name, options)
+
+    def checks(self, file: FileRead) -> list[Finding]:
+        return pickle_checks(file)
+
+
+TORCH_ZIP = FORMATS.register(TorchZipFormat())

@@ -7,7 +7,6 @@ every float format (bf16 and fp8 included) without torch and without float conve
 from __future__ import annotations
 
 import hashlib
-import os
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -15,8 +14,8 @@ from typing import TYPE_CHECKING
 
 from ckptfix import gather
 from ckptfix.catalog import TensorInfo
-from ckptfix.errors import CorruptFileError
 from ckptfix.findings import Finding, finding, name_list
+from ckptfix.io.source import ByteSource
 from ckptfix.sizes import format_size
 
 if TYPE_CHECKING:
@@ -25,55 +24,21 @@ if TYPE_CHECKING:
 CHUNK = 8 * 2**20
 
 
-def iter_bytes(path: str, byte_range: tuple[int, int], display: str) -> Iterator[memoryview]:
-    """Yield a byte range of a file in bounded chunks (one reused buffer)."""
-    begin, end = byte_range
-    buffer = bytearray(min(CHUNK, max(end - begin, 1)))
-    view = memoryview(buffer)
-    with open(path, "rb", buffering=0) as handle:
-        handle.seek(begin)
-        remaining = end - begin
-        while remaining:
-            size = min(remaining, len(buffer))
-            filled = 0
-            while filled < size:  # fill whole chunks so they never split an element
-                got = handle.readinto(view[filled:size])
-                if not got:
-                    raise CorruptFileError(
-                        display,
-                        "truncated",
-                        f"file ended while reading bytes {begin}-{end}",
-                        "re-download the file",
-                    )
-                filled += got
-            remaining -= size
-            yield view[:size]
+def tensor_chunks(source: ByteSource, tensor: TensorInfo) -> Iterator[bytes]:
+    """A tensor's row-major bytes in bounded chunks (a strided view gathered block by block,
+    since its byte range is the storage span it reads, not its content)."""
+    return gather.tensor_chunks(source, tensor, CHUNK)
 
 
-def tensor_chunks(path: str, tensor: TensorInfo) -> Iterator[memoryview]:
-    """A tensor's row-major bytes in bounded chunks. A contiguous tensor is streamed from its
-    byte range; a strided view (pickles) is gathered block by block, since its byte range
-    is the storage span it reads, not its content."""
-    if tensor.contiguous:
-        yield from iter_bytes(path, tensor.byte_range, tensor.file)
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        for chunk in gather.tensor_chunks(fd, tensor, CHUNK):
-            yield memoryview(chunk)
-    finally:
-        os.close(fd)
-
-
-def digest(path: str, tensor: TensorInfo) -> bytes:
+def digest(source: ByteSource, tensor: TensorInfo) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
-    for chunk in tensor_chunks(path, tensor):
+    for chunk in tensor_chunks(source, tensor):
         hasher.update(chunk)
     return hasher.digest()
 
 
 def content_groups(
-    tensors: Sequence[TensorInfo], real_path: Callable[[str], str]
+    tensors: Sequence[TensorInfo], source: Callable[[str], ByteSource]
 ) -> list[list[TensorInfo]]:
     """Groups of tensors with identical dtype, shape and bytes. Only tensors whose dtype and
     shape collide with another's are hashed at all."""
@@ -87,7 +52,7 @@ def content_groups(
             continue
         by_digest: dict[bytes, list[TensorInfo]] = defaultdict(list)
         for tensor in members:
-            by_digest[digest(real_path(tensor.file), tensor)].append(tensor)
+            by_digest[digest(source(tensor.file), tensor)].append(tensor)
         groups.extend(group for group in by_digest.values() if len(group) > 1)
     return groups
 
@@ -153,7 +118,7 @@ def _count_non_finite(values: np.ndarray, bits: _FloatBits) -> tuple[int, int]:
     return nan, int(np.count_nonzero(special)) - nan
 
 
-def count_non_finite(path: str, tensor: TensorInfo) -> tuple[int, int]:
+def count_non_finite(source: ByteSource, tensor: TensorInfo) -> tuple[int, int]:
     """(NaN count, Inf count) of a floating tensor; (0, 0) for formats without them."""
     bits = _BITS.get(tensor.dtype)
     if bits is None:
@@ -163,7 +128,7 @@ def count_non_finite(path: str, tensor: TensorInfo) -> tuple[int, int]:
     unsigned = {8: np.uint8, 16: np.uint16, 32: np.uint32, 64: np.uint64}[bits.width]
     nan = inf = 0
     # CHUNK is a multiple of every element width, so chunks never split an element.
-    for chunk in tensor_chunks(path, tensor):
+    for chunk in tensor_chunks(source, tensor):
         values = np.frombuffer(chunk, dtype=np.dtype(unsigned).newbyteorder("<"))
         chunk_nan, chunk_inf = _count_non_finite(values, bits)
         nan += chunk_nan
@@ -172,11 +137,11 @@ def count_non_finite(path: str, tensor: TensorInfo) -> tuple[int, int]:
 
 
 def non_finite_findings(
-    tensors: Sequence[TensorInfo], real_path: Callable[[str], str]
+    tensors: Sequence[TensorInfo], source: Callable[[str], ByteSource]
 ) -> list[Finding]:
     found = []
     for tensor in tensors:
-        nan, inf = count_non_finite(real_path(tensor.file), tensor)
+        nan, inf = count_non_finite(source(tensor.file), tensor)
         if nan or inf:
             found.append(
                 finding(

@@ -1,0 +1,80 @@
+"""The checkpoint model every command works from: what the loader found and read, once.
+
+`load()` (ckptfix.load) fills it; `inspect` runs checks over it and write commands plan
+from it. Read errors are data here (a FileRecord with an error), not exceptions, so a
+folder with one broken shard is still described in full.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfix.catalog import TensorInfo
+from ckptfix.errors import CkptfixError
+from ckptfix.formats.base import FileRead
+from ckptfix.formats.index import ShardIndex
+from ckptfix.io.source import ByteSource
+
+
+@dataclass(frozen=True)
+class FileRecord:
+    """One weight file: what reading it gave, or the error that stopped it."""
+
+    label: str
+    format: str
+    size: int
+    read: FileRead | None = None
+    error: CkptfixError | None = None
+
+    @property
+    def tensors(self) -> tuple[TensorInfo, ...]:
+        return self.read.tensors if self.read is not None else ()
+
+    @property
+    def metadata(self) -> dict[str, str] | None:
+        return self.read.metadata if self.read is not None else None
+
+
+@dataclass(frozen=True)
+class IndexRecord:
+    """A shard index of one weight family: parsed, or the error that stopped it."""
+
+    label: str
+    size: int
+    family: str  # the family's key, see layouts.huggingface.Family.key
+    index: ShardIndex | None = None
+    error: CkptfixError | None = None
+
+
+@dataclass(frozen=True)
+class ConfigRecord:
+    """`config.json`: parsed, or the error that stopped it."""
+
+    label: str
+    config: dict[str, Any] | None = None
+    error: CkptfixError | None = None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint file or folder as read: files, indexes, config, and every tensor."""
+
+    path: str
+    kind: str  # "folder", or the format of a single file
+    files: tuple[FileRecord, ...]
+    indexes: tuple[IndexRecord, ...] = ()
+    config: ConfigRecord | None = None
+    layout: Any = None  # the folder layout that organised it (layouts.huggingface.FolderLayout)
+    sources: dict[str, ByteSource] = field(default_factory=dict, repr=False, compare=False)
+    exists: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def tensors(self) -> tuple[TensorInfo, ...]:
+        return tuple(tensor for record in self.files for tensor in record.tensors)
+
+    def record(self, label: str) -> FileRecord | None:
+        return next((record for record in self.files if record.label == label), None)
+
+    def source(self, label: str) -> ByteSource:
+        return self.sources[label]

@@ -1,0 +1,65 @@
+"""Checks: functions from a Checkpoint (what was read) to findings. No I/O but the tensor
+bytes that `--hash` and `--scan-values` ask for; no terminal."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckptfix.checkpoint import Checkpoint
+from ckptfix.checks import config, folder, tensors, values
+from ckptfix.findings import Finding, finding
+from ckptfix.formats import FORMATS
+from ckptfix.formats.pickled import PickleFile
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    max_shard: int
+    hash: bool = False
+    scan_values: bool = False
+
+
+def run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
+    """Every finding about a checkpoint, errors first."""
+    found = _read_errors(checkpoint)
+    for record in checkpoint.files:
+        if record.read is not None:
+            found += FORMATS.named(record.read.format).checks(record.read)
+    if checkpoint.kind == "folder":
+        found += folder.folder_findings(checkpoint)
+    all_tensors = checkpoint.tensors
+    nested = any(
+        isinstance(record.read, PickleFile) and record.read.nested_key is not None
+        for record in checkpoint.files
+    )
+    found += tensors.wrapper_prefix_findings(all_tensors, training_checkpoint=nested)
+    found += tensors.tensor_findings(all_tensors, options.max_shard)
+    if options.hash:
+        groups = values.content_groups(all_tensors, checkpoint.source)
+        found += values.duplicate_content_findings(groups)
+    if options.scan_values:
+        found += values.non_finite_findings(all_tensors, checkpoint.source)
+    if checkpoint.config is not None and checkpoint.config.config is not None:
+        found += config.config_findings(checkpoint, hashed=options.hash)
+    return sorted(found, key=lambda item: -item.severity.rank)
+
+
+def _read_errors(checkpoint: Checkpoint) -> list[Finding]:
+    """Files that could not be read, as findings (their error's own code)."""
+    found = [
+        finding(record.error.code or "corrupt-file", record.error.detail(), file=record.label)
+        for record in checkpoint.files
+        if record.error is not None
+    ]
+    found += [
+        finding("corrupt-file", record.error.detail(), file=record.label)
+        for record in checkpoint.indexes
+        if record.error is not None
+    ]
+    if checkpoint.config is not None and checkpoint.config.error is not None:
+        label = checkpoint.config.label
+        found.append(finding("corrupt-file", checkpoint.config.error.detail(), file=label))
+    return found
+
+
+__all__ = ["CheckOptions", "run"]

@@ -1,0 +1,108 @@
+"""Findings from config.json compared with the stored tensors."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from ckptfix.catalog import TensorInfo
+from ckptfix.checkpoint import Checkpoint
+from ckptfix.checks import values
+from ckptfix.findings import Finding, finding
+
+_EMBEDDING_SUFFIXES = (
+    "embed_tokens.weight",
+    "wte.weight",
+    "word_embeddings.weight",
+    "embed_in.weight",
+    "tok_embeddings.weight",
+    "shared.weight",
+)
+_HEAD_NAMES = ("lm_head.weight", "embed_out.weight")
+
+
+def _tie_setting(config: Mapping[str, Any]) -> tuple[bool, bool]:
+    """(tie, explicit): transformers ties by default when the key is absent."""
+    for scope in (config, config.get("text_config")):
+        if isinstance(scope, Mapping) and "tie_word_embeddings" in scope:
+            return bool(scope["tie_word_embeddings"]), True
+    return True, False
+
+
+def tied_config_findings(
+    config: Mapping[str, Any],
+    config_path: str,
+    tensors: Sequence[TensorInfo],
+    same_bytes: Callable[[str, str], bool | None],
+) -> list[Finding]:
+    """Compare `tie_word_embeddings` with the stored names.
+
+    `same_bytes(a, b)` says whether two tensors hold equal bytes, or None when not compared.
+    """
+    embedding = min((t.name for t in tensors if t.name.endswith(_EMBEDDING_SUFFIXES)), default=None)
+    head = min((t.name for t in tensors if t.name.endswith(_HEAD_NAMES)), default=None)
+    if embedding is None:
+        return []
+    tie, explicit = _tie_setting(config)
+    said = (
+        "sets tie_word_embeddings=" + ("true" if tie else "false")
+        if explicit
+        else "leaves tie_word_embeddings unset (transformers defaults to true)"
+    )
+    if not tie and head is None:
+        return [
+            finding(
+                "tied-config-mismatch",
+                f"config.json sets tie_word_embeddings=false but no output head (lm_head.weight) is "
+                f"stored, only {embedding!r}; the head would be randomly initialised (set it to true, "
+                "or store the head)",
+                file=config_path,
+                tensors=[embedding],
+            )
+        ]
+    if tie and head is not None:
+        compared = same_bytes(embedding, head)
+        if compared is True:
+            return []
+        differs = (
+            "holds different bytes"
+            if compared is False
+            else "may differ (run with --hash to compare)"
+        )
+        return [
+            finding(
+                "tied-config-mismatch",
+                f"config.json {said}, but {head!r} is stored separately from {embedding!r} and "
+                f"{differs}; transformers will overwrite it with the embedding (set "
+                "tie_word_embeddings=false to keep it)",
+                file=config_path,
+                tensors=[embedding, head],
+            )
+        ]
+    return []
+
+
+def config_findings(checkpoint: Checkpoint, *, hashed: bool) -> list[Finding]:
+    """`tie_word_embeddings` against the stored names (and, with --hash, their bytes)."""
+    assert checkpoint.config is not None and checkpoint.config.config is not None
+    tensors = checkpoint.tensors
+    by_name = {tensor.name: tensor for tensor in tensors}
+
+    def same_bytes(first: str, second: str) -> bool | None:
+        a, b = by_name[first], by_name[second]
+        if a.storage is not None and (a.file, a.storage, a.byte_range, a.strides) == (
+            b.file,
+            b.storage,
+            b.byte_range,
+            b.strides,
+        ):
+            return True  # aliases of one storage: tied in the file itself
+        if not hashed:
+            return None
+        if (a.dtype, a.shape) != (b.dtype, b.shape):
+            return False
+        source = checkpoint.source
+        return values.digest(source(a.file), a) == values.digest(source(b.file), b)
+
+    config = checkpoint.config
+    return tied_config_findings(config.config or {}, config.label, tensors, same_bytes)

@@ -1,0 +1,285 @@
+"""Findings about how a folder's files fit together: indexes against their shards (both
+directions), duplicate names, shard numbering, mixed families, no weights at all."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from ckptfix.checkpoint import Checkpoint
+from ckptfix.findings import Finding, finding, name_list
+from ckptfix.folder import Family, parse_weight_name
+from ckptfix.formats.base import FileRead
+from ckptfix.formats.index import ShardIndex
+from ckptfix.layouts.huggingface import family_key
+from ckptfix.sizes import format_size
+
+
+def duplicate_name_findings(files: Iterable[FileRead]) -> list[Finding]:
+    """The same tensor name stored in two files of one checkpoint."""
+    files = list(files)
+    counts = Counter(tensor.name for weight_file in files for tensor in weight_file.tensors)
+    if not counts or max(counts.values()) == 1:
+        return []
+    holders: dict[str, list[str]] = defaultdict(list)
+    for weight_file in files:
+        for tensor in weight_file.tensors:
+            if counts[tensor.name] > 1:
+                holders[tensor.name].append(weight_file.label)
+    by_files: dict[tuple[str, ...], list[str]] = defaultdict(list)
+    for name, paths in holders.items():
+        if len(paths) > 1:
+            by_files[tuple(paths)].append(name)
+    return [
+        finding(
+            "duplicate-name",
+            f"{len(names)} tensor name(s) such as {name_list(names, 2)} are stored in "
+            f"{len(paths)} files ({', '.join(paths)}); a loader keeps whichever it reads last "
+            "(remove the stale copy)",
+            file=paths[0],
+            tensors=names,
+        )
+        for paths, names in by_files.items()
+    ]
+
+
+def index_findings(
+    family: Family,
+    index: ShardIndex,
+    read: Mapping[str, FileRead],
+    exists: Mapping[str, bool],
+    display: Mapping[str, str],
+) -> list[Finding]:
+    """Cross-check an index with its shards in both directions.
+
+    `read` maps shard names to files that were read; `exists` says whether each referenced
+    shard is on disk; `display` maps shard names to the paths shown to the user.
+    """
+    found: list[Finding] = []
+    by_shard: dict[str, list[str]] = defaultdict(list)
+    for name, shard in index.weight_map.items():
+        by_shard[shard].append(name)
+    for shard, names in by_shard.items():
+        if not exists[shard]:
+            found.append(
+                finding(
+                    "index-missing-file",
+                    f"index maps {len(names)} tensor(s) to {shard!r}, which does not exist "
+                    "(download the missing shard, or regenerate the index)",
+                    file=index.path,
+                    tensors=names,
+                )
+            )
+            continue
+        if shard not in read:
+            continue  # unreadable: its own finding already says why
+        held = {tensor.name for tensor in read[shard].tensors}
+        missing = [name for name in names if name not in held]
+        if missing:
+            found.append(
+                finding(
+                    "index-missing-tensor",
+                    f"index maps {len(missing)} tensor(s) such as {name_list(missing, 2)} to "
+                    f"{shard!r}, which does not hold them (regenerate the index from the shards)",
+                    file=index.path,
+                    tensors=missing,
+                )
+            )
+    stored_in = Counter(tensor.name for weight in read.values() for tensor in weight.tensors)
+    for shard, weight_file in read.items():
+        unlisted = [
+            tensor.name
+            for tensor in weight_file.tensors
+            if index.weight_map.get(tensor.name) != shard and stored_in[tensor.name] == 1
+        ]
+        if unlisted:
+            found.append(
+                finding(
+                    "index-unlisted-tensor",
+                    f"shard holds {len(unlisted)} tensor(s) such as {name_list(unlisted, 2)} that the "
+                    "index does not map to it, so loaders never read them (regenerate the index)",
+                    file=weight_file.label,
+                    tensors=unlisted,
+                )
+            )
+    referenced = set(by_shard)
+    for name in family.files:
+        if name not in referenced:
+            found.append(
+                finding(
+                    "orphan-file",
+                    f"weight file is not referenced by {display[index.path]}; loaders ignore it "
+                    "(delete it if stale, or regenerate the index if it belongs)",
+                    file=display[name],
+                )
+            )
+    found.extend(_total_size_findings(index, read, by_shard))
+    return found
+
+
+def _total_size_findings(
+    index: ShardIndex, read: Mapping[str, FileRead], by_shard: Mapping[str, list[str]]
+) -> list[Finding]:
+    if "total_size" not in index.metadata:
+        return []
+    declared: Any = index.metadata["total_size"]
+    if type(declared) is not int:
+        return [
+            finding(
+                "index-total-size",
+                f"metadata.total_size is {declared!r}, not an integer byte count "
+                "(regenerate the index)",
+                file=index.path,
+            )
+        ]
+    if any(shard not in read for shard in by_shard):
+        return []  # cannot know the true total while a shard is missing or unreadable
+    actual = 0
+    for shard, names in by_shard.items():
+        sizes = {tensor.name: tensor.nbytes for tensor in read[shard].tensors}
+        actual += sum(sizes.get(name, 0) for name in names)
+    if declared == actual:
+        return []
+    return [
+        finding(
+            "index-total-size",
+            f"metadata.total_size is {declared} but the indexed tensors take {actual} bytes "
+            f"({format_size(actual)}); the index is stale (regenerate it)",
+            file=index.path,
+        )
+    ]
+
+
+def shard_numbering_findings(family: Family, names: Sequence[str], where: str) -> list[Finding]:
+    """N-of-M names must agree on M and cover 1..M; numbered shards need an index."""
+    numbered = [(name, parse_weight_name(name)) for name in names]
+    parts = [(name, parsed) for name, parsed in numbered if parsed and parsed.total is not None]
+    if not parts:
+        return []
+    found: list[Finding] = []
+    if family.index is None:
+        found.append(
+            finding(
+                "shard-numbering",
+                f"{len(parts)} file(s) are named as shards ({family.label}) but there is no index, so "
+                "loaders cannot find the tensors (restore the index, or rewrite with `ckptfix reshard`)",
+                file=where,
+            )
+        )
+    totals = sorted({parsed.total for _, parsed in parts if parsed.total is not None})
+    if len(totals) > 1:
+        found.append(
+            finding(
+                "shard-numbering",
+                f"shard names disagree on the shard count ({', '.join(f'of-{t:05d}' for t in totals)}); "
+                "files from different exports are mixed (keep one export)",
+                file=where,
+            )
+        )
+        return found
+    total = totals[0]
+    seen = {parsed.part for _, parsed in parts if parsed.part is not None}
+    # `total` comes from a file name and may be 9999999999: never build a list that long.
+    absent = total - len({part for part in seen if 1 <= part <= total})
+    missing = list(itertools.islice((p for p in range(1, total + 1) if p not in seen), 5))
+    bad = sorted(part for part in seen if not 1 <= part <= total)
+    if absent or bad:
+        detail = []
+        if absent:
+            more = f" and {absent - len(missing)} more" if absent > len(missing) else ""
+            detail.append(f"part(s) {', '.join(map(str, missing))}{more} of {total} absent")
+        if bad:
+            detail.append(f"part number(s) {', '.join(map(str, bad[:5]))} outside 1..{total}")
+        found.append(
+            finding(
+                "shard-numbering",
+                f"shard names are not a complete 1..{total} set: {'; '.join(detail)} "
+                "(a shard is missing or misnamed; re-download or re-export)",
+                file=where,
+            )
+        )
+    return found
+
+
+def mixed_format_findings(families: Sequence[Family]) -> list[Finding]:
+    kinds: dict[str, list[Family]] = defaultdict(list)
+    for family in families:
+        if family.files:
+            kinds[family.kind].append(family)
+    if len(kinds) < 2:
+        return []
+    parts = []
+    for kind, members in kinds.items():
+        count = sum(len(member.files) for member in members)
+        indexes = [member.index for member in members if member.index]
+        covered = f", indexed by {', '.join(indexes)}" if indexes else ""
+        parts.append(f"{kind} ({count} file(s){covered})")
+    return [
+        finding(
+            "mixed-formats",
+            f"{len(kinds)} weight families in one folder: {'; '.join(parts)}; loaders pick one by "
+            "their own rules (keep one family, move the others out)",
+            tensors=(),
+        )
+    ]
+
+
+def folder_findings(checkpoint: Checkpoint) -> list[Finding]:
+    """Indexes against their shards, names, numbering and families of a model folder."""
+    layout, root = checkpoint.layout, checkpoint.path
+    found: list[Finding] = []
+    indexes = {record.family: record for record in checkpoint.indexes}
+    for family in layout.families:
+        record = indexes.get(family_key(family))
+        if record is not None and record.index is not None:
+            found += _index_family(checkpoint, family, record.index)
+        elif family.index is None and family.stem != "loose":
+            found += shard_numbering_findings(
+                family, family.files, os.path.join(root, family.files[0])
+            )
+            found += duplicate_name_findings(
+                _read(checkpoint, [os.path.join(root, name) for name in family.files]).values()
+            )
+    found += mixed_format_findings(layout.families)
+    if not checkpoint.files and not checkpoint.indexes:
+        found.append(
+            finding(
+                "no-weights",
+                "folder holds no weight file (*.safetensors, *.bin, *.pt, ...) and no shard index "
+                "(check the path, or download the weights)",
+                file=root,
+            )
+        )
+    return found
+
+
+def _read(checkpoint: Checkpoint, labels: Iterable[str]) -> dict[str, FileRead]:
+    """The files among `labels` that were read, by label."""
+    read = {}
+    for label in labels:
+        record = checkpoint.record(label)
+        if record is not None and record.read is not None:
+            read[label] = record.read
+    return read
+
+
+def _index_family(checkpoint: Checkpoint, family: Family, index: ShardIndex) -> list[Finding]:
+    root = checkpoint.path
+    display = {name: os.path.join(root, name) for name in family.files}
+    display[index.path] = family.index or index.path
+    exists: dict[str, bool] = {}
+    read: dict[str, FileRead] = {}
+    for shard in index.shard_names:
+        label = os.path.join(root, shard)
+        display[shard] = label
+        exists[shard] = checkpoint.exists.get(label, False)
+        record = checkpoint.record(label)
+        if record is not None and record.read is not None:
+            read[shard] = record.read
+    found = index_findings(family, index, read, exists, display)
+    found += duplicate_name_findings(read.values())
+    found += shard_numbering_findings(family, index.shard_names, index.path)
+    return found

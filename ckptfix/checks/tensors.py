@@ -1,0 +1,106 @@
+"""Findings about the tensors themselves: sizes, dtypes and wrapper prefixes."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+from ckptfix.catalog import TensorInfo
+from ckptfix.dtypes import DTYPES
+from ckptfix.findings import Finding, finding
+
+HUGE = 2**31
+
+
+def tensor_findings(tensors: Sequence[TensorInfo], max_shard: int) -> list[Finding]:
+    """Size and dtype findings, one per file and code so large models stay readable."""
+    huge: dict[str, list[TensorInfo]] = defaultdict(list)
+    oversized: dict[str, list[TensorInfo]] = defaultdict(list)
+    for tensor in tensors:
+        # numel >= 2^31 needs nbytes >= 2^30 even at 4 bits per element: skip small ones fast.
+        if tensor.nbytes >= HUGE // 2 and (tensor.numel >= HUGE or tensor.nbytes >= HUGE):
+            huge[tensor.file].append(tensor)
+        if tensor.nbytes > max_shard:
+            oversized[tensor.file].append(tensor)
+    found: list[Finding] = []
+    for file, group in huge.items():
+        biggest = max(group, key=lambda tensor: tensor.numel)
+        found.append(
+            finding(
+                "huge-numel",
+                f"{len(group)} tensor(s) reach 2^31 elements or bytes, e.g. {biggest.name!r} with "
+                f"{biggest.numel} elements ({biggest.nbytes} bytes); readers that size arrays in "
+                "32-bit integers overflow on them (make sure consumers use 64-bit sizes, or split them)",
+                file=file,
+                tensors=[tensor.name for tensor in group],
+            )
+        )
+    for file, group in oversized.items():
+        biggest = max(group, key=lambda tensor: tensor.nbytes)
+        found.append(
+            finding(
+                "oversized-tensor",
+                f"{len(group)} tensor(s) exceed the shard limit of {max_shard} bytes, e.g. "
+                f"{biggest.name!r} at {biggest.nbytes} bytes; each will need a shard of its own "
+                "(raise --max-shard if a hard limit applies)",
+                file=file,
+                tensors=[tensor.name for tensor in group],
+            )
+        )
+    floating = sorted({tensor.dtype for tensor in tensors if DTYPES[tensor.dtype].is_floating})
+    if len(floating) > 1:
+        found.append(
+            finding(
+                "dtype-mix",
+                f"floating tensors come in {len(floating)} dtypes ({', '.join(floating)}); check this "
+                "is intended (`ckptfix convert --dtype` casts them to one)",
+                tensors=(),
+            )
+        )
+    return found
+
+
+WRAPPER_PREFIXES = {
+    "module.": "DistributedDataParallel / DataParallel",
+    "_orig_mod.": "torch.compile",
+    "_forward_module.": "Lightning",
+    "model.": "Lightning",
+}
+
+
+def common_wrapper_prefixes(names: Sequence[str], *, training_checkpoint: bool) -> list[str]:
+    """Wrapper prefixes that every name carries, outermost first (e.g. module._orig_mod.).
+
+    `model.` counts only inside a training checkpoint (Lightning's LightningModule.model):
+    in a Hugging Face shard it is the ordinary name of the base model.
+    """
+    candidates = [p for p in WRAPPER_PREFIXES if training_checkpoint or p != "model."]
+    found: list[str] = []
+    current = list(names)
+    while current:
+        prefix = next((p for p in candidates if all(n.startswith(p) for n in current)), None)
+        if prefix is None or any(len(n) == len(prefix) for n in current):
+            break
+        found.append(prefix)
+        current = [n[len(prefix) :] for n in current]
+    return found
+
+
+def wrapper_prefix_findings(
+    tensors: Sequence[TensorInfo], *, training_checkpoint: bool
+) -> list[Finding]:
+    prefixes = common_wrapper_prefixes(
+        [tensor.name for tensor in tensors], training_checkpoint=training_checkpoint
+    )
+    if not prefixes:
+        return []
+    chain = "".join(prefixes)
+    sources = ", ".join(dict.fromkeys(WRAPPER_PREFIXES[p] for p in prefixes))
+    return [
+        finding(
+            "wrapper-prefix",
+            f"every tensor name starts with {chain!r} (left by {sources}); loaders expect the "
+            "bare names (`ckptfix convert --strip-prefix auto` removes it)",
+            tensors=(),
+        )
+    ]

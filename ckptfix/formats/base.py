@@ -1,0 +1,119 @@
+"""The format plug-in protocol and its registry.
+
+A format says whether a file's first bytes are its own (`sniff`), reads a file into tensor
+descriptors without touching tensor data (`read`), and knows the findings only it can see
+(`checks`). Formats register themselves in FORMATS in the order they are tried; the first
+whose `sniff` says yes reads the file. A file's format is never decided by its name alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from ckptfix.catalog import TensorInfo
+from ckptfix.errors import CorruptFileError
+from ckptfix.findings import Finding
+from ckptfix.io.source import ByteSource
+
+SNIFF_BYTES = 1024  # enough for every format's magic, the tar header's included
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """What the caller asks of a reader: where a training checkpoint keeps its tensors."""
+
+    key: str = "auto"
+
+
+@dataclass(frozen=True)
+class FileRead:
+    """One weight file read into descriptors (tensor data untouched). Formats extend it
+    with what their own checks need."""
+
+    label: str
+    format: str
+    size: int
+    tensors: tuple[TensorInfo, ...]
+    metadata: dict[str, str] | None = None
+
+
+class Format(Protocol):
+    """A weight-file format. Implementations are plain classes, one module each."""
+
+    name: str  # as reported, e.g. "safetensors", "torch-zip"
+    description: str  # "a safetensors file": for messages about a file of this kind
+
+    def sniff(self, head: bytes) -> bool:
+        """Whether these first bytes (up to SNIFF_BYTES) are this format's."""
+        ...
+
+    def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
+        """Read descriptors; raise a CkptfixError naming the rule when the file is bad."""
+        ...
+
+    def checks(self, file: FileRead) -> list[Finding]:
+        """Findings about one file that was read, which only this format can see."""
+        ...
+
+
+class Registry:
+    """Formats in the order they are tried."""
+
+    def __init__(self) -> None:
+        self._formats: list[Format] = []
+
+    def register(self, fmt: Format) -> Format:
+        self._formats.append(fmt)
+        return fmt
+
+    def __iter__(self) -> Iterator[Format]:
+        return iter(self._formats)
+
+    def named(self, name: str) -> Format:
+        return next(fmt for fmt in self._formats if fmt.name == name)
+
+    def sniff(self, head: bytes) -> Format | None:
+        return next((fmt for fmt in self._formats if fmt.sniff(head)), None)
+
+
+FORMATS = Registry()
+
+
+def head_of(source: ByteSource) -> bytes:
+    return source.read_at(0, min(SNIFF_BYTES, source.size))
+
+
+def sniffed_name(source: ByteSource) -> str:
+    """The format a file's first bytes say it is, or "unknown" (for reports of bad files)."""
+    try:
+        fmt = FORMATS.sniff(head_of(source))
+    except Exception:  # unreadable: the read itself reports why
+        return "unknown"
+    return fmt.name if fmt is not None else "unknown"
+
+
+def read_file(source: ByteSource, options: ReadOptions | None = None) -> FileRead:
+    """Read any weight file by its first bytes. A file named `.safetensors` that is not one
+    is refused as such; one that no format claims gets the safetensors reader, whose rules
+    say precisely what is wrong (too small, absurd header length, ...)."""
+    fmt = FORMATS.sniff(head_of(source))
+    named_safetensors = source.label.endswith(".safetensors")
+    if fmt is None and named_safetensors:
+        fmt = FORMATS.named("safetensors")
+    if fmt is None:
+        raise CorruptFileError(
+            source.label,
+            "unknown-format",
+            "file is not a recognised checkpoint format (safetensors, PyTorch zip or pickle)",
+            "check that this is a weight file",
+        )
+    if named_safetensors and fmt.name in ("torch-zip", "torch-legacy"):
+        raise CorruptFileError(
+            source.label,
+            "not-safetensors",
+            f"file is named .safetensors but is {fmt.description}",
+            "rename it to what it is, or convert it with `ckptfix convert`",
+        )
+    return fmt.read(source, options or ReadOptions())

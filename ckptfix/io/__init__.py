@@ -1,0 +1,1 @@
+"""Byte sources: where checkpoint bytes are read from (local files now, remote ones later)."""

@@ -1,0 +1,23 @@
+"""`load(path)`: the one loader every command starts from (see checkpoint.py)."""
+
+from __future__ import annotations
+
+import os
+
+from ckptfix.checkpoint import Checkpoint
+from ckptfix.errors import InputNotFoundError, UsageError
+from ckptfix.formats import ReadOptions
+from ckptfix.layouts.huggingface import load_file, load_folder
+
+
+def load(path: str | os.PathLike[str], *, key: str = "auto") -> Checkpoint:
+    """Read a checkpoint file or model folder: every file once, tensor data untouched."""
+    shown = os.fspath(path)
+    if not os.path.exists(shown):
+        raise InputNotFoundError(shown, "no such file or directory", "check the path")
+    options = ReadOptions(key=key)
+    if os.path.isdir(shown):
+        return load_folder(shown, options)
+    if os.path.isfile(shown):
+        return load_file(shown, options)
+    raise UsageError(shown, "not a regular file or folder", "pass a checkpoint file or folder")
