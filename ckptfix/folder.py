@@ -67,8 +67,9 @@ class Family:
 
     @property
     def label(self) -> str:
-        if self.stem == "loose":
-            return f"loose *.{self.ext} files"
+        if self.stem == "loose":  # the torch family holds .bin, .pt, .pth and .ckpt files
+            exts = sorted({os.path.splitext(name)[1] for name in self.files}) or [f".{self.ext}"]
+            return f"loose {'/'.join(f'*{ext}' for ext in exts)} files"
         variant = f".{self.variant}" if self.variant else ""
         return f"{self.stem}{variant}*.{self.ext}"
 
