@@ -5,6 +5,7 @@ reading it back and comparing each tensor's bytes with its source.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -256,7 +257,11 @@ def ranges_equal(
         finally:
             views.clear()
             for mapped in maps:
-                mapped.close()
+                # If an exception (a signal) stopped the comparison, its traceback still holds
+                # the numpy views of the map and close() would raise BufferError in its place;
+                # the map is then unmapped when the last view goes.
+                with contextlib.suppress(BufferError):
+                    mapped.close()
         src_offset += size
         dst_offset += size
         length -= size

@@ -18,6 +18,7 @@ from ckptfix.catalog import TensorInfo
 from ckptfix.formats.safetensors import read_header
 from ckptfix.transform import select
 from tests.conftest import Factory, Spec
+from tests.helpers import cli
 
 COMMANDS = ["reshard", "convert", "dedupe"]
 
@@ -110,7 +111,39 @@ runpy.run_module("ckptfix", run_name="__main__", alter_sys=True)
 """
 
 
+def test_a_failed_comparison_keeps_its_own_exception(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """numpy views of the maps are alive in the traceback; closing must not raise BufferError."""
+    import numpy as np
+
+    from ckptfix.writer import ranges_equal
+
+    path = tmp_path / "data"
+    path.write_bytes(bytes(range(256)) * 64)
+
+    def interrupted(*args: object) -> bool:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "array_equal", interrupted)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ranges_equal(fd, 0, fd, 0, 8192)
+    finally:
+        os.close(fd)
+
+
 # Smaller ones -------------------------------------------------------------------------------
+
+
+def test_no_verify_does_not_claim_verification(model: Path, tmp_path: Path) -> None:
+    run = cli("convert", model, "-o", tmp_path / "out", "--no-verify")
+    assert run.code == 0, run.stderr
+    assert "not verified (--no-verify)" in flat(run.stdout)
+    assert "verified against its source" not in run.stdout
+    run = cli("convert", model, "-o", tmp_path / "verified")
+    assert "every tensor verified against its source" in flat(run.stdout)
 
 
 def _tensors(count: int) -> list[TensorInfo]:

@@ -164,10 +164,15 @@ def rewrite(result: RewriteResult) -> None:
         console.print(Text("dry run: nothing was written", style="bold"))
         return
     written = result.written
+    checked = (
+        "every tensor verified against its source"
+        if written.verified
+        else "not verified (--no-verify)"
+    )
     console.print(
         Text(
             f"wrote {written.path}: {len(written.files)} file(s), {written.bytes:,} bytes "
-            f"({format_size(written.bytes)}), every tensor verified against its source",
+            f"({format_size(written.bytes)}), {checked}",
             style="green",
         )
     )
