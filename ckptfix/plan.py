@@ -32,6 +32,7 @@ class ShardPlan:
     left_out: tuple[str, ...] = ()
     dropped_bytes: int = 0  # what writing every dropped name as its own copy would add
     excluded: tuple[str, ...] = ()  # left out by --exclude
+    left_out_reasons: dict[str, str] = field(default_factory=dict)  # left-out name -> why
 
     @property
     def total_size(self) -> int:
@@ -54,6 +55,7 @@ class ShardPlan:
             "renamed": dict(self.renamed),
             "copied_files": list(self.copied_files),
             "left_out": list(self.left_out),
+            "left_out_reasons": dict(self.left_out_reasons),
         }
 
 
