@@ -303,6 +303,13 @@ def _make_parents(folder: str) -> list[str]:
     return made
 
 
+def _in_import_callback(frame: FrameType) -> bool:
+    """Inside the weakref callback importlib runs as each import ends, where an exception is
+    not raised but printed as "ignored"."""
+    code = frame.f_code
+    return code.co_name == "cb" and code.co_filename == "<frozen importlib._bootstrap>"
+
+
 class _Signals:
     """How SIGINT and SIGTERM are answered while ckptfix holds them: they stop the command
     (a write in progress is removed and OUT left as it was), wait while a swap is under way,
@@ -310,11 +317,13 @@ class _Signals:
     as interrupted. Python runs handlers in the main thread between bytecodes, so the handler
     sees this state exactly, whichever thread the signal reached."""
 
-    def __init__(self) -> None:
-        self.out: str | None = None  # the output being written, for the message
+    def __init__(self, *, exit_outside_writes: bool = False) -> None:
+        self.out: str | None = None  # the output claimed, for the message
+        self.writing = False  # a staging folder exists: raise, so that it is removed
         self.holding = 0
         self.deferred: Interrupted | None = None
         self.committed = False
+        self.exit_outside_writes = exit_outside_writes
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
         if self.committed:
@@ -322,6 +331,16 @@ class _Signals:
         error = Interrupted(self.out, signal.Signals(signum).name, 128 + signum)
         if self.holding:
             self.deferred = self.deferred or error
+            return
+        if self.exit_outside_writes and not self.writing:
+            # The console script, with nothing to undo: exit at once, which an exception
+            # raised in the middle of an import may not do.
+            os.write(2, (error.line() + "\n").encode())
+            os._exit(error.exit_code)
+        if frame is not None and _in_import_callback(frame):
+            # Raised here, the exception would be printed as "ignored" and lost: ask again,
+            # which Python does once this callback has returned.
+            signal.raise_signal(signum)
             return
         raise error
 
@@ -382,7 +401,7 @@ def keep_command_signals() -> None:
     so that no signal slips in between the end of a command and the exit of the process."""
     global _command
     if _command is None:
-        _command = _Signals()
+        _command = _Signals(exit_outside_writes=True)
         _command.install()
 
 
@@ -527,10 +546,12 @@ def staged(claim: Claim) -> Iterator[Staging]:
     (SIGINT and SIGTERM too, which are held while the staging folder is being made)."""
     signals = _command or _Signals()
     previous = signals.install() if signals is not _command else {}
-    outer, signals.out = signals.out, claim.out
+    outer = signals.out, signals.writing
+    signals.out = claim.out
     staging: Staging | None = None
     try:
         with signals.held():
+            signals.writing = True
             staging = Staging(claim, signals)
         signals.raise_deferred()
         yield staging
@@ -538,6 +559,6 @@ def staged(claim: Claim) -> Iterator[Staging]:
         with signals.held():  # a second Ctrl-C must not cut the clean-up short
             if staging is not None:
                 staging.remove()
-            signals.out = outer
+            signals.out, signals.writing = outer
             _restore(previous)
         signals.deferred = None  # this write is over: committed, or already failing

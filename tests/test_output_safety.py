@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import stat
@@ -600,6 +601,84 @@ def test_ctrl_c_after_the_commit_in_process(
         signal.signal(signal.SIGINT, outer)
     assert (run.code, run.error_lines) == (0, [])
     assert "wrote" in run.stdout
+
+
+def _before_our_handler(code: int, stderr: str) -> bool:
+    """A signal answered by Python itself, before ckptfix's handler was installed (the
+    interpreter's start-up, site, runpy): death by SIGINT with nothing printed, a fatal
+    start-up error, or a KeyboardInterrupt (which ckptfix's handlers never raise) with no
+    ckptfix frame in its traceback."""
+    if re.search(r'File "[^"]*[/\\]ckptfix[/\\]', stderr):
+        return False
+    return (
+        (code == -signal.SIGINT and not stderr)
+        or "Fatal Python error" in stderr
+        or "Could not import runpy" in stderr
+        or "KeyboardInterrupt" in stderr
+    )
+
+
+def test_ctrl_c_during_start_up_is_quiet(factory: Factory) -> None:
+    path = factory.safetensors("ok.safetensors")
+    command = [sys.executable, "-m", "ckptfix", "inspect", str(path)]
+    outcomes = []
+    for delay in [0.0, 0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.1, 0.13, 0.16, 0.2, 0.25, 0.3] * 3:
+        process = subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, stderr = process.communicate(timeout=60)
+        if _before_our_handler(process.returncode, stderr):
+            outcomes.append("python")
+            continue
+        assert "Traceback" not in stderr, (delay, stderr)
+        assert (process.returncode, stderr) in (
+            (0, ""),
+            (130, "error: interrupted by SIGINT\n"),
+        ), (delay, process.returncode, stderr)
+        outcomes.append(str(process.returncode))
+    assert outcomes.count("130") >= 10, outcomes  # most signals did land during start-up
+
+
+def test_importing_ckptfix_is_cheap_and_lazy() -> None:
+    """`python -m ckptfix` runs the package __init__ before it can take charge of signals."""
+    code = (
+        "import sys, ckptfix; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'typer', 'rich', 'numpy'})); "
+        "import ckptfix.inspect, ckptfix.rewrite; "
+        "print(callable(ckptfix.inspect), ckptfix.reshard.__module__, ckptfix.sizes.__name__)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.splitlines() == ["[]", "True ckptfix.rewrite ckptfix.sizes"]
+    import ckptfix
+
+    assert set(ckptfix.__all__) <= set(dir(ckptfix))
+    for name in ckptfix.__all__:
+        assert getattr(ckptfix, name) is not None
+    with pytest.raises(AttributeError):
+        ckptfix.no_such_thing  # noqa: B018
+
+
+def test_a_signal_inside_an_import_callback_is_asked_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception raised in importlib's end-of-import weakref callback is printed as
+    "ignored" and lost; the handler sends the signal again instead, for after it."""
+    from types import SimpleNamespace
+
+    from ckptfix.errors import Interrupted
+
+    asked: list[int] = []
+    monkeypatch.setattr(signal, "raise_signal", asked.append)
+    signals = staging._Signals()
+    callback = SimpleNamespace(
+        f_code=SimpleNamespace(co_name="cb", co_filename="<frozen importlib._bootstrap>")
+    )
+    signals.handle(signal.SIGINT, callback)  # type: ignore[arg-type]
+    assert asked == [signal.SIGINT]
+    with pytest.raises(Interrupted):
+        signals.handle(signal.SIGINT, sys._getframe())
 
 
 def test_a_failed_comparison_keeps_its_own_exception(

@@ -127,7 +127,8 @@ MaxShardOption = Annotated[
 
 
 ForceOption = Annotated[
-    bool, typer.Option("--force", help="Replace OUT if it exists and is not empty.")
+    bool,
+    typer.Option("--force", help="Replace a non-empty OUT that holds only checkpoint files."),
 ]
 ReplaceAnyOption = Annotated[
     bool,
@@ -365,5 +366,7 @@ def _write_json(document: object) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="ckptfix")
+    """Console-script entry point (kept for callers of `ckptfix.cli.app:main`)."""
+    from ckptfix.cli.entry import main as run
+
+    run()
