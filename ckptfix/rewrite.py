@@ -156,6 +156,12 @@ def _write(
         needed = needed_bytes(plan, tensors, metadata)
         check_free_space(_nearest_folder(os.path.dirname(claim.real)), needed, target)
         with staged(claim) as staging:
+
+            def advance(done: int, total: int) -> None:
+                staging.checkpoint()  # a safe point to stop at, as the copy goes on
+                if progress is not None:
+                    progress(done, total)
+
             if to == "torch":
                 from ckptfix.torch_writer import write_torch_shards
 
@@ -166,7 +172,7 @@ def _write(
                     staging.path,
                     target,
                     verify=verify,
-                    progress=progress,
+                    progress=advance,
                 )
             else:
                 written = write_shards(
@@ -177,8 +183,9 @@ def _write(
                     staging.path,
                     target,
                     verify=verify,
-                    progress=progress,
+                    progress=advance,
                 )
+            staging.checkpoint()
             if MARKER in plan.copied_files:
                 staging.unmark()  # the source's own file of that name takes its place
             if checkpoint.is_folder:

@@ -303,11 +303,17 @@ def _make_parents(folder: str) -> list[str]:
     return made
 
 
-def _in_import_callback(frame: FrameType) -> bool:
-    """Inside the weakref callback importlib runs as each import ends, where an exception is
-    not raised but printed as "ignored"."""
-    code = frame.f_code
-    return code.co_name == "cb" and code.co_filename == "<frozen importlib._bootstrap>"
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _ours(frame: FrameType | None) -> bool:
+    """Whether a signal arrived while ckptfix's own code ran: the only place where the
+    handler raises. Raised in other code, the exception can do harm: in
+    threading.Condition.__enter__ or __exit__ it leaves the lock taken, so that a worker
+    thread of the write (settling a Future) and then the join with it wait forever (a hang
+    seen under SIGTERM); in importlib's end-of-import callback it is printed as "ignored"
+    and lost. There it is kept for the write's next safe point (`raise_deferred`)."""
+    return frame is not None and frame.f_code.co_filename.startswith(_OURS)
 
 
 class _Signals:
@@ -329,18 +335,13 @@ class _Signals:
         if self.committed:
             return
         error = Interrupted(self.out, signal.Signals(signum).name, 128 + signum)
-        if self.holding:
-            self.deferred = self.deferred or error
-            return
         if self.exit_outside_writes and not self.writing:
             # The console script, with nothing to undo: exit at once, which an exception
-            # raised in the middle of an import may not do.
+            # raised in the middle of an import or of a thread pool's locking may not do.
             os.write(2, (error.line() + "\n").encode())
             os._exit(error.exit_code)
-        if frame is not None and _in_import_callback(frame):
-            # Raised here, the exception would be printed as "ignored" and lost: ask again,
-            # which Python does once this callback has returned.
-            signal.raise_signal(signum)
+        if self.holding or not _ours(frame):
+            self.deferred = self.deferred or error
             return
         raise error
 
@@ -354,6 +355,7 @@ class _Signals:
             self.holding -= 1
 
     def raise_deferred(self) -> None:
+        """A safe point: raise a signal kept while held or while other code ran."""
         error, self.deferred = self.deferred, None
         if error is not None and not self.committed:
             raise error
@@ -425,6 +427,10 @@ class Staging:
             self.remove()
             raise
 
+    def checkpoint(self) -> None:
+        """A safe point of the write: raise a signal that arrived while other code ran."""
+        self.signals.raise_deferred()
+
     def unmark(self) -> None:
         """Drop the marker: before the swap, or for a file of the same name from the source."""
         if self.marked:
@@ -448,6 +454,7 @@ class Staging:
         swap failed it stops the write as usual, otherwise the output is complete and it is
         ignored.
         """
+        self.signals.raise_deferred()  # a signal kept until now still stops the write
         with self.signals.held():
             self._swap()
         self.signals.raise_deferred()

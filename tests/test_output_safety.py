@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -641,6 +642,24 @@ def test_ctrl_c_during_start_up_is_quiet(factory: Factory) -> None:
     assert outcomes.count("130") >= 10, outcomes  # most signals did land during start-up
 
 
+def test_signals_are_ignored_once_the_command_is_over(factory: Factory) -> None:
+    """Python's shutdown restores the default handlers, so a signal that arrived then killed
+    a finished run (death by SIGINT after a complete output, seen under stress)."""
+    path = factory.safetensors("ok.safetensors")
+    code = (
+        "import signal, sys\n"
+        "from ckptfix.cli.entry import main\n"
+        f"sys.argv = ['ckptfix', 'inspect', {str(path)!r}]\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    ignored = [signal.getsignal(s) is signal.SIG_IGN for s in (signal.SIGINT, signal.SIGTERM)]\n"
+        "    print(exc.code, ignored, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.stderr.splitlines() == ["0 [True, True]"]
+
+
 def test_importing_ckptfix_is_cheap_and_lazy() -> None:
     """`python -m ckptfix` runs the package __init__ before it can take charge of signals."""
     code = (
@@ -660,25 +679,78 @@ def test_importing_ckptfix_is_cheap_and_lazy() -> None:
         ckptfix.no_such_thing  # noqa: B018
 
 
-def test_a_signal_inside_an_import_callback_is_asked_again(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """An exception raised in importlib's end-of-import weakref callback is printed as
-    "ignored" and lost; the handler sends the signal again instead, for after it."""
+def test_a_signal_in_other_code_waits_for_a_safe_point() -> None:
+    """Raised in threading's Condition.__enter__/__exit__, an exception from a signal leaves
+    the lock taken (the write's worker thread and the join with it then wait forever); in
+    importlib's end-of-import callback it is printed as "ignored" and lost. The handler
+    raises only in ckptfix's own frames and keeps the signal otherwise."""
+    import threading
     from types import SimpleNamespace
 
     from ckptfix.errors import Interrupted
 
-    asked: list[int] = []
-    monkeypatch.setattr(signal, "raise_signal", asked.append)
     signals = staging._Signals()
-    callback = SimpleNamespace(
-        f_code=SimpleNamespace(co_name="cb", co_filename="<frozen importlib._bootstrap>")
-    )
-    signals.handle(signal.SIGINT, callback)  # type: ignore[arg-type]
-    assert asked == [signal.SIGINT]
+    signals.writing = True
+    foreign = [
+        SimpleNamespace(f_code=threading.Condition.__enter__.__code__),
+        SimpleNamespace(f_code=threading.Condition.__exit__.__code__),
+        SimpleNamespace(f_code=SimpleNamespace(co_filename="<frozen importlib._bootstrap>")),
+        sys._getframe(),  # a test is not ckptfix's code either
+        None,
+    ]
+    for frame in foreign:
+        signals.handle(signal.SIGINT, frame)  # type: ignore[arg-type]
     with pytest.raises(Interrupted):
-        signals.handle(signal.SIGINT, sys._getframe())
+        signals.raise_deferred()
+    signals.raise_deferred()  # raised once
+    ours = SimpleNamespace(f_code=staging.Staging.commit.__code__)
+    with pytest.raises(Interrupted):
+        signals.handle(signal.SIGTERM, ours)  # type: ignore[arg-type]
+
+
+_SPIN = """
+def spin(condition, signals):
+    while True:
+        with condition:
+            pass
+        signals.raise_deferred()
+"""
+
+
+def test_signals_never_leave_a_condition_taken() -> None:
+    """The hang itself: the main thread takes and releases a Condition (as a thread pool's
+    Futures do) while another thread interrupts it, 200 times; every time another thread
+    must be able to take the Condition afterwards. The loop runs as ckptfix code (compiled
+    under a ckptfix file name) with a safe point, like the write loop."""
+    import _thread
+    import threading
+
+    from ckptfix.errors import Interrupted
+
+    namespace: dict[str, Any] = {}
+    exec(compile(_SPIN, staging.__file__, "exec"), namespace)
+    signals = staging._Signals()
+    signals.writing = True
+    previous = signals.install()
+    try:
+        for _ in range(200):
+            condition = threading.Condition()
+            interrupter = threading.Thread(
+                target=lambda: (time.sleep(0.001), _thread.interrupt_main(signal.SIGINT))
+            )
+            interrupter.start()
+            with pytest.raises(Interrupted):
+                namespace["spin"](condition, signals)
+            interrupter.join()
+            taken: list[bool] = []
+            taker = threading.Thread(
+                target=lambda lock=condition, out=taken: out.append(lock.acquire(timeout=1))
+            )
+            taker.start()
+            taker.join()
+            assert taken == [True], "a signal left the Condition's lock taken"
+    finally:
+        staging._restore(previous)
 
 
 def test_a_failed_comparison_keeps_its_own_exception(

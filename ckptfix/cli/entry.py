@@ -4,8 +4,8 @@ Python answers SIGINT with KeyboardInterrupt, which prints a traceback when it l
 typer, rich and ckptfix are being imported, and SIGTERM kills the process outright. So the
 first thing done here, before anything else is imported, is to answer both with one error
 line and the exit code (nothing has been written yet, so there is nothing to undo); then
-ckptfix.staging's command handler takes over for the rest of the process (never restored,
-so that no signal slips in between the end of a command and the exit).
+ckptfix.staging's command handler takes over for the command, and once the command is over
+both signals are ignored until the process has exited.
 
 What happens before this module runs (the interpreter's own start-up, `site`, `runpy`) is
 Python's: a signal that early is answered by Python itself.
@@ -39,4 +39,11 @@ def main() -> None:
     from ckptfix.staging import keep_command_signals
 
     keep_command_signals()
-    app(prog_name="ckptfix")  # exits with the command's code
+    try:
+        app(prog_name="ckptfix")  # exits with the command's code
+    finally:
+        # The command is over and its exit code decided. Python's shutdown would restore the
+        # default handlers, and a late signal would then kill the process; it leaves
+        # ignored signals alone.
+        for number in _NAMES:
+            _signal.signal(number, _signal.SIG_IGN)
