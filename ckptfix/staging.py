@@ -399,8 +399,8 @@ def command_signals() -> Iterator[None]:
 
 
 def keep_command_signals() -> None:
-    """`command_signals` for the rest of the process, never restored: for the console script,
-    so that no signal slips in between the end of a command and the exit of the process."""
+    """`command_signals` without a restore, for the console script (cli/entry.py), which
+    ignores both signals once the command is over. Outside a write it exits at once."""
     global _command
     if _command is None:
         _command = _Signals(exit_outside_writes=True)
