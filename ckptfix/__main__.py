@@ -1,3 +1,3 @@
-from ckptfix.cli.app import main
+from ckptfix.cli.entry import main
 
 main()

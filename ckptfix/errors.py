@@ -87,16 +87,21 @@ class PlanError(CkptfixError):
     """The output cannot be written as asked (e.g. a header over the format's limit)."""
 
 
+class OutputConflictError(WriteError):
+    """Another program created, changed or is writing OUT; nothing of it was touched."""
+
+
 class VerificationError(CkptfixError):
     """What was written does not read back as exactly what was planned."""
 
 
 class Interrupted(CkptfixError):
-    """SIGINT or SIGTERM arrived; the output was left as it was."""
+    """SIGINT or SIGTERM arrived; the output (`path`, if a write had begun) was left as it was."""
 
     def __init__(self, path: str | None, signal_name: str, exit_code: int) -> None:
         self.exit_code = exit_code
-        super().__init__(path, f"interrupted by {signal_name}; the output was left as it was")
+        what = f"interrupted by {signal_name}"
+        super().__init__(path, f"{what}; the output was left as it was" if path else what)
 
 
 class UnsafePickleError(CkptfixError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 
 _STEMS = (
@@ -28,6 +29,40 @@ NOT_WEIGHTS = re.compile(
     r"^(training_args\.bin|optimizer\.(pt|bin)|scheduler\.(pt|bin)|scaler\.pt|"
     r"rng_state(_\d+)?\.pth)$"
 )
+
+
+# What a checkpoint folder holds besides its weights (any family, other frameworks' too):
+# indexes and configs, tokenizer and vocabulary files, model cards, licences, custom model
+# code. `--force` replaces a folder of only these (sub-folders included, such as a diffusers
+# `unet/`); anything else needs `--replace-any`.
+CHECKPOINT_FILE = re.compile(
+    r"(?:.*\.(?:safetensors|bin|pt|pth|ckpt|h5|msgpack|onnx|gguf|distcp|json|md|txt|py|tiktoken)"
+    r"|\.metadata|tokenizer\.model|spiece\.model|sentencepiece.*\.model|vocab\..*|merges\.txt"
+    r"|license.*|\.gitattributes)",
+    re.IGNORECASE,
+)
+
+
+def _belongs(path: str) -> bool:
+    """A file (or link) named as part of a checkpoint, or a folder holding only such files."""
+    pending = [path]
+    while pending:
+        current = pending.pop()
+        mode = os.lstat(current).st_mode
+        if stat.S_ISDIR(mode):
+            with os.scandir(current) as listing:
+                pending.extend(entry.path for entry in listing)
+        else:
+            named = CHECKPOINT_FILE.fullmatch(os.path.basename(current)) is not None
+            if not named or not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+                return False
+    return True
+
+
+def foreign_entries(root: str) -> list[str]:
+    """The top-level entries of `root` that are not part of a checkpoint, sorted."""
+    with os.scandir(root) as listing:
+        return sorted(entry.name for entry in listing if not _belongs(entry.path))
 
 
 @dataclass(frozen=True)
@@ -67,8 +102,9 @@ class Family:
 
     @property
     def label(self) -> str:
-        if self.stem == "loose":
-            return f"loose *.{self.ext} files"
+        if self.stem == "loose":  # the torch family holds .bin, .pt, .pth and .ckpt files
+            exts = sorted({os.path.splitext(name)[1] for name in self.files}) or [f".{self.ext}"]
+            return f"loose {'/'.join(f'*{ext}' for ext in exts)} files"
         variant = f".{self.variant}" if self.variant else ""
         return f"{self.stem}{variant}*.{self.ext}"
 

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
-import shutil
 from dataclasses import dataclass, replace
 
 from ckptfix.cast import CAST_TARGETS
 from ckptfix.errors import UsageError
+from ckptfix.extras import copy_extra
 from ckptfix.plan import ShardPlan, metadata_per_shard, plan_shards
 from ckptfix.report import Report
 from ckptfix.sizes import DEFAULT_MAX_SHARD
-from ckptfix.source import Checkpoint, open_checkpoint
-from ckptfix.staging import check_output, staged
+from ckptfix.source import STAGING_FOLDER, Checkpoint, open_checkpoint
+from ckptfix.staging import MARKER, Claim, claim_output, staged
 from ckptfix.transform import Selection, select
 from ckptfix.writer import (
     OutTensor,
@@ -23,7 +22,6 @@ from ckptfix.writer import (
     WrittenFile,
     check_free_space,
     checked_headers,
-    copy_extra,
     wrap_os_error,
     write_shards,
 )
@@ -50,59 +48,42 @@ class RewriteResult:
 def _carry_over(checkpoint: Checkpoint, outputs: set[str]) -> tuple[list[str], list[str]]:
     """For --in-place: keep everything but the rewritten checkpoint itself.
 
-    Returns (carried, replaced): names kept as they are, and left-out weight files whose
-    name the new checkpoint takes.
+    Returns (carried, left out): names kept as they are (special files and .git too), and
+    the weight files whose name the new checkpoint takes plus any staging folder a killed
+    run left (recognised by its marker, not by its name).
     """
     carried = list(checkpoint.extra_files)
-    replaced: list[str] = []
+    left_out: list[str] = []
     for name in checkpoint.left_out:
-        if name.startswith(".ckptfix-"):
-            continue
-        (replaced if name in outputs else carried).append(name)
-    return sorted(carried), replaced
+        if os.sep in name:
+            continue  # inside a carried folder, and carried with it
+        reason = checkpoint.left_out_reasons.get(name)
+        (left_out if name in outputs or reason == STAGING_FOLDER else carried).append(name)
+    return sorted(carried), left_out
 
 
-def _link_or_copy(source_root: str, names: list[str], staging: str) -> list[WrittenFile]:
-    """Hard-link carried files into the staging folder (same filesystem: instant, no space);
-    copy where links are not possible."""
-    written = []
-    for name in names:
-        source, target = os.path.join(source_root, name), os.path.join(staging, name)
-        if os.path.isdir(source) and not os.path.islink(source):
-            shutil.copytree(source, target, symlinks=True, copy_function=_link_file)
-        else:
-            _link_file(source, target)
-        written.append(WrittenFile(name, _tree_size(target)))
-    return written
+def _nearest_folder(path: str) -> str:
+    while not os.path.isdir(path):
+        path = os.path.dirname(path)
+    return path
 
 
-def _link_file(source: str, target: str) -> None:
-    if os.path.islink(source):
-        os.symlink(os.readlink(source), target)
-        return
-    try:
-        os.link(source, target)
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
-            raise
-        shutil.copy2(source, target)
-
-
-def _tree_size(path: str) -> int:
-    if not os.path.isdir(path) or os.path.islink(path):
-        return os.lstat(path).st_size
-    return sum(
-        os.lstat(os.path.join(folder, name)).st_size
-        for folder, _, names in os.walk(path)
-        for name in names
-    )
-
-
-def _resolve_output(
-    source: str, out: str | os.PathLike[str] | None, *, force: bool, in_place: bool
-) -> str:
+def _claim(
+    source: str,
+    out: str | os.PathLike[str] | None,
+    *,
+    force: bool,
+    replace_any: bool,
+    in_place: bool,
+    dry_run: bool,
+) -> Claim:
+    """Check the paths, then claim the output for the run (see staging.claim_output)."""
     if not os.path.exists(source):
         raise UsageError(source, "no such file or directory", "check the path")
+    if replace_any and not force:
+        raise UsageError(
+            "--replace-any", "only applies with --force", "add --force, or drop --replace-any"
+        )
     if in_place:
         if out is not None and os.path.abspath(os.fspath(out)) != os.path.abspath(source):
             raise UsageError("--in-place", "takes no -o folder other than SRC", "drop -o")
@@ -113,14 +94,23 @@ def _resolve_output(
         raise UsageError("-o", "an output folder is required", "pass -o OUT, or --in-place")
     else:
         target = os.fspath(out)
-    check_output(target, [source], force=force, in_place=in_place)
-    return target
+    try:
+        return claim_output(
+            target,
+            [source],
+            force=force,
+            replace_any=replace_any,
+            in_place=in_place,
+            write=not dry_run,
+        )
+    except OSError as exc:
+        raise wrap_os_error(exc, target) from exc
 
 
 def _write(
     checkpoint: Checkpoint,
     selection: Selection,
-    target: str,
+    claim: Claim,
     *,
     max_shard: int,
     to: str = "safetensors",
@@ -146,6 +136,7 @@ def _write(
         plan,
         copied_files=tuple(copied),
         left_out=tuple(left_out),
+        left_out_reasons={name: checkpoint.left_out_reasons[name] for name in left_out},
         dropped=dict(selection.dropped),
         renamed=dict(selection.renamed),
         dropped_bytes=selection.dropped_bytes,
@@ -160,14 +151,20 @@ def _write(
             index_metadata[DROPPED_KEY] = dict(sorted(selection.dropped.items()))
     shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
     plan = replace(plan, metadata_scope=scope)
+    target = claim.out
     headers = checked_headers(plan, tensors, shard_metadata, target) if to != "torch" else []
     if dry_run:
         return RewriteResult(checkpoint.report, plan, None)
-    parent = os.path.dirname(os.path.abspath(target))
-    os.makedirs(parent, exist_ok=True)
-    check_free_space(parent, sum(headers) + plan.total_size, target)
     try:
-        with staged(target) as staging:
+        needed = sum(headers) + plan.total_size
+        check_free_space(_nearest_folder(os.path.dirname(claim.real)), needed, target)
+        with staged(claim) as staging:
+
+            def advance(done: int, total: int) -> None:
+                staging.checkpoint()  # a safe point to stop at, as the copy goes on
+                if progress is not None:
+                    progress(done, total)
+
             if to == "torch":
                 from ckptfix.torch_writer import write_torch_shards
 
@@ -178,7 +175,7 @@ def _write(
                     staging.path,
                     target,
                     verify=verify,
-                    progress=progress,
+                    progress=advance,
                 )
             else:
                 written = write_shards(
@@ -189,17 +186,23 @@ def _write(
                     staging.path,
                     target,
                     verify=verify,
-                    progress=progress,
+                    progress=advance,
                 )
-            if in_place:
-                written += _link_or_copy(checkpoint.path, list(plan.copied_files), staging.path)
-            elif checkpoint.is_folder:
-                written += copy_extra(checkpoint.path, plan.copied_files, staging.path)
+            staging.checkpoint()
+            if MARKER in plan.copied_files:
+                staging.unmark()  # the source's own file of that name takes its place
+            if checkpoint.is_folder:
+                written += copy_extra(
+                    checkpoint.path, plan.copied_files, staging.path, link=in_place
+                )
             staging.commit()
     except OSError as exc:
         raise wrap_os_error(exc, target) from exc
+    kept = set(plan.copied_files) if in_place else set()  # carried over: not replaced
+    replaced = tuple(os.path.join(target, name) for name in staging.replaced if name not in kept)
     files = tuple(WrittenFile(os.path.join(target, item.path), item.bytes) for item in written)
-    return RewriteResult(checkpoint.report, plan, WriteResult(target, files, verified=verify))
+    result = WriteResult(target, files, verified=verify, replaced=replaced)
+    return RewriteResult(checkpoint.report, plan, result)
 
 
 def convert(
@@ -217,6 +220,7 @@ def convert(
     verify: bool = True,
     dry_run: bool = False,
     force: bool = False,
+    replace_any: bool = False,
     progress: Progress | None = None,
 ) -> RewriteResult:
     """Convert any supported checkpoint (safetensors or PyTorch) to safetensors or torch shards."""
@@ -225,29 +229,31 @@ def convert(
     if dtype != "keep" and dtype not in CAST_TARGETS:
         raise UsageError("--dtype", f"unknown dtype {dtype!r}", "use bf16, fp16, fp32 or keep")
     source = os.fspath(src)
-    target = _resolve_output(source, out, force=force, in_place=False)
-    checkpoint = open_checkpoint(
-        source, max_shard=max_shard, key=key, torch=True, prefer_torch=True
-    )
-    selection = select(
-        checkpoint.tensors,
-        exclude=exclude,
-        strip_prefix=strip_prefix,
-        training_checkpoint=checkpoint.training_checkpoint,
-        keep=keep,
-        clone=clone,
-        dtype=CAST_TARGETS.get(dtype),
-    )
-    return _write(
-        checkpoint,
-        selection,
-        target,
-        max_shard=max_shard,
-        to=to,
-        dry_run=dry_run,
-        verify=verify,
-        progress=progress,
-    )
+    with _claim(
+        source, out, force=force, replace_any=replace_any, in_place=False, dry_run=dry_run
+    ) as claim:
+        checkpoint = open_checkpoint(
+            source, max_shard=max_shard, key=key, torch=True, prefer_torch=True
+        )
+        selection = select(
+            checkpoint.tensors,
+            exclude=exclude,
+            strip_prefix=strip_prefix,
+            training_checkpoint=checkpoint.training_checkpoint,
+            keep=keep,
+            clone=clone,
+            dtype=CAST_TARGETS.get(dtype),
+        )
+        return _write(
+            checkpoint,
+            selection,
+            claim,
+            max_shard=max_shard,
+            to=to,
+            dry_run=dry_run,
+            verify=verify,
+            progress=progress,
+        )
 
 
 def dedupe(
@@ -260,16 +266,19 @@ def dedupe(
     max_shard: int = DEFAULT_MAX_SHARD,
     dry_run: bool = False,
     force: bool = False,
+    replace_any: bool = False,
     progress: Progress | None = None,
 ) -> RewriteResult:
     """Write aliases once (and, with `by_content`, identical tensors once) as safetensors."""
     source = os.fspath(src)
-    target = _resolve_output(source, out, force=force, in_place=False)
-    checkpoint = open_checkpoint(source, max_shard=max_shard, torch=True)
-    selection = select(checkpoint.tensors, keep=keep, clone=clone, by_content=by_content)
-    return _write(
-        checkpoint, selection, target, max_shard=max_shard, dry_run=dry_run, progress=progress
-    )
+    with _claim(
+        source, out, force=force, replace_any=replace_any, in_place=False, dry_run=dry_run
+    ) as claim:
+        checkpoint = open_checkpoint(source, max_shard=max_shard, torch=True)
+        selection = select(checkpoint.tensors, keep=keep, clone=clone, by_content=by_content)
+        return _write(
+            checkpoint, selection, claim, max_shard=max_shard, dry_run=dry_run, progress=progress
+        )
 
 
 def reshard(
@@ -279,20 +288,23 @@ def reshard(
     max_shard: int = DEFAULT_MAX_SHARD,
     dry_run: bool = False,
     force: bool = False,
+    replace_any: bool = False,
     in_place: bool = False,
     progress: Progress | None = None,
 ) -> RewriteResult:
     """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes."""
     source = os.fspath(src)
-    target = _resolve_output(source, out, force=force, in_place=in_place)
-    checkpoint = open_checkpoint(source, max_shard=max_shard)
-    selection = Selection(tuple(OutTensor.same(tensor) for tensor in checkpoint.tensors))
-    return _write(
-        checkpoint,
-        selection,
-        target,
-        max_shard=max_shard,
-        in_place=in_place,
-        dry_run=dry_run,
-        progress=progress,
-    )
+    with _claim(
+        source, out, force=force, replace_any=replace_any, in_place=in_place, dry_run=dry_run
+    ) as claim:
+        checkpoint = open_checkpoint(source, max_shard=max_shard)
+        selection = Selection(tuple(OutTensor.same(tensor) for tensor in checkpoint.tensors))
+        return _write(
+            checkpoint,
+            selection,
+            claim,
+            max_shard=max_shard,
+            in_place=in_place,
+            dry_run=dry_run,
+            progress=progress,
+        )

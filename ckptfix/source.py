@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfix.catalog import TensorInfo
 from ckptfix.errors import CkptfixError, UnsupportedFormatError, UsageError
+from ckptfix.extras import special_files
 from ckptfix.findings import Severity
 from ckptfix.folder import Family, scan_folder
 from ckptfix.formats.index import read_index
 from ckptfix.inspect import inspect
 from ckptfix.report import Report
+from ckptfix.staging import is_staging_folder
 
-# Never carried into an output folder: version-control state (a clone of a Hub repository
-# keeps every LFS object under .git) and our own staging folders.
-_NEVER_COPY = (".git", ".ckptfix-")
+# Why an entry of a model folder is not copied to -o (`Checkpoint.left_out_reasons`).
+OTHER_WEIGHTS = "other weight file"
+VERSION_CONTROL = "version control"  # a clone of a Hub repository keeps every LFS object there
+STAGING_FOLDER = "ckptfix staging folder"  # a killed run's, recognised by its marker
+NOT_REGULAR = "not a regular file"  # FIFO, socket, device: never opened
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,8 @@ class Checkpoint:
     extra_files: tuple[str, ...]
     left_out: tuple[str, ...]
     report: Report
+    # Why each left-out entry is left out; nested special files are named by relative path.
+    left_out_reasons: dict[str, str] = field(default_factory=dict)
 
     @property
     def training_checkpoint(self) -> bool:
@@ -149,14 +155,21 @@ def open_checkpoint(
     )
     ours = set(names) | ({family.index} if family.index else set())
     weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
-    extra, left_out = [], []
+    reasons: dict[str, str] = {}
+    extra = []
     for entry in sorted(os.listdir(path)):
         if entry in ours:
             continue
-        if entry in weights or entry.startswith(_NEVER_COPY):
-            left_out.append(entry)
+        if entry in weights:
+            reasons[entry] = OTHER_WEIGHTS
+        elif entry == ".git":
+            reasons[entry] = VERSION_CONTROL
+        elif is_staging_folder(os.path.join(path, entry)):
+            reasons[entry] = STAGING_FOLDER
         else:
             extra.append(entry)
+    reasons.update(dict.fromkeys(special_files(path, extra), NOT_REGULAR))
+    left_out = sorted(reasons)
     return Checkpoint(
         path=path,
         is_folder=True,
@@ -164,7 +177,8 @@ def open_checkpoint(
         metadata=_merged_metadata(files, report),
         index_metadata=index_metadata,
         source_files=tuple(files),
-        extra_files=tuple(extra),
+        extra_files=tuple(name for name in extra if name not in reasons),
         left_out=tuple(left_out),
         report=report,
+        left_out_reasons={name: reasons[name] for name in left_out},
     )

@@ -1,39 +1,106 @@
-"""Atomic output folders: build in a staging folder beside OUT, swap it in at the end.
+"""Atomic output folders that never lose what someone else put there.
 
-On any exception, SIGINT or SIGTERM the staging folder is removed and OUT is left as it
-was. Nothing outside the staging folder is deleted unless it is the old OUT being
-replaced (--force, --in-place), and that happens only after the new one is in place.
+A write first claims OUT (`claim_output`): a link is resolved to the real folder, an existing
+OUT is locked for the run (a second ckptfix writing to it fails at once) and everything under
+it is recorded. The output is built in a marked staging folder beside the real OUT (`staged`)
+and swapped in at the end (`Staging.commit`): a new OUT appears by a rename that replaces
+nothing, an existing one is exchanged only if it is still exactly as recorded, and is checked
+once more after the exchange. A conflict is an error that loses nothing: OUT is left as the
+other program left it and the staging folder is removed.
+
+On any exception, SIGINT or SIGTERM the staging folder is removed and OUT is left as it was.
+Nothing outside the staging folder is deleted unless it is the old OUT being replaced
+(--force, --in-place), and that happens only after the new one is in place. Once the new
+output is in place, SIGINT and SIGTERM no longer stop anything (see `command_signals`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
+import fcntl
 import os
 import shutil
 import signal
+import stat
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from ckptfix.errors import Interrupted, UsageError, WriteError
+from ckptfix.errors import Interrupted, OutputConflictError, UsageError
+from ckptfix.folder import foreign_entries
 
+# Inside every staging folder while it is being written: a staging folder is recognised by
+# this file and its first line, never by its name alone (a user may name anything .ckptfix-*).
+MARKER = ".ckptfix-staging"
+_MAGIC = b"ckptfix staging folder; safe to delete when no ckptfix run is writing\n"
+_RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
+
+# (relative path, inode, type and mode, size, mtime in ns) of one entry under OUT
+Entry = tuple[str, int, int, int, int]
 
 
 def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
-def check_output(out: str, sources: list[str], *, force: bool, in_place: bool) -> None:
+def _some(names: Sequence[str], limit: int = 3) -> str:
+    shown = ", ".join(names[:limit])
+    return f"{shown} and {len(names) - limit} more" if len(names) > limit else shown
+
+
+def write_marker(folder: str) -> None:
+    """Mark `folder` as a ckptfix staging folder (see `is_staging_folder`)."""
+    fd = os.open(os.path.join(folder, MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, _MAGIC + f"pid {os.getpid()}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def is_staging_folder(path: str) -> bool:
+    """Whether `path` is a staging folder of a ckptfix run (a live one, or one a killed run
+    left behind): a real folder named `.ckptfix-*` holding our marker file."""
+    marker = os.path.join(path, MARKER)
+    try:
+        if not os.path.basename(path).startswith(".ckptfix-"):
+            return False
+        if not stat.S_ISDIR(os.lstat(path).st_mode) or not stat.S_ISREG(os.lstat(marker).st_mode):
+            return False
+        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        return os.pread(fd, len(_MAGIC), 0) == _MAGIC
+    finally:
+        os.close(fd)
+
+
+def _first_non_folder(path: str) -> str | None:
+    """The nearest existing ancestor of `path`, if it is not a folder (`-o file.txt/out`)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(folder):
+        folder = os.path.dirname(folder)
+    return None if os.path.isdir(folder) else folder
+
+
+def check_output(
+    out: str,
+    sources: Sequence[str],
+    *,
+    force: bool,
+    in_place: bool,
+    replace_any: bool = False,
+) -> None:
     """Refuse outputs that would clobber an input or a folder the user did not mean."""
-    real_out = os.path.realpath(out)
     if in_place:
         return
+    real_out = os.path.realpath(out)
     for source in sources:
         real_source = os.path.realpath(source)
         if _inside(real_source, real_out) or _inside(real_out, real_source):
@@ -42,10 +109,136 @@ def check_output(out: str, sources: list[str], *, force: bool, in_place: bool) -
                 f"output overlaps the input {source}",
                 "choose another -o folder, or use --in-place",
             )
-    if os.path.isfile(out) or (os.path.exists(out) and not os.path.isdir(out)):
+    if os.path.exists(out) and not os.path.isdir(out):
         raise UsageError(out, "output exists and is not a folder", "choose another -o folder")
-    if os.path.isdir(out) and os.listdir(out) and not force:
+    if not os.path.isdir(out):
+        blocker = _first_non_folder(real_out)
+        if blocker is not None:
+            raise UsageError(out, f"{blocker} is not a folder", "choose another -o folder")
+        return
+    if not os.listdir(out):
+        return
+    if not force:
         raise UsageError(out, "output folder exists and is not empty", "pass --force to replace it")
+    foreign = [] if replace_any else foreign_entries(real_out)
+    if foreign:
+        raise UsageError(
+            out,
+            f"output folder holds files that are not part of a checkpoint: {_some(foreign)}",
+            "pass --replace-any to replace them too, or choose another -o",
+        )
+
+
+@dataclass(frozen=True)
+class OutputState:
+    """What an existing OUT held when the run began: its identity and every entry under it
+    (links not followed), to tell at the swap whether anyone else changed it meanwhile."""
+
+    identity: tuple[int, int]
+    entries: tuple[Entry, ...]
+
+    @property
+    def top_level(self) -> tuple[str, ...]:
+        return tuple(entry[0] for entry in self.entries if "/" not in entry[0])
+
+
+def _record(folder: str) -> OutputState:
+    info = os.stat(folder)
+    entries: list[Entry] = []
+    pending = [("", folder)]
+    while pending:
+        prefix, current = pending.pop()
+        with os.scandir(current) as listing:
+            for item in listing:
+                found = item.stat(follow_symlinks=False)
+                path = prefix + item.name
+                entries.append(
+                    (path, found.st_ino, found.st_mode, found.st_size, found.st_mtime_ns)
+                )
+                if stat.S_ISDIR(found.st_mode):
+                    pending.append((path + "/", item.path))
+    return OutputState((info.st_dev, info.st_ino), tuple(sorted(entries)))
+
+
+def _differences(before: OutputState, after: OutputState) -> list[str]:
+    """Entries added, removed or changed; a folder is named only when none of its entries is
+    (adding a file changes its folder too)."""
+    old = {entry[0]: entry for entry in before.entries}
+    new = {entry[0]: entry for entry in after.entries}
+    changed = sorted(path for path in old.keys() | new.keys() if old.get(path) != new.get(path))
+    parents = {path[:index] for path in changed for index, char in enumerate(path) if char == "/"}
+    return [path for path in changed if path not in parents]
+
+
+def _lock(out: str, real: str) -> int:
+    """An exclusive lock on the existing OUT for the whole run; a second writer fails at once."""
+    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError as exc:
+        os.close(fd)
+        raise OutputConflictError(
+            out,
+            "another ckptfix run is writing to this folder",
+            "wait for it to finish, then run again",
+        ) from exc
+    except OSError as exc:
+        # A file system without locks: the record of OUT still catches other writers.
+        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            os.close(fd)
+            raise
+    return fd
+
+
+class Claim:
+    """OUT for one run: the path as given (for messages), the real folder behind any link
+    (where the staging folder goes and the swap happens), and for a write the lock held on
+    it and what it held at the start (`before`, None if it did not exist)."""
+
+    def __init__(self, out: str, real: str, before: OutputState | None, lock: int | None) -> None:
+        self.out = out
+        self.real = real
+        self.before = before
+        self._lock = lock
+        self._outer: str | None = None
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def __enter__(self) -> Claim:
+        if _command is not None:  # a signal from now on names the output it left alone
+            self._outer, _command.out = _command.out, self.out
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if _command is not None:
+            _command.out = self._outer
+        self.release()
+
+
+def claim_output(
+    out: str,
+    sources: Sequence[str],
+    *,
+    force: bool = False,
+    replace_any: bool = False,
+    in_place: bool = False,
+    write: bool = True,
+) -> Claim:
+    """Check that OUT may be written (`check_output`); for a write, also lock an existing OUT
+    and record what it holds, before the input is even read."""
+    real = os.path.realpath(out)
+    lock = _lock(out, real) if write and os.path.isdir(real) else None
+    try:
+        before = _record(real) if lock is not None else None
+        check_output(out, sources, force=force, in_place=in_place, replace_any=replace_any)
+    except BaseException:
+        if lock is not None:
+            os.close(lock)
+        raise
+    return Claim(out, real, before, lock)
 
 
 def _umask() -> int:
@@ -62,20 +255,13 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-def _exchange(first: str, second: str) -> bool:
-    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False if unsupported."""
-    libc_name = ctypes.util.find_library("c")
-    if libc_name is None:
-        return False
-    libc = ctypes.CDLL(libc_name, use_errno=True)
-    renameat2 = getattr(libc, "renameat2", None)
+def _renameat2(first: str, second: str, flags: int) -> bool:
+    """renameat2(2) with `flags`; False where the C library, kernel or file system lacks it."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
     if renameat2 is None:
         return False
     at_fdcwd = -100
-    result = renameat2(
-        at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), _RENAME_EXCHANGE
-    )
-    if result == 0:
+    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), flags) == 0:
         return True
     code = ctypes.get_errno()
     if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
@@ -83,97 +269,303 @@ def _exchange(first: str, second: str) -> bool:
     raise OSError(code, os.strerror(code), second)
 
 
-class Staging:
-    """A staging folder for OUT; `commit()` makes it OUT, leaving no moment without OUT."""
+def _exchange(first: str, second: str) -> bool:
+    """Atomically swap two paths (RENAME_EXCHANGE); False if unsupported."""
+    return _renameat2(first, second, _RENAME_EXCHANGE)
 
-    def __init__(self, out: str) -> None:
-        self.out = out
-        parent = os.path.dirname(os.path.abspath(out))
-        try:
-            os.makedirs(parent, exist_ok=True)
-            self.path = tempfile.mkdtemp(prefix=".ckptfix-", dir=parent)
-        except OSError as exc:
-            raise WriteError(
-                out,
-                f"cannot create a staging folder: {exc.strerror}",
-                "check the folder's permissions",
-            ) from exc
-        self.committed = False
-        self.swapping = False
+
+def _rename_new(first: str, second: str) -> None:
+    """Rename `first` to `second`, which must not exist (RENAME_NOREPLACE). Without it, a plain
+    rename still refuses a non-empty folder; an empty one holds nothing to lose."""
+    if not _renameat2(first, second, _RENAME_NOREPLACE):
+        os.rename(first, second)
+
+
+def _make_parents(folder: str) -> list[str]:
+    """Create the missing folders up to `folder`; returns those made here, innermost first."""
+    missing = []
+    while not os.path.isdir(folder):
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    made: list[str] = []
+    try:
+        for path in reversed(missing):
+            try:
+                os.mkdir(path)
+            except FileExistsError:
+                continue
+            made.insert(0, path)
+    except BaseException:
+        for path in made:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+        raise
+    return made
+
+
+_OURS = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _ours(frame: FrameType | None) -> bool:
+    """Whether a signal arrived while ckptfix's own code ran: the only place where the
+    handler raises. Raised in other code, the exception can do harm: in
+    threading.Condition.__enter__ or __exit__ it leaves the lock taken, so that a worker
+    thread of the write (settling a Future) and then the join with it wait forever (a hang
+    seen under SIGTERM); in importlib's end-of-import callback it is printed as "ignored"
+    and lost. There it is kept for the write's next safe point (`raise_deferred`)."""
+    return frame is not None and frame.f_code.co_filename.startswith(_OURS)
+
+
+class _Signals:
+    """How SIGINT and SIGTERM are answered while ckptfix holds them: they stop the command
+    (a write in progress is removed and OUT left as it was), wait while a swap is under way,
+    and are ignored once an output is committed, so that a complete output is never reported
+    as interrupted. Python runs handlers in the main thread between bytecodes, so the handler
+    sees this state exactly, whichever thread the signal reached."""
+
+    def __init__(self, *, exit_outside_writes: bool = False) -> None:
+        self.out: str | None = None  # the output claimed, for the message
+        self.writing = False  # a staging folder exists: raise, so that it is removed
+        self.holding = 0
         self.deferred: Interrupted | None = None
+        self.committed = False
+        self.exit_outside_writes = exit_outside_writes
 
-    def interrupt(self, signal_name: str, exit_code: int) -> None:
-        """What a signal does: stop the write, unless it is being committed or is done."""
-        error = Interrupted(self.out, signal_name, exit_code)
-        if self.swapping:
-            self.deferred = error
-        elif not self.committed:
+    def handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.committed:
+            return
+        error = Interrupted(self.out, signal.Signals(signum).name, 128 + signum)
+        if self.exit_outside_writes and not self.writing:
+            # The console script, with nothing to undo: exit at once, which an exception
+            # raised in the middle of an import or of a thread pool's locking may not do.
+            os.write(2, (error.line() + "\n").encode())
+            os._exit(error.exit_code)
+        if self.holding or not _ours(frame):
+            self.deferred = self.deferred or error
+            return
+        raise error
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Signals that arrive meanwhile wait for `raise_deferred`."""
+        self.holding += 1
+        try:
+            yield
+        finally:
+            self.holding -= 1
+
+    def raise_deferred(self) -> None:
+        """A safe point: raise a signal kept while held or while other code ran."""
+        error, self.deferred = self.deferred, None
+        if error is not None and not self.committed:
             raise error
 
-    def remove(self) -> None:
-        if not self.committed:
-            shutil.rmtree(self.path, ignore_errors=True)
+    def install(self) -> dict[int, Any]:
+        """Take SIGINT and SIGTERM (from the main thread only; elsewhere the caller owns them),
+        except a signal the caller ignores (nohup, a background job's SIGINT)."""
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for held in (signal.SIGINT, signal.SIGTERM):
+                if signal.getsignal(held) is not signal.SIG_IGN:
+                    previous[held] = signal.signal(held, self.handle)
+        return previous
 
-    def commit(self) -> None:
-        """fsync the staging folder, then swap it in as OUT (atomically where possible).
 
-        A SIGINT or SIGTERM that arrives meanwhile is deferred (see `staged`), so a signal
-        cannot split the swap from the clean-up of the old folder; once the swap is done
-        the output is complete and the signal no longer undoes anything.
-        """
-        self.swapping = True
-        try:
-            self._swap()
-        finally:
-            self.swapping = False
-        if self.deferred is not None and not self.committed:
-            raise self.deferred
+def _restore(previous: dict[int, Any]) -> None:
+    for number, handler in previous.items():
+        signal.signal(number, handler)
 
-    def _swap(self) -> None:
-        os.chmod(self.path, 0o777 & ~_umask())
-        _fsync_dir(self.path)
-        out = os.path.abspath(self.out)
-        parent = os.path.dirname(out)
-        if os.path.isdir(out) and os.listdir(out):
-            if _exchange(self.path, out):
-                self.committed = True
-                _fsync_dir(parent)
-                shutil.rmtree(self.path)  # now holds the old OUT
-            else:
-                aside = tempfile.mkdtemp(prefix=".ckptfix-old-", dir=parent)
-                os.rename(out, os.path.join(aside, "old"))
-                os.rename(self.path, out)
-                self.committed = True
-                _fsync_dir(parent)
-                shutil.rmtree(aside)
-        else:
-            if os.path.isdir(out):
-                os.rmdir(out)  # empty: ours to replace
-            os.rename(self.path, out)
-            self.committed = True
-            _fsync_dir(parent)
+
+_command: _Signals | None = None  # set while a command owns the signals
 
 
 @contextlib.contextmanager
-def staged(out: str) -> Iterator[Staging]:
-    """Yield a Staging for OUT; remove it unless committed, whatever happens (SIGINT and
-    SIGTERM too). Python runs signal handlers in the main thread between bytecodes, so the
-    handlers below see the staging state exactly, whichever thread the signal reached."""
-    staging = Staging(out)
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        staging.interrupt(signal.Signals(signum).name, 128 + signum)
-
-    # Handlers can only be set from the main thread (elsewhere the caller owns them), and a
-    # signal the caller ignores (nohup, a background job's SIGINT) stays ignored.
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for held in (signal.SIGINT, signal.SIGTERM):
-            if signal.getsignal(held) is not signal.SIG_IGN:
-                previous[held] = signal.signal(held, on_signal)
+def command_signals() -> Iterator[None]:
+    """Answer SIGINT and SIGTERM for a whole command, rendering included: a signal after the
+    output is committed is ignored instead of turning a success into "interrupted". The CLI
+    runs every command inside this."""
+    global _command
+    if _command is not None:
+        yield
+        return
+    signals = _Signals()
+    previous = signals.install()
+    _command = signals
     try:
+        yield
+    finally:
+        _command = None
+        _restore(previous)
+
+
+def keep_command_signals() -> None:
+    """`command_signals` without a restore, for the console script (cli/entry.py), which
+    ignores both signals once the command is over. Outside a write it exits at once."""
+    global _command
+    if _command is None:
+        _command = _Signals(exit_outside_writes=True)
+        _command.install()
+
+
+class Staging:
+    """A marked staging folder beside the real OUT; `commit()` makes it OUT."""
+
+    def __init__(self, claim: Claim, signals: _Signals) -> None:
+        self.claim = claim
+        self.signals = signals
+        self.committed = False
+        self.replaced: tuple[str, ...] = ()  # the old OUT's top-level entries, once deleted
+        parent = os.path.dirname(claim.real)
+        self.made = _make_parents(parent)
+        self.path = ""
+        self.marked = False
+        try:
+            self.path = tempfile.mkdtemp(prefix=".ckptfix-", dir=parent)
+            write_marker(self.path)
+            self.marked = True
+        except BaseException:
+            self.remove()
+            raise
+
+    def checkpoint(self) -> None:
+        """A safe point of the write: raise a signal that arrived while other code ran."""
+        self.signals.raise_deferred()
+
+    def unmark(self) -> None:
+        """Drop the marker: before the swap, or for a file of the same name from the source."""
+        if self.marked:
+            os.remove(os.path.join(self.path, MARKER))
+            self.marked = False
+
+    def remove(self) -> None:
+        """Unless committed: remove the staging folder and the parents made for it."""
+        if self.committed:
+            return
+        if self.path:
+            shutil.rmtree(self.path, ignore_errors=True)
+        for folder in self.made:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # only while empty: another writer may have used it
+
+    def commit(self) -> None:
+        """fsync the staging folder and swap it in as OUT, if nobody else changed OUT.
+
+        A SIGINT or SIGTERM that arrives meanwhile is held until the swap is over: if the
+        swap failed it stops the write as usual, otherwise the output is complete and it is
+        ignored.
+        """
+        self.signals.raise_deferred()  # a signal kept until now still stops the write
+        with self.signals.held():
+            self._swap()
+        self.signals.raise_deferred()
+
+    def _swap(self) -> None:
+        self.unmark()
+        os.chmod(self.path, 0o777 & ~_umask())
+        _fsync_dir(self.path)
+        if self.claim.before is None:
+            self._create_out()
+        else:
+            self._replace_out(self.claim.before)
+        _fsync_dir(os.path.dirname(self.claim.real))
+
+    def _conflict(self, what: str, changed: Sequence[str] = ()) -> OutputConflictError:
+        detail = f" ({_some(changed)})" if changed else ""
+        return OutputConflictError(
+            self.claim.out,
+            f"output folder {what} during the run{detail}; it was left as it is now and "
+            "nothing was written",
+            "run again",
+        )
+
+    def _check_unchanged(self, folder: str, before: OutputState) -> None:
+        try:
+            now = _record(folder)
+        except FileNotFoundError:
+            raise self._conflict("was removed by another program") from None
+        if now.identity != before.identity:
+            raise self._conflict("was replaced by another program")
+        if now.entries != before.entries:
+            raise self._conflict("changed", _differences(before, now))
+
+    def _done(self, replaced: tuple[str, ...]) -> None:
+        self.committed = self.signals.committed = True
+        self.replaced = replaced
+
+    def _create_out(self) -> None:
+        """OUT did not exist at the start, so it must not exist now either."""
+        try:
+            _rename_new(self.path, self.claim.real)
+        except OSError as exc:
+            if exc.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise self._conflict("was created by another program") from exc
+            raise
+        self._done(())
+
+    def _replace_out(self, before: OutputState) -> None:
+        """OUT existed: exchange it for the staging folder only if it is still as recorded,
+        and look once more after the exchange, for a write that landed in between."""
+        real = self.claim.real
+        self._check_unchanged(real, before)
+        if not _exchange(self.path, real):
+            self._replace_by_renames(before)
+            return
+        old, self.path = self.path, ""  # `old` holds the old OUT now: never ours to remove
+        try:
+            self._check_unchanged(old, before)
+        except OutputConflictError:
+            _exchange(old, real)  # theirs back; ours back at `old`, removed as usual
+            self.path = old
+            raise
+        self._done(before.top_level)
+        shutil.rmtree(old, ignore_errors=True)
+
+    def _replace_by_renames(self, before: OutputState) -> None:
+        """Without RENAME_EXCHANGE: move the old OUT aside, check it, rename the new one in."""
+        real = self.claim.real
+        aside = tempfile.mkdtemp(prefix=".ckptfix-old-", dir=os.path.dirname(real))
+        old = os.path.join(aside, "old")
+        os.rename(real, old)
+        try:
+            self._check_unchanged(old, before)
+            _rename_new(self.path, real)
+        except BaseException as exc:
+            try:
+                _rename_new(old, real)
+            except OSError:
+                raise OutputConflictError(
+                    self.claim.out,
+                    "output folder was created by another program during the swap; the "
+                    f"previous contents are kept in {aside}",
+                    "move them back, then run again",
+                ) from exc
+            os.rmdir(aside)
+            if isinstance(exc, OSError) and exc.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                raise self._conflict("was created by another program") from exc
+            raise
+        self._done(before.top_level)
+        shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def staged(claim: Claim) -> Iterator[Staging]:
+    """Yield a Staging for a claimed OUT; remove it unless committed, whatever happens
+    (SIGINT and SIGTERM too, which are held while the staging folder is being made)."""
+    signals = _command or _Signals()
+    previous = signals.install() if signals is not _command else {}
+    outer = signals.out, signals.writing
+    signals.out = claim.out
+    staging: Staging | None = None
+    try:
+        with signals.held():
+            signals.writing = True
+            staging = Staging(claim, signals)
+        signals.raise_deferred()
         yield staging
     finally:
-        staging.remove()
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+        with signals.held():  # a second Ctrl-C must not cut the clean-up short
+            if staging is not None:
+                staging.remove()
+            signals.out, signals.writing = outer
+            _restore(previous)
+        signals.deferred = None  # this write is over: committed, or already failing

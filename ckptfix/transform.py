@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ckptfix.catalog import TensorInfo
@@ -16,6 +16,8 @@ from ckptfix.dtypes import DTYPES
 from ckptfix.errors import UsageError
 from ckptfix.io.source import LocalFile
 from ckptfix.writer import OutTensor
+
+_GLOB_MAGIC = re.compile(r"[*?[]")
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,19 @@ def check_keep(keep: str) -> None:
         ) from exc
 
 
+def _exclusion(globs: Sequence[str]) -> Callable[[str], bool]:
+    """One test for all --exclude globs, linear in the names: exact names (the usual long
+    lists) are a set lookup, the rest one compiled pattern."""
+    literal = {glob for glob in globs if not _GLOB_MAGIC.search(glob)}
+    patterns = [fnmatch.translate(glob) for glob in globs if glob not in literal]
+    wildcard = re.compile("|".join(patterns)).match if patterns else None
+
+    def excluded(name: str) -> bool:
+        return name in literal or (wildcard is not None and wildcard(name) is not None)
+
+    return excluded
+
+
 def select(
     tensors: Sequence[TensorInfo],
     *,
@@ -65,10 +80,10 @@ def select(
 ) -> Selection:
     """Decide names and dtypes. `strip_prefix` is None, "auto" or an exact prefix."""
     check_keep(keep)
-    excluded = tuple(
-        t.name for t in tensors if any(fnmatch.fnmatchcase(t.name, glob) for glob in exclude)
-    )
-    kept = [t for t in tensors if t.name not in set(excluded)]
+    excluded_by = _exclusion(exclude)
+    excluded = tuple(t.name for t in tensors if excluded_by(t.name))
+    excluded_names = set(excluded)
+    kept = [t for t in tensors if t.name not in excluded_names]
     if strip_prefix == "auto":
         prefixes = common_wrapper_prefixes(
             [t.name for t in kept], training_checkpoint=training_checkpoint

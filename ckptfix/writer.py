@@ -9,7 +9,6 @@ import errno
 import hashlib
 import json
 import os
-import shutil
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,11 +55,14 @@ class WrittenFile:
 
 @dataclass(frozen=True)
 class WriteResult:
-    """What a write command produced: the final paths and sizes, all verified."""
+    """What a write command produced: the final paths and sizes, and what it replaced."""
 
     path: str
     files: tuple[WrittenFile, ...]
     verified: bool
+    # What the write deleted: the old OUT's top-level entries (--force), or the old files of
+    # the folder that were not carried over (--in-place).
+    replaced: tuple[str, ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -72,6 +74,7 @@ class WriteResult:
             "files": [item.to_dict() for item in self.files],
             "bytes": self.bytes,
             "verified": self.verified,
+            "replaced": list(self.replaced),
         }
 
 
@@ -419,33 +422,6 @@ def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -
     finally:
         os.close(fd)
     return len(data)
-
-
-def copy_extra(source_root: str, names: Sequence[str], staging: str) -> list[WrittenFile]:
-    """Copy the non-weight files (config, tokenizer, sub-folders) and fsync them."""
-    written = []
-    for name in names:
-        source, target = os.path.join(source_root, name), os.path.join(staging, name)
-        if os.path.isdir(source):
-            shutil.copytree(source, target, symlinks=True)
-            files = [
-                os.path.join(folder, file)
-                for folder, _, entries in os.walk(target)
-                for file in entries
-            ]
-        else:
-            shutil.copy2(source, target, follow_symlinks=False)
-            files = [target]
-        for file in files:
-            if os.path.islink(file):
-                continue
-            fd = os.open(file, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            written.append(WrittenFile(os.path.relpath(file, staging), os.path.getsize(file)))
-    return written
 
 
 def write_shards(

@@ -6,7 +6,8 @@ import json
 import os
 import random
 import struct
-from collections.abc import Mapping, Sequence
+import subprocess
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,28 @@ class Factory:
 @pytest.fixture
 def factory(tmp_path: Path) -> Factory:
     return Factory(tmp_path)
+
+
+@pytest.fixture
+def mount(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
+    mounted: list[Path] = []
+
+    def make(options: str) -> Path:
+        point = tmp_path / f"mnt{len(mounted)}"
+        point.mkdir()
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+            capture_output=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in mounted:
+        subprocess.run(["umount", str(point)], check=False)
 
 
 os.environ.setdefault("NO_COLOR", "1")

@@ -354,3 +354,14 @@ def test_no_tensor_data_read_without_hash_or_scan(
     assert report.tensor_count == 3
     with pytest.raises(AssertionError, match="tensor data was read"):
         ckptfix.inspect(folder, hash=True)
+
+
+def test_mixed_formats_names_the_loose_extensions(factory: Factory) -> None:
+    folder = factory.sharded("m", [SHARD1, SHARD2])
+    factory.bytes("m/weights.pt", b"PK\x03\x04" + b"\0" * 60)
+    item = only(ckptfix.inspect(folder), "mixed-formats")
+    assert "loose *.pt files (1 file(s))" in item.message
+    factory.bytes("m/extra.bin", b"PK\x03\x04" + b"\0" * 60)
+    item = only(ckptfix.inspect(folder), "mixed-formats")
+    assert "loose *.bin/*.pt files (2 file(s))" in item.message
+    assert "torch" not in item.message

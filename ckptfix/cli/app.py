@@ -16,6 +16,7 @@ from typer.core import TyperGroup
 import ckptfix
 from ckptfix.errors import CkptfixError
 from ckptfix.sizes import parse_size
+from ckptfix.staging import command_signals
 
 if TYPE_CHECKING:
     from ckptfix.rewrite import RewriteResult
@@ -32,6 +33,13 @@ class _Group(TyperGroup):
         standalone_mode: bool = True,
         **extra: Any,
     ) -> NoReturn:
+        # Signals are answered for the whole command, rendering included: once the output is
+        # committed, a Ctrl-C no longer turns the success into "interrupted".
+        with command_signals():
+            code = self._run(args, prog_name, complete_var, **extra)
+        sys.exit(code)
+
+    def _run(self, args: Any, prog_name: str | None, complete_var: str | None, **extra: Any) -> int:
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
             code = result if isinstance(result, int) else 0
@@ -60,7 +68,7 @@ class _Group(TyperGroup):
                 "(please report it; rerun with CKPTFIX_DEBUG=1 for the traceback)"
             )
             code = 1
-        sys.exit(code)
+        return code
 
 
 def _debug() -> bool:
@@ -118,6 +126,19 @@ MaxShardOption = Annotated[
 ]
 
 
+ForceOption = Annotated[
+    bool,
+    typer.Option("--force", help="Replace a non-empty OUT that holds only checkpoint files."),
+]
+ReplaceAnyOption = Annotated[
+    bool,
+    typer.Option(
+        "--replace-any",
+        help="With --force: replace OUT even if it holds files that are not part of a checkpoint.",
+    ),
+]
+
+
 @app.command()
 def inspect(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint file or model folder.")],
@@ -163,9 +184,8 @@ def reshard(
         bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
     ] = False,
     json_output: JsonOption = False,
-    force: Annotated[
-        bool, typer.Option("--force", help="Replace OUT if it exists and is not empty.")
-    ] = False,
+    force: ForceOption = False,
+    replace_any: ReplaceAnyOption = False,
     in_place: Annotated[
         bool, typer.Option("--in-place", help="Rewrite SRC itself, swapping it atomically.")
     ] = False,
@@ -185,6 +205,7 @@ def reshard(
             max_shard=limit,
             dry_run=dry_run,
             force=force,
+            replace_any=replace_any,
             in_place=in_place,
             progress=advance,
         )
@@ -204,9 +225,6 @@ class DtypeChoice(str, Enum):
 
 
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
-ForceOption = Annotated[
-    bool, typer.Option("--force", help="Replace OUT if it exists and is not empty.")
-]
 OutOption = Annotated[
     Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
 ]
@@ -249,6 +267,7 @@ def convert(
     dry_run: DryRunOption = False,
     json_output: JsonOption = False,
     force: ForceOption = False,
+    replace_any: ReplaceAnyOption = False,
 ) -> None:
     """Convert a PyTorch or safetensors checkpoint into verified safetensors (or torch) shards.
 
@@ -272,6 +291,7 @@ def convert(
             verify=not no_verify,
             dry_run=dry_run,
             force=force,
+            replace_any=replace_any,
             progress=advance,
         )
     _show(result, json_output)
@@ -290,6 +310,7 @@ def dedupe(
     dry_run: DryRunOption = False,
     json_output: JsonOption = False,
     force: ForceOption = False,
+    replace_any: ReplaceAnyOption = False,
 ) -> None:
     """Write shared (and, with --by-content, identical) tensors once, as safetensors.
 
@@ -308,6 +329,7 @@ def dedupe(
             max_shard=limit,
             dry_run=dry_run,
             force=force,
+            replace_any=replace_any,
             progress=advance,
         )
     _show(result, json_output)
@@ -352,5 +374,7 @@ def _write_chunks(chunks: Iterator[bytes]) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
-    app(prog_name="ckptfix")
+    """Console-script entry point (kept for callers of `ckptfix.cli.app:main`)."""
+    from ckptfix.cli.entry import main as run
+
+    run()

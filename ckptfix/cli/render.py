@@ -26,6 +26,7 @@ from ckptfix.sizes import format_size
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _TITLE = {Severity.ERROR: "Errors", Severity.WARNING: "Warnings", Severity.INFO: "Info"}
 _MARK = {Severity.ERROR: "✗", Severity.WARNING: "!", Severity.INFO: "i"}
+_LEFT_OUT = {"other weight file": "other weight files"}  # plan reason -> heading
 
 
 def _console() -> Console:
@@ -160,21 +161,38 @@ def rewrite(result: RewriteResult) -> None:
         )
     if plan.copied_files:
         console.print(Text("copied: " + ", ".join(plan.copied_files)))
-    if plan.left_out:
-        console.print(
-            Text("left out (other weight files): " + ", ".join(plan.left_out), style="yellow")
-        )
+    reasons: dict[str, list[str]] = {}
+    for name in plan.left_out:
+        reason = plan.left_out_reasons.get(name, "other weight file")
+        reasons.setdefault(_LEFT_OUT.get(reason, reason), []).append(name)
+    for reason, names in reasons.items():
+        console.print(Text(f"left out ({reason}): " + ", ".join(names), style="yellow"))
     if result.written is None:
         console.print(Text("dry run: nothing was written", style="bold"))
         return
     written = result.written
+    checked = (
+        "every tensor verified against its source"
+        if written.verified
+        else "not verified (--no-verify)"
+    )
     console.print(
         Text(
             f"wrote {written.path}: {len(written.files)} file(s), {written.bytes:,} bytes "
-            f"({format_size(written.bytes)}), every tensor verified against its source",
+            f"({format_size(written.bytes)}), {checked}",
             style="green",
         )
     )
+    if written.replaced:
+        old = [os.path.relpath(path, written.path) for path in written.replaced]
+        shown = ", ".join(old) if len(old) <= 3 else f"{', '.join(old[:2])} and {len(old) - 2} more"
+        console.print(
+            Text(
+                f"replaced: {written.path} (old contents: {shown}, moved aside and deleted)",
+                style="yellow",
+            ),
+            soft_wrap=True,
+        )
 
 
 @contextlib.contextmanager

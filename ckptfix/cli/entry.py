@@ -1,0 +1,49 @@
+"""The console script (`ckptfix`, `python -m ckptfix`): quiet about signals from the start.
+
+Python answers SIGINT with KeyboardInterrupt, which prints a traceback when it lands while
+typer, rich and ckptfix are being imported, and SIGTERM kills the process outright. So the
+first thing done here, before anything else is imported, is to answer both with one error
+line and the exit code (nothing has been written yet, so there is nothing to undo); then
+ckptfix.staging's command handler takes over for the command, and once the command is over
+both signals are ignored until the process has exited.
+
+What happens before this module runs (the interpreter's own start-up, `site`, `runpy`) is
+Python's: a signal that early is answered by Python itself.
+"""
+
+from __future__ import annotations
+
+# `signal` builds its enums when imported (about 3 ms, during which Ctrl-C would still print
+# a traceback); its C core is there at once.
+import _signal  # type: ignore[import-not-found]
+import os
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import FrameType
+
+_NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
+
+
+def _quit(signum: int, frame: FrameType | None) -> None:
+    os.write(2, f"error: interrupted by {_NAMES[signum]}\n".encode())
+    os._exit(128 + signum)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    for number in _NAMES:
+        if _signal.getsignal(number) is not _signal.SIG_IGN:  # nohup and the like stay so
+            _signal.signal(number, _quit)
+    from ckptfix.cli.app import app
+    from ckptfix.staging import keep_command_signals
+
+    keep_command_signals()
+    try:
+        app(prog_name="ckptfix")  # exits with the command's code
+    finally:
+        # The command is over and its exit code decided. Python's shutdown would restore the
+        # default handlers, and a late signal would then kill the process; it leaves
+        # ignored signals alone.
+        for number in _NAMES:
+            _signal.signal(number, _signal.SIG_IGN)
