@@ -7,8 +7,6 @@ so `python -m ckptfix` can take charge of signals before typer, rich or numpy lo
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 __version__ = "0.1.0"
 
@@ -16,35 +14,35 @@ TYPE_CHECKING = False  # not typing's: importing typing would slow down every st
 if TYPE_CHECKING:
     from typing import Any
 
-    from ckptfix.catalog import TensorInfo
-    from ckptfix.errors import (
+    from ckptfix.core.errors import (
         CkptfixError,
         CorruptFileError,
         InputNotFoundError,
         UnsafePickleError,
         UsageError,
     )
-    from ckptfix.findings import Finding, Severity
-    from ckptfix.inspect import inspect
-    from ckptfix.report import FileSummary, Report
-    from ckptfix.rewrite import RewriteResult, convert, dedupe, reshard
+    from ckptfix.core.findings import Finding, Severity
+    from ckptfix.core.tensor import TensorInfo
+    from ckptfix.ops.inspect import inspect
+    from ckptfix.ops.report import FileSummary, Report
+    from ckptfix.ops.rewrite import RewriteResult, convert, dedupe, reshard
 
 _EXPORTS = {
-    "CkptfixError": "ckptfix.errors",
-    "CorruptFileError": "ckptfix.errors",
-    "FileSummary": "ckptfix.report",
-    "Finding": "ckptfix.findings",
-    "InputNotFoundError": "ckptfix.errors",
-    "Report": "ckptfix.report",
-    "RewriteResult": "ckptfix.rewrite",
-    "Severity": "ckptfix.findings",
-    "TensorInfo": "ckptfix.catalog",
-    "UnsafePickleError": "ckptfix.errors",
-    "UsageError": "ckptfix.errors",
-    "convert": "ckptfix.rewrite",
-    "dedupe": "ckptfix.rewrite",
-    "inspect": "ckptfix.inspect",
-    "reshard": "ckptfix.rewrite",
+    "CkptfixError": "ckptfix.core.errors",
+    "CorruptFileError": "ckptfix.core.errors",
+    "FileSummary": "ckptfix.ops.report",
+    "Finding": "ckptfix.core.findings",
+    "InputNotFoundError": "ckptfix.core.errors",
+    "Report": "ckptfix.ops.report",
+    "RewriteResult": "ckptfix.ops.rewrite",
+    "Severity": "ckptfix.core.findings",
+    "TensorInfo": "ckptfix.core.tensor",
+    "UnsafePickleError": "ckptfix.core.errors",
+    "UsageError": "ckptfix.core.errors",
+    "convert": "ckptfix.ops.rewrite",
+    "dedupe": "ckptfix.ops.rewrite",
+    "inspect": "ckptfix.ops.inspect",
+    "reshard": "ckptfix.ops.rewrite",
 }
 
 __all__ = [
@@ -68,7 +66,7 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """The exports above on first use; submodules (`ckptfix.sizes`) as a plain import would."""
+    """The exports above on first use; submodules (`ckptfix.core.sizes`) as a plain import would."""
     module = _EXPORTS.get(name)
     if module is not None:
         value = getattr(importlib.import_module(module), name)
@@ -84,16 +82,3 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_EXPORTS})
-
-
-class _Package(types.ModuleType):
-    """Importing the `ckptfix.inspect` module sets the package's `inspect` attribute to that
-    module; the function of that name stays what `ckptfix.inspect` means."""
-
-    def __setattr__(self, name: str, value: object) -> None:
-        if name in _EXPORTS and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

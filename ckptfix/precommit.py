@@ -6,10 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ckptfix.errors import CkptfixError
-from ckptfix.findings import Severity
-from ckptfix.inspect import inspect
-from ckptfix.report import FAIL_ON_LEVELS
+from ckptfix.core.errors import CkptfixError
+from ckptfix.core.findings import Severity
+from ckptfix.ops.inspect import inspect
+from ckptfix.ops.report import FAIL_ON_LEVELS
 
 
 def main(argv: list[str] | None = None) -> int:

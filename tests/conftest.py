@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from ckptfix.dtypes import DTYPES, byte_size, numel_of
+from ckptfix.core.dtypes import DTYPES, byte_size, numel_of
 from ckptfix.formats.safetensors import HeaderEntry, encode_header
 
 

@@ -107,7 +107,7 @@ def read_weights(path: str | os.PathLike[str]) -> Any:
 def read_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     """name -> (dtype, shape, row-major bytes) of every tensor in a checkpoint file, or in
     the .safetensors/.bin files of a folder, as ckptfix reads them."""
-    from ckptfix.gather import tensor_bytes
+    from ckptfix.io.gather import tensor_bytes
     from ckptfix.io.source import LocalFile
 
     files = (

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 import ckptfix
-from ckptfix.rewrite import DROPPED_KEY
+from ckptfix.ops.rewrite import DROPPED_KEY
 from tests.helpers import cli
 from tests.test_torch_read import (
     SAVED_DTYPES,

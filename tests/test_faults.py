@@ -19,9 +19,9 @@ import pytest
 import torch
 
 import ckptfix
-from ckptfix import writer
-from ckptfix.errors import WriteError
-from ckptfix.rewrite import convert, dedupe, reshard
+from ckptfix.core.errors import WriteError
+from ckptfix.ops.rewrite import convert, dedupe, reshard
+from ckptfix.write import safetensors as writer
 from tests.conftest import Factory, Spec, seeded_bytes
 from tests.helpers import read_tensors
 
@@ -256,7 +256,7 @@ def test_full_disk_is_refused_up_front(factory: Factory, mount: Callable[[str], 
 def test_real_enospc_mid_write(
     tmp_path: Path, mount: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
-    from ckptfix import rewrite
+    from ckptfix.ops import rewrite
 
     monkeypatch.setattr(rewrite, "check_free_space", lambda *args: None)  # hit the wall
     tiny = mount("size=2m")
@@ -277,7 +277,7 @@ def test_signal_held_during_the_swap_does_not_undo_it(
 ) -> None:
     """SIGTERM arriving while the swap holds signals is delivered right after it; by then the
     output is complete, and the command finishes normally instead of claiming otherwise."""
-    from ckptfix import staging
+    from ckptfix.write import staging
 
     real_swap = staging.Staging._swap
 
@@ -295,7 +295,7 @@ def test_signal_held_during_the_swap_does_not_undo_it(
 def test_ctrl_c_mid_write(
     sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ckptfix.errors import Interrupted
+    from ckptfix.core.errors import Interrupted
 
     real = writer.copy_range
     calls = 0

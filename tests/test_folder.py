@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import ckptfix
-from ckptfix.folder import parse_weight_name, scan_folder
-from ckptfix.report import Report
+from ckptfix.layouts.names import parse_weight_name, scan_folder
+from ckptfix.ops.report import Report
 from tests.conftest import Factory, Spec
 from tests.helpers import cli
 
@@ -341,7 +341,7 @@ def test_torch_files_in_a_folder_are_read(factory: Factory, tmp_path: Path) -> N
 def test_no_tensor_data_read_without_hash_or_scan(
     factory: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ckptfix import gather
+    from ckptfix.io import gather
 
     folder = factory.sharded("m", [SHARD1, SHARD2])
     factory.config("m", tie_word_embeddings=True)

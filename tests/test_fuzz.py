@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptfix
-from ckptfix.errors import CorruptFileError
+from ckptfix.core.errors import CorruptFileError
 from ckptfix.formats.index import read_index
 from ckptfix.formats.safetensors import HeaderEntry, encode_header, read_header
 
@@ -226,8 +226,8 @@ def _write_attempt(source: Path, out: Path) -> None:
     """convert must either fail with our error and leave nothing, or write valid output."""
     import shutil
 
-    from ckptfix.errors import CkptfixError
-    from ckptfix.rewrite import convert
+    from ckptfix.core.errors import CkptfixError
+    from ckptfix.ops.rewrite import convert
 
     try:
         convert(source, out)
@@ -246,7 +246,7 @@ def test_mutated_pickle_in_zip(tmp_path: Path, blob: bytes) -> None:
 
     storages = {str(key): bytes(48) for key in range(4)}
     path = zip_checkpoint(tmp_path / "m.pt", blob, storages)
-    from ckptfix.errors import CkptfixError
+    from ckptfix.core.errors import CkptfixError
     from tests.helpers import read_weights
 
     with contextlib.suppress(CkptfixError):
@@ -269,8 +269,8 @@ def test_mutated_legacy_file(tmp_path: Path, blob: bytes) -> None:
 def test_mutated_safetensors_through_reshard(tmp_path: Path, blob: bytes) -> None:
     import shutil
 
-    from ckptfix.errors import CkptfixError
-    from ckptfix.rewrite import reshard
+    from ckptfix.core.errors import CkptfixError
+    from ckptfix.ops.rewrite import reshard
 
     path = tmp_path / "m.safetensors"
     path.write_bytes(blob)

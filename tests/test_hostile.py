@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptfix.errors import SourceChangedError
+from ckptfix.core.errors import SourceChangedError
 from tests.attacks import STORAGE, _tensor
 from tests.conftest import Factory, Spec
 from tests.helpers import cli, measured
@@ -231,7 +231,7 @@ def test_source_truncated_while_being_read(
 ) -> None:
     import torch
 
-    from ckptfix import rewrite
+    from ckptfix.ops import rewrite
 
     source = factory.path("m.bin")
     weight = torch.arange(4096, dtype=torch.float32).reshape(64, 64)

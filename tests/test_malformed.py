@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import ckptfix
-from ckptfix.errors import CorruptFileError
+from ckptfix.core.errors import CorruptFileError
 from ckptfix.formats.safetensors import read_header
 from tests.cases import INDEX_CASES, SAFETENSORS_CASES, Case
 from tests.conftest import Factory

@@ -20,12 +20,12 @@ from typing import Any
 
 import pytest
 
-from ckptfix import staging
-from ckptfix.catalog import TensorInfo
-from ckptfix.errors import WriteError
+from ckptfix.core.errors import WriteError
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.safetensors import read_header
-from ckptfix.rewrite import reshard
-from ckptfix.transform import select
+from ckptfix.ops.rewrite import reshard
+from ckptfix.plan.select import select
+from ckptfix.write import staging
 from tests.conftest import Factory, Spec
 from tests.helpers import cli, tree_snapshot
 
@@ -666,11 +666,14 @@ def test_importing_ckptfix_is_cheap_and_lazy() -> None:
         "import sys, ckptfix; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('ckptfix', 'typer', 'rich', 'numpy'))); "
-        "import ckptfix.inspect, ckptfix.rewrite; "
-        "print(callable(ckptfix.inspect), ckptfix.reshard.__module__, ckptfix.sizes.__name__)"
+        "import ckptfix.ops.inspect, ckptfix.ops.rewrite; "
+        "print(callable(ckptfix.inspect), ckptfix.reshard.__module__, ckptfix.core.sizes.__name__)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.splitlines() == ["['ckptfix']", "True ckptfix.rewrite ckptfix.sizes"]
+    assert done.stdout.splitlines() == [
+        "['ckptfix']",
+        "True ckptfix.ops.rewrite ckptfix.core.sizes",
+    ]
     import ckptfix
 
     assert set(ckptfix.__all__) <= set(dir(ckptfix))
@@ -688,7 +691,7 @@ def test_a_signal_in_other_code_waits_for_a_safe_point() -> None:
     import threading
     from types import SimpleNamespace
 
-    from ckptfix.errors import Interrupted
+    from ckptfix.core.errors import Interrupted
 
     signals = staging._Signals()
     signals.writing = True
@@ -726,7 +729,7 @@ def test_signals_never_leave_a_condition_taken() -> None:
     import _thread
     import threading
 
-    from ckptfix.errors import Interrupted
+    from ckptfix.core.errors import Interrupted
 
     namespace: dict[str, Any] = {}
     exec(compile(_SPIN, staging.__file__, "exec"), namespace)
@@ -760,7 +763,7 @@ def test_a_failed_comparison_keeps_its_own_exception(
     """numpy views of the maps are alive in the traceback; closing must not raise BufferError."""
     import numpy as np
 
-    from ckptfix.writer import ranges_equal
+    from ckptfix.write.safetensors import ranges_equal
 
     path = tmp_path / "data"
     path.write_bytes(bytes(range(256)) * 64)

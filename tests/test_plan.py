@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptfix.plan import pack, plan_shards
+from ckptfix.plan.shards import pack, plan_shards
 
 
 def names(groups: list[list[tuple[str, int]]]) -> list[list[str]]:

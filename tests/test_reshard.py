@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 import ckptfix
 from ckptfix.formats.safetensors import read_header
-from ckptfix.rewrite import reshard
+from ckptfix.ops.rewrite import reshard
 from tests.conftest import Factory
 from tests.helpers import cli, tree_snapshot
 from tests.test_interop import TORCH_DTYPES, _make

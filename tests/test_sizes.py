@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from ckptfix.errors import UsageError
-from ckptfix.sizes import format_size, parse_size
+from ckptfix.core.errors import UsageError
+from ckptfix.core.sizes import format_size, parse_size
 
 
 @pytest.mark.parametrize(

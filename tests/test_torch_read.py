@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptfix
-from ckptfix.gather import tensor_bytes
+from ckptfix.io.gather import tensor_bytes
 from ckptfix.io.source import LocalFile
 from tests.helpers import cli, read_weights
 from tests.torch_files import (

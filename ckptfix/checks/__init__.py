@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ckptfix.checkpoint import Checkpoint
 from ckptfix.checks import config, folder, tensors, values
-from ckptfix.findings import Finding, finding
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.findings import Finding, finding
 from ckptfix.formats import FORMATS
 from ckptfix.formats.pickled import PickleFile
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.checkpoint import Checkpoint
 from ckptfix.checks import values
-from ckptfix.findings import Finding, finding
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.findings import Finding, finding
+from ckptfix.core.tensor import TensorInfo
 
 _EMBEDDING_SUFFIXES = (
     "embed_tokens.weight",

@@ -9,13 +9,13 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from ckptfix.checkpoint import Checkpoint
-from ckptfix.findings import Finding, finding, name_list
-from ckptfix.folder import Family, parse_weight_name
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.findings import Finding, finding, name_list
+from ckptfix.core.sizes import format_size
 from ckptfix.formats.base import FileRead
 from ckptfix.formats.index import ShardIndex
 from ckptfix.layouts.huggingface import family_key
-from ckptfix.sizes import format_size
+from ckptfix.layouts.names import Family, parse_weight_name
 
 
 def duplicate_name_findings(files: Iterable[FileRead]) -> list[Finding]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.dtypes import DTYPES
-from ckptfix.findings import Finding, finding
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.findings import Finding, finding
+from ckptfix.core.tensor import TensorInfo
 
 HUGE = 2**31
 

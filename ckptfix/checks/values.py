@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ckptfix import gather
-from ckptfix.catalog import TensorInfo
-from ckptfix.findings import Finding, finding, name_list
+from ckptfix.core.findings import Finding, finding, name_list
+from ckptfix.core.sizes import format_size
+from ckptfix.core.tensor import TensorInfo
+from ckptfix.io import gather
 from ckptfix.io.source import ByteSource
-from ckptfix.sizes import format_size
 
 if TYPE_CHECKING:
     import numpy as np

@@ -14,12 +14,12 @@ import typer
 from typer.core import TyperGroup
 
 import ckptfix
-from ckptfix.errors import CkptfixError
-from ckptfix.sizes import parse_size
-from ckptfix.staging import command_signals
+from ckptfix.core.errors import CkptfixError
+from ckptfix.core.sizes import parse_size
+from ckptfix.write.staging import command_signals
 
 if TYPE_CHECKING:
-    from ckptfix.rewrite import RewriteResult
+    from ckptfix.ops.rewrite import RewriteResult
 
 
 class _Group(TyperGroup):
@@ -194,7 +194,7 @@ def reshard(
 
     Example: ckptfix reshard ./my-model -o ./my-model-2gb --max-shard 2GB
     """
-    from ckptfix.rewrite import reshard as run_reshard
+    from ckptfix.ops.rewrite import reshard as run_reshard
 
     limit = parse_size(max_shard)
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
@@ -273,7 +273,7 @@ def convert(
 
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
     """
-    from ckptfix.rewrite import convert as run_convert
+    from ckptfix.ops.rewrite import convert as run_convert
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
@@ -316,7 +316,7 @@ def dedupe(
 
     Example: ckptfix dedupe ./model -o ./model-dedup --by-content
     """
-    from ckptfix.rewrite import dedupe as run_dedupe
+    from ckptfix.ops.rewrite import dedupe as run_dedupe
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:

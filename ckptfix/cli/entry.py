@@ -4,7 +4,7 @@ Python answers SIGINT with KeyboardInterrupt, which prints a traceback when it l
 typer, rich and ckptfix are being imported, and SIGTERM kills the process outright. So the
 first thing done here, before anything else is imported, is to answer both with one error
 line and the exit code (nothing has been written yet, so there is nothing to undo); then
-ckptfix.staging's command handler takes over for the command, and once the command is over
+ckptfix.write.staging's command handler takes over for the command, and once the command is over
 both signals are ignored until the process has exited.
 
 What happens before this module runs (the interpreter's own start-up, `site`, `runpy`) is
@@ -36,7 +36,7 @@ def main() -> None:
         if _signal.getsignal(number) is not _signal.SIG_IGN:  # nohup and the like stay so
             _signal.signal(number, _quit)
     from ckptfix.cli.app import app
-    from ckptfix.staging import keep_command_signals
+    from ckptfix.write.staging import keep_command_signals
 
     keep_command_signals()
     try:

@@ -18,10 +18,10 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from ckptfix.findings import Severity
-from ckptfix.report import Report
-from ckptfix.rewrite import RewriteResult
-from ckptfix.sizes import format_size
+from ckptfix.core.findings import Severity
+from ckptfix.core.sizes import format_size
+from ckptfix.ops.report import Report
+from ckptfix.ops.rewrite import RewriteResult
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _TITLE = {Severity.ERROR: "Errors", Severity.WARNING: "Warnings", Severity.INFO: "Info"}

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.errors import CorruptFileError
-from ckptfix.findings import Finding
+from ckptfix.core.errors import CorruptFileError
+from ckptfix.core.findings import Finding
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.source import ByteSource
 
 SNIFF_BYTES = 1024  # enough for every format's magic, the tar header's included

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
-from ckptfix.errors import CorruptFileError
+from ckptfix.core.errors import CorruptFileError
 from ckptfix.formats.strict_json import parse_header_json
 
 MAX_INDEX_SIZE = 100_000_000

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import re
 
-from ckptfix.errors import LfsPointerError
-from ckptfix.findings import Finding
+from ckptfix.core.errors import LfsPointerError
+from ckptfix.core.findings import Finding
+from ckptfix.core.sizes import format_size
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions, head_of
 from ckptfix.io.source import ByteSource
-from ckptfix.sizes import format_size
 
 MAGIC = b"version https://git-lfs"
 _SIZE = re.compile(rb"^size (\d+)\s*$", re.MULTILINE)

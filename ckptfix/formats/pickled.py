@@ -9,12 +9,12 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.findings import Finding, finding
+from ckptfix.core.findings import Finding, finding
+from ckptfix.core.sizes import format_size
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import FileRead, ReadOptions
 from ckptfix.formats.tensor_dict import PickleCheckpoint, check_views, find_tensor_dict
 from ckptfix.io.source import ByteSource
-from ckptfix.sizes import format_size
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.dtypes import DTYPES
-from ckptfix.errors import CorruptFileError
-from ckptfix.findings import Finding, finding
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import CorruptFileError
+from ckptfix.core.findings import Finding, finding
+from ckptfix.core.memory import paused_gc
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.strict_json import parse_header_json
 from ckptfix.io.source import ByteSource, LocalFile
-from ckptfix.memory import paused_gc
 
 MAX_HEADER_SIZE = 100_000_000
 U64_MAX = 2**64 - 1

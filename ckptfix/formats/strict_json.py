@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from ckptfix.errors import CorruptFileError
+from ckptfix.core.errors import CorruptFileError
 
 _REEXPORT = "re-download or re-export the file"
 

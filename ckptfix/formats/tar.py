@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ckptfix.errors import UnsupportedFormatError
-from ckptfix.findings import Finding
+from ckptfix.core.errors import UnsupportedFormatError
+from ckptfix.core.findings import Finding
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.io.source import ByteSource
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfix.dtypes import DTYPES
-from ckptfix.errors import CorruptFileError, DuplicateNameError, UnsupportedFormatError
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import CorruptFileError, DuplicateNameError, UnsupportedFormatError
 from ckptfix.formats.unpickler import REEXPORT, TensorRef, brief
 
 # An expanded (stride-0) tensor may claim far more elements than it stores; refuse ones

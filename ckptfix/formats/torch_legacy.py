@@ -11,8 +11,8 @@ from __future__ import annotations
 import struct
 from typing import Any
 
-from ckptfix.errors import CorruptFileError
-from ckptfix.findings import Finding
+from ckptfix.core.errors import CorruptFileError
+from ckptfix.core.findings import Finding
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.pickle_scan import (
     MAX_PICKLE_BYTES,

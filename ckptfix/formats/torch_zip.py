@@ -13,9 +13,9 @@ import zipfile
 import zlib
 from collections import Counter
 
-from ckptfix.dtypes import DTYPES
-from ckptfix.errors import CorruptFileError, UnsupportedFormatError
-from ckptfix.findings import Finding
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import CorruptFileError, UnsupportedFormatError
+from ckptfix.core.findings import Finding
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.pickle_scan import MAX_PICKLE_BYTES
 from ckptfix.formats.pickled import pickle_checks, pickle_file

@@ -22,10 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfix.dtypes import TORCH_DTYPES, TORCH_STORAGES
-from ckptfix.errors import CorruptFileError, UnsafePickleError
+from ckptfix.core.dtypes import TORCH_DTYPES, TORCH_STORAGES
+from ckptfix.core.errors import CorruptFileError, UnsafePickleError
+from ckptfix.core.memory import paused_gc
 from ckptfix.formats.pickle_scan import PickleRejected, ScanResult, scan
-from ckptfix.memory import paused_gc
 
 REFUSED_FIX = "only load it if you trust its origin; ckptfix never executes pickles"
 REEXPORT = "re-export the checkpoint"

@@ -13,7 +13,7 @@ import os
 import threading
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
-from ckptfix.errors import CorruptFileError, SourceChangedError
+from ckptfix.core.errors import CorruptFileError, SourceChangedError
 
 
 @runtime_checkable

@@ -11,12 +11,12 @@ import json
 import os
 from typing import Any
 
-from ckptfix.checkpoint import Checkpoint, ConfigRecord, FileRecord, IndexRecord
-from ckptfix.errors import CkptfixError, CorruptFileError
-from ckptfix.folder import Family, FolderLayout, scan_folder
+from ckptfix.core.checkpoint import Checkpoint, ConfigRecord, FileRecord, IndexRecord
+from ckptfix.core.errors import CkptfixError, CorruptFileError
 from ckptfix.formats import ReadOptions, read_file, sniffed_name
 from ckptfix.formats.index import read_index, read_small_file
 from ckptfix.io.source import LocalFile
+from ckptfix.layouts.names import Family, FolderLayout, scan_folder
 
 MAX_CONFIG_SIZE = 16 * 2**20
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
-from ckptfix.errors import UsageError
+from ckptfix.core.errors import UsageError
 
 # The Hugging Face default shard size (`save_pretrained(max_shard_size="5GB")`).
 DEFAULT_MAX_SHARD = 5 * 10**9

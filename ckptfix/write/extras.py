@@ -18,8 +18,8 @@ import os
 import stat
 from collections.abc import Sequence
 
-from ckptfix.errors import WriteError
-from ckptfix.writer import WrittenFile
+from ckptfix.core.errors import WriteError
+from ckptfix.write.safetensors import WrittenFile
 
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
 _CHUNK = 2**30

@@ -1,6 +1,6 @@
 """The checkpoint model every command works from: what the loader found and read, once.
 
-`load()` (ckptfix.load) fills it; `inspect` runs checks over it and write commands plan
+`load()` (ckptfix.ops.load) fills it; `inspect` runs checks over it and write commands plan
 from it. Read errors are data here (a FileRecord with an error), not exceptions, so a
 folder with one broken shard is still described in full.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.errors import CkptfixError
+from ckptfix.core.errors import CkptfixError
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import FileRead
 from ckptfix.formats.index import ShardIndex
 from ckptfix.io.source import ByteSource

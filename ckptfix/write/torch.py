@@ -8,13 +8,13 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ckptfix.dtypes import TORCH_NAMES
-from ckptfix.errors import CorruptFileError, VerificationError
+from ckptfix.core.dtypes import TORCH_NAMES
+from ckptfix.core.errors import CorruptFileError, VerificationError
 from ckptfix.formats import read_file
-from ckptfix.gather import tensor_bytes
+from ckptfix.io.gather import tensor_bytes
 from ckptfix.io.source import LocalFile
-from ckptfix.plan import ShardPlan
-from ckptfix.writer import OutTensor, Progress, WrittenFile, produce, write_index
+from ckptfix.plan.shards import ShardPlan
+from ckptfix.write.safetensors import OutTensor, Progress, WrittenFile, produce, write_index
 
 
 def write_torch_shards(

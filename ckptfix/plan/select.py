@@ -9,13 +9,13 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from ckptfix.catalog import TensorInfo
 from ckptfix.checks.tensors import common_wrapper_prefixes
 from ckptfix.checks.values import content_groups
-from ckptfix.dtypes import DTYPES
-from ckptfix.errors import UsageError
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import UsageError
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.source import LocalFile
-from ckptfix.writer import OutTensor
+from ckptfix.write.safetensors import OutTensor
 
 _GLOB_MAGIC = re.compile(r"[*?[]")
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ckptfix.checkpoint import Checkpoint
-from ckptfix.errors import InputNotFoundError, UsageError
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.errors import InputNotFoundError, UsageError
 from ckptfix.formats import ReadOptions
 from ckptfix.layouts.huggingface import load_file, load_folder
 

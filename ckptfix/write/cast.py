@@ -3,8 +3,8 @@ numpy dtype). torch is imported here and nowhere else on the convert path."""
 
 from __future__ import annotations
 
-from ckptfix.dtypes import DTYPES, TORCH_NAMES
-from ckptfix.errors import UsageError
+from ckptfix.core.dtypes import DTYPES, TORCH_NAMES
+from ckptfix.core.errors import UsageError
 
 CAST_TARGETS = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 

@@ -6,16 +6,15 @@ import json
 import os
 from dataclasses import dataclass, replace
 
-from ckptfix.cast import CAST_TARGETS
-from ckptfix.errors import UsageError
-from ckptfix.extras import copy_extra
-from ckptfix.plan import ShardPlan, metadata_per_shard, plan_shards
-from ckptfix.report import Report
-from ckptfix.sizes import DEFAULT_MAX_SHARD
-from ckptfix.source import STAGING_FOLDER, Checkpoint, open_checkpoint
-from ckptfix.staging import MARKER, Claim, claim_output, staged
-from ckptfix.transform import Selection, select
-from ckptfix.writer import (
+from ckptfix.core.errors import UsageError
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.ops.report import Report
+from ckptfix.plan.select import Selection, select
+from ckptfix.plan.shards import ShardPlan, metadata_per_shard, plan_shards
+from ckptfix.plan.source import STAGING_FOLDER, Checkpoint, open_checkpoint
+from ckptfix.write.cast import CAST_TARGETS
+from ckptfix.write.extras import copy_extra
+from ckptfix.write.safetensors import (
     OutTensor,
     Progress,
     WriteResult,
@@ -25,6 +24,7 @@ from ckptfix.writer import (
     wrap_os_error,
     write_shards,
 )
+from ckptfix.write.staging import MARKER, Claim, claim_output, staged
 
 # Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
 DROPPED_KEY = "ckptfix.dropped"
@@ -166,7 +166,7 @@ def _write(
                     progress(done, total)
 
             if to == "torch":
-                from ckptfix.torch_writer import write_torch_shards
+                from ckptfix.write.torch import write_torch_shards
 
                 written = write_torch_shards(
                     plan,

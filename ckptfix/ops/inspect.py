@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 
 from ckptfix import checks
-from ckptfix.checkpoint import Checkpoint
-from ckptfix.findings import Finding
-from ckptfix.load import load
-from ckptfix.report import FileSummary, Report
-from ckptfix.sizes import DEFAULT_MAX_SHARD
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.findings import Finding
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.ops.load import load
+from ckptfix.ops.report import FileSummary, Report
 
 
 def inspect(

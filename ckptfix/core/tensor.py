@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ckptfix.dtypes import DTYPES
+from ckptfix.core.dtypes import DTYPES
 
 
 # Not frozen: a frozen dataclass costs ~4 µs per instance to build, which is most of the

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.dtypes import DTYPES
-from ckptfix.errors import CorruptFileError
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import CorruptFileError
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.source import ByteSource
 
 CHUNK = 16 * 2**20

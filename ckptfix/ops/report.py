@@ -7,9 +7,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.findings import Finding, Severity
-from ckptfix.memory import paused_gc
+from ckptfix.core.findings import Finding, Severity
+from ckptfix.core.memory import paused_gc
+from ckptfix.core.tensor import TensorInfo
 
 SCHEMA_VERSION = 1
 FAIL_ON_LEVELS = ("error", "warning", "info", "never")

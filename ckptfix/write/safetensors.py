@@ -15,10 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfix.cast import cast_bytes
-from ckptfix.catalog import TensorInfo
-from ckptfix.dtypes import DTYPES
-from ckptfix.errors import (
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import (
     CkptfixError,
     CorruptFileError,
     PlanError,
@@ -26,16 +24,18 @@ from ckptfix.errors import (
     VerificationError,
     WriteError,
 )
+from ckptfix.core.sizes import format_size
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.safetensors import (
     MAX_HEADER_SIZE,
     HeaderEntry,
     encode_header,
     read_header,
 )
-from ckptfix.gather import tensor_chunks
+from ckptfix.io.gather import tensor_chunks
 from ckptfix.io.source import ByteSource, LocalFile, pread_exact
-from ckptfix.plan import PlannedShard, ShardPlan
-from ckptfix.sizes import format_size
+from ckptfix.plan.shards import PlannedShard, ShardPlan
+from ckptfix.write.cast import cast_bytes
 
 COPY_CHUNK = 64 * 2**20
 COMPARE_CHUNK = 4 * 2**20

@@ -6,15 +6,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptfix.catalog import TensorInfo
-from ckptfix.errors import CkptfixError, UnsupportedFormatError, UsageError
-from ckptfix.extras import special_files
-from ckptfix.findings import Severity
-from ckptfix.folder import Family, scan_folder
+from ckptfix.core.errors import CkptfixError, UnsupportedFormatError, UsageError
+from ckptfix.core.findings import Severity
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.index import read_index
-from ckptfix.inspect import inspect
-from ckptfix.report import Report
-from ckptfix.staging import is_staging_folder
+from ckptfix.layouts.names import Family, scan_folder
+from ckptfix.ops.inspect import inspect
+from ckptfix.ops.report import Report
+from ckptfix.write.extras import special_files
+from ckptfix.write.staging import is_staging_folder
 
 # Why an entry of a model folder is not copied to -o (`Checkpoint.left_out_reasons`).
 OTHER_WEIGHTS = "other weight file"

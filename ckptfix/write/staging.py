@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-from ckptfix.errors import Interrupted, OutputConflictError, UsageError
-from ckptfix.folder import foreign_entries
+from ckptfix.core.errors import Interrupted, OutputConflictError, UsageError
+from ckptfix.layouts.names import foreign_entries
 
 # Inside every staging folder while it is being written: a staging folder is recognised by
 # this file and its first line, never by its name alone (a user may name anything .ckptfix-*).

@@ -1,0 +1,1 @@
+"""The core model: dtypes, tensor descriptors, the checkpoint, findings and errors. No I/O."""

@@ -1,0 +1,1 @@
+"""How a folder is organised into checkpoints (Hugging Face names today)."""
