@@ -21,7 +21,7 @@ import torch
 import ckptfix
 from ckptfix.core.errors import WriteError
 from ckptfix.ops.rewrite import convert, dedupe, reshard
-from ckptfix.write import safetensors as writer
+from ckptfix.write import copy as writer
 from tests.conftest import Factory, Spec, seeded_bytes
 from tests.helpers import read_tensors
 

@@ -12,6 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 import ckptfix
+from ckptfix.core.sizes import parse_size
 from ckptfix.formats.safetensors import read_header
 from ckptfix.ops.rewrite import reshard
 from tests.conftest import Factory
@@ -83,7 +84,7 @@ def test_round_trip_every_dtype(source: Path, tmp_path: Path, limit: str) -> Non
         assert index["weight_map"] == {
             name: shard["file"] for shard in document["plan"]["shards"] for name in shard["tensors"]
         }
-    limit_bytes = ckptfix.sizes.parse_size(limit)
+    limit_bytes = parse_size(limit)
     for shard in document["plan"]["shards"]:
         assert shard["bytes"] <= limit_bytes or len(shard["tensors"]) == 1
     for path in shards:

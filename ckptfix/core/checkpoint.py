@@ -78,3 +78,16 @@ class Checkpoint:
 
     def source(self, label: str) -> ByteSource:
         return self.sources[label]
+
+    def close(self) -> None:
+        """Close every source the loader opened."""
+        for source in self.sources.values():
+            close = getattr(source, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

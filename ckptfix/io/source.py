@@ -116,6 +116,10 @@ class LocalFile:
                 os.close(self._fd)
                 self._fd = None
 
+    def __del__(self) -> None:  # a safety net: owners close their sources explicitly
+        if self._fd is not None:
+            os.close(self._fd)
+
     def __enter__(self) -> LocalFile:
         return self
 

@@ -5,25 +5,19 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, replace
+from typing import Any
 
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.ops.report import Report
-from ckptfix.plan.select import Selection, select
+from ckptfix.plan.select import OutTensor, Selection, select
 from ckptfix.plan.shards import ShardPlan, metadata_per_shard, plan_shards
-from ckptfix.plan.source import STAGING_FOLDER, Checkpoint, open_checkpoint
+from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.extras import copy_extra
-from ckptfix.write.safetensors import (
-    OutTensor,
-    Progress,
-    WriteResult,
-    WrittenFile,
-    check_free_space,
-    checked_headers,
-    wrap_os_error,
-    write_shards,
-)
+from ckptfix.write.output import check_free_space, wrap_os_error
+from ckptfix.write.results import Progress, WriteResult, WrittenFile
+from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, claim_output, staged
 
 # Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
@@ -45,7 +39,7 @@ class RewriteResult:
         return document
 
 
-def _carry_over(checkpoint: Checkpoint, outputs: set[str]) -> tuple[list[str], list[str]]:
+def _carry_over(checkpoint: RewriteSource, outputs: set[str]) -> tuple[list[str], list[str]]:
     """For --in-place: keep everything but the rewritten checkpoint itself.
 
     Returns (carried, left out): names kept as they are (special files and .git too), and
@@ -107,102 +101,117 @@ def _claim(
         raise wrap_os_error(exc, target) from exc
 
 
-def _write(
-    checkpoint: Checkpoint,
-    selection: Selection,
-    claim: Claim,
-    *,
-    max_shard: int,
-    to: str = "safetensors",
-    in_place: bool = False,
-    dry_run: bool = False,
-    verify: bool = True,
-    progress: Progress | None = None,
-) -> RewriteResult:
-    """Plan the shards for a selection, then stage, write, verify and commit them."""
-    tensors = {tensor.name: tensor for tensor in selection.tensors}
-    stem, ext = ("pytorch_model", "bin") if to == "torch" else ("model", "safetensors")
-    plan = plan_shards(
-        [(t.name, t.nbytes) for t in selection.tensors], max_shard, stem=stem, ext=ext
-    )
+@dataclass(frozen=True)
+class WriteOptions:
+    max_shard: int
+    to: str = "safetensors"
+    in_place: bool = False
+    dry_run: bool = False
+    verify: bool = True
+    progress: Progress | None = None
+
+
+def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
+    """Shards for a selection, and what happens to the folder's other entries."""
+    torch = options.to == "torch"
+    stem, ext = ("pytorch_model", "bin") if torch else ("model", "safetensors")
+    sizes = [(t.name, t.nbytes) for t in selection.tensors]
+    plan = plan_shards(sizes, options.max_shard, stem=stem, ext=ext)
     outputs = {shard.file for shard in plan.shards} | (
         {plan.index_file} if plan.index_file else set()
     )
-    if in_place:
-        copied, left_out = _carry_over(checkpoint, outputs)
+    if options.in_place:
+        copied, left_out = _carry_over(source, outputs)
     else:
-        copied, left_out = list(checkpoint.extra_files), list(checkpoint.left_out)
-    plan = replace(
+        copied, left_out = list(source.extra_files), list(source.left_out)
+    return replace(
         plan,
         copied_files=tuple(copied),
         left_out=tuple(left_out),
-        left_out_reasons={name: checkpoint.left_out_reasons[name] for name in left_out},
+        left_out_reasons={name: source.left_out_reasons[name] for name in left_out},
         dropped=dict(selection.dropped),
         renamed=dict(selection.renamed),
         dropped_bytes=selection.dropped_bytes,
         excluded=selection.excluded,
     )
-    metadata = {**checkpoint.metadata, "format": "pt"}
-    index_metadata = dict(checkpoint.index_metadata)
-    if selection.dropped:  # dropped -> kept, where loaders and people can find it
+
+
+def _metadata(
+    source: RewriteSource, selection: Selection, plan: ShardPlan
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """Header metadata ("format" added) and index metadata, with the dropped -> kept record
+    where loaders and people can find it."""
+    metadata = {**source.metadata, "format": "pt"}
+    index_metadata = dict(source.index_metadata)
+    if selection.dropped:
         if plan.index_file is None:
             metadata[DROPPED_KEY] = json.dumps(selection.dropped, sort_keys=True)
         else:
             index_metadata[DROPPED_KEY] = dict(sorted(selection.dropped.items()))
+    return metadata, index_metadata
+
+
+def _write(
+    source: RewriteSource, selection: Selection, claim: Claim, options: WriteOptions
+) -> RewriteResult:
+    """Plan the shards for a selection, then stage, write, verify and commit them."""
+    plan = _plan(source, selection, options)
+    metadata, index_metadata = _metadata(source, selection, plan)
     shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
     plan = replace(plan, metadata_scope=scope)
-    target = claim.out
-    headers = checked_headers(plan, tensors, shard_metadata, target) if to != "torch" else []
-    if dry_run:
-        return RewriteResult(checkpoint.report, plan, None)
+    tensors = {tensor.name: tensor for tensor in selection.tensors}
+    torch = options.to == "torch"
+    headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
+    if options.dry_run:
+        return RewriteResult(source.report, plan, None)
+    job = ShardJob(
+        tensors,
+        shard_metadata,
+        index_metadata,
+        source.checkpoint.source,
+        staging="",
+        out=claim.out,
+        verify=options.verify,
+    )
     try:
         needed = sum(headers) + plan.total_size
-        check_free_space(_nearest_folder(os.path.dirname(claim.real)), needed, target)
-        with staged(claim) as staging:
-
-            def advance(done: int, total: int) -> None:
-                staging.checkpoint()  # a safe point to stop at, as the copy goes on
-                if progress is not None:
-                    progress(done, total)
-
-            if to == "torch":
-                from ckptfix.write.torch import write_torch_shards
-
-                written = write_torch_shards(
-                    plan,
-                    tensors,
-                    index_metadata,
-                    staging.path,
-                    target,
-                    verify=verify,
-                    progress=advance,
-                )
-            else:
-                written = write_shards(
-                    plan,
-                    tensors,
-                    shard_metadata,
-                    index_metadata,
-                    staging.path,
-                    target,
-                    verify=verify,
-                    progress=advance,
-                )
-            staging.checkpoint()
-            if MARKER in plan.copied_files:
-                staging.unmark()  # the source's own file of that name takes its place
-            if checkpoint.is_folder:
-                written += copy_extra(
-                    checkpoint.path, plan.copied_files, staging.path, link=in_place
-                )
-            staging.commit()
+        check_free_space(_nearest_folder(os.path.dirname(claim.real)), needed, claim.out)
+        return _stage_and_commit(source, plan, job, claim, options)
     except OSError as exc:
-        raise wrap_os_error(exc, target) from exc
-    kept = set(plan.copied_files) if in_place else set()  # carried over: not replaced
+        raise wrap_os_error(exc, claim.out) from exc
+
+
+def _stage_and_commit(
+    source: RewriteSource, plan: ShardPlan, job: ShardJob, claim: Claim, options: WriteOptions
+) -> RewriteResult:
+    with staged(claim) as staging:
+
+        def advance(done: int, total: int) -> None:
+            staging.checkpoint()  # a safe point to stop at, as the copy goes on
+            if options.progress is not None:
+                options.progress(done, total)
+
+        job.staging, job.progress = staging.path, advance
+        if options.to == "torch":
+            from ckptfix.write.torch import write_torch_shards
+
+            written = write_torch_shards(plan, job)
+        else:
+            written = write_shards(plan, job)
+        staging.checkpoint()
+        if MARKER in plan.copied_files:
+            staging.unmark()  # the source's own file of that name takes its place
+        if source.is_folder:
+            written += copy_extra(
+                source.path, plan.copied_files, staging.path, link=options.in_place
+            )
+        staging.commit()
+    target = claim.out
+    kept = set(plan.copied_files) if options.in_place else set()  # carried over: not replaced
     replaced = tuple(os.path.join(target, name) for name in staging.replaced if name not in kept)
     files = tuple(WrittenFile(os.path.join(target, item.path), item.bytes) for item in written)
-    result = WriteResult(target, files, verified=verify, replaced=replaced)
-    return RewriteResult(checkpoint.report, plan, result)
+    result = WriteResult(target, files, verified=options.verify, replaced=replaced)
+    return RewriteResult(source.report, plan, result)
 
 
 def convert(
@@ -232,28 +241,22 @@ def convert(
     with _claim(
         source, out, force=force, replace_any=replace_any, in_place=False, dry_run=dry_run
     ) as claim:
-        checkpoint = open_checkpoint(
+        opened = open_checkpoint(
             source, max_shard=max_shard, key=key, torch=True, prefer_torch=True
         )
-        selection = select(
-            checkpoint.tensors,
-            exclude=exclude,
-            strip_prefix=strip_prefix,
-            training_checkpoint=checkpoint.training_checkpoint,
-            keep=keep,
-            clone=clone,
-            dtype=CAST_TARGETS.get(dtype),
-        )
-        return _write(
-            checkpoint,
-            selection,
-            claim,
-            max_shard=max_shard,
-            to=to,
-            dry_run=dry_run,
-            verify=verify,
-            progress=progress,
-        )
+        with opened.checkpoint:
+            selection = select(
+                opened.tensors,
+                exclude=exclude,
+                strip_prefix=strip_prefix,
+                training_checkpoint=opened.training_checkpoint,
+                keep=keep,
+                clone=clone,
+                dtype=CAST_TARGETS.get(dtype),
+                sources=opened.checkpoint.source,
+            )
+            options = WriteOptions(max_shard, to, dry_run=dry_run, verify=verify, progress=progress)
+            return _write(opened, selection, claim, options)
 
 
 def dedupe(
@@ -274,11 +277,17 @@ def dedupe(
     with _claim(
         source, out, force=force, replace_any=replace_any, in_place=False, dry_run=dry_run
     ) as claim:
-        checkpoint = open_checkpoint(source, max_shard=max_shard, torch=True)
-        selection = select(checkpoint.tensors, keep=keep, clone=clone, by_content=by_content)
-        return _write(
-            checkpoint, selection, claim, max_shard=max_shard, dry_run=dry_run, progress=progress
-        )
+        opened = open_checkpoint(source, max_shard=max_shard, torch=True)
+        with opened.checkpoint:
+            selection = select(
+                opened.tensors,
+                keep=keep,
+                clone=clone,
+                by_content=by_content,
+                sources=opened.checkpoint.source,
+            )
+            options = WriteOptions(max_shard, dry_run=dry_run, progress=progress)
+            return _write(opened, selection, claim, options)
 
 
 def reshard(
@@ -297,14 +306,8 @@ def reshard(
     with _claim(
         source, out, force=force, replace_any=replace_any, in_place=in_place, dry_run=dry_run
     ) as claim:
-        checkpoint = open_checkpoint(source, max_shard=max_shard)
-        selection = Selection(tuple(OutTensor.same(tensor) for tensor in checkpoint.tensors))
-        return _write(
-            checkpoint,
-            selection,
-            claim,
-            max_shard=max_shard,
-            in_place=in_place,
-            dry_run=dry_run,
-            progress=progress,
-        )
+        opened = open_checkpoint(source, max_shard=max_shard)
+        with opened.checkpoint:
+            selection = Selection(tuple(OutTensor.same(tensor) for tensor in opened.tensors))
+            options = WriteOptions(max_shard, in_place=in_place, dry_run=dry_run, progress=progress)
+            return _write(opened, selection, claim, options)

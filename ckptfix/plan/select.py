@@ -14,10 +14,35 @@ from ckptfix.checks.values import content_groups
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import UsageError
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.io.source import LocalFile
-from ckptfix.write.safetensors import OutTensor
+from ckptfix.io.source import ByteSource
 
 _GLOB_MAGIC = re.compile(r"[*?[]")
+
+
+@dataclass(frozen=True)
+class OutTensor:
+    """A tensor to write: its output name and dtype, and the source tensor it comes from."""
+
+    name: str
+    source: TensorInfo
+    dtype: str
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.source.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.source.numel * DTYPES[self.dtype].bits // 8
+
+    @property
+    def streamed(self) -> bool:
+        """Copied as a byte range; otherwise gathered (strided view) or cast, in memory."""
+        return self.source.contiguous and self.dtype == self.source.dtype
+
+    @classmethod
+    def same(cls, source: TensorInfo) -> OutTensor:
+        return cls(source.name, source, source.dtype)
 
 
 @dataclass(frozen=True)
@@ -77,6 +102,7 @@ def select(
     clone: bool = False,
     by_content: bool = False,
     dtype: str | None = None,
+    sources: Callable[[str], ByteSource] | None = None,
 ) -> Selection:
     """Decide names and dtypes. `strip_prefix` is None, "auto" or an exact prefix."""
     check_keep(keep)
@@ -113,7 +139,9 @@ def select(
         dropped.update(_aliases(kept, keep, renamed))
     if by_content:
         remaining = [t for t in kept if renamed.get(t.name, t.name) not in dropped]
-        dropped.update(_same_content(remaining, keep, renamed))
+        if sources is None:
+            raise ValueError("by_content needs the sources to read tensor bytes from")
+        dropped.update(_same_content(remaining, keep, renamed, sources))
     out = []
     dropped_bytes = 0
     for tensor in kept:
@@ -138,12 +166,14 @@ def _aliases(tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]) 
 
 
 def _same_content(
-    tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]
+    tensors: Sequence[TensorInfo],
+    keep: str,
+    renamed: dict[str, str],
+    sources: Callable[[str], ByteSource],
 ) -> dict[str, str]:
     """Separately stored tensors with equal dtype, shape and bytes (see values.content_groups:
     only tensors whose dtype and shape collide are read and hashed)."""
-    sources: dict[str, LocalFile] = {}
-    groups = content_groups(tensors, lambda path: sources.setdefault(path, LocalFile(path)))
+    groups = content_groups(tensors, sources)
     names = [[renamed.get(t.name, t.name) for t in group] for group in groups]
     return _drop_all_but_one(names, keep)
 

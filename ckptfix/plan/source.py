@@ -6,12 +6,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfix import checks
+from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import CkptfixError, UnsupportedFormatError, UsageError
 from ckptfix.core.findings import Severity
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.index import read_index
-from ckptfix.layouts.names import Family, scan_folder
-from ckptfix.ops.inspect import inspect
+from ckptfix.layouts.names import Family
+from ckptfix.ops.inspect import report_of
+from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
 from ckptfix.write.extras import special_files
 from ckptfix.write.staging import is_staging_folder
@@ -24,8 +27,9 @@ NOT_REGULAR = "not a regular file"  # FIFO, socket, device: never opened
 
 
 @dataclass(frozen=True)
-class Checkpoint:
-    """A readable checkpoint: tensors in source order plus what surrounds them."""
+class RewriteSource:
+    """What a rewrite reads: the chosen checkpoint's tensors in source order, its metadata,
+    and the other entries of the folder (copied or left out, with the reason)."""
 
     path: str
     is_folder: bool
@@ -36,6 +40,7 @@ class Checkpoint:
     extra_files: tuple[str, ...]
     left_out: tuple[str, ...]
     report: Report
+    checkpoint: Checkpoint = field(repr=False, compare=False)
     # Why each left-out entry is left out; nested special files are named by relative path.
     left_out_reasons: dict[str, str] = field(default_factory=dict)
 
@@ -92,13 +97,13 @@ def _choose_family(
     )
 
 
-def _merged_metadata(paths: list[str], report: Report) -> dict[str, str]:
-    """String metadata of the safetensors sources (torch files have none), as read by
-    inspect: the first file's value wins."""
-    metadata = {item.path: item.metadata or {} for item in report.files}
+def _merged_metadata(checkpoint: Checkpoint, paths: list[str]) -> dict[str, str]:
+    """String metadata of the safetensors sources (torch files have none): the first
+    file's value wins."""
     merged: dict[str, str] = {}
     for path in paths:
-        for key, value in metadata.get(path, {}).items():
+        record = checkpoint.record(path)
+        for key, value in ((record.metadata if record else None) or {}).items():
             merged.setdefault(key, value)
     return merged
 
@@ -106,54 +111,84 @@ def _merged_metadata(paths: list[str], report: Report) -> dict[str, str]:
 def open_checkpoint(
     path: str,
     *,
-    max_shard: int = 5 * 10**9,
+    max_shard: int = DEFAULT_MAX_SHARD,
     key: str = "auto",
     torch: bool = False,
     prefer_torch: bool = False,
-) -> Checkpoint:
-    """Inspect a checkpoint file or model folder and refuse it if it has errors.
-
-    Only safetensors is accepted unless `torch` allows PyTorch files too.
-    """
-    report = inspect(path, max_shard=max_shard, key=key)
-    if not os.path.isdir(path):
-        refuse_if_errors(report)
-        allowed = ("safetensors", "torch-zip", "torch-legacy") if torch else ("safetensors",)
-        if report.format not in allowed:
-            raise UnsupportedFormatError(
-                path, f"file is {report.format}, not safetensors", "use `ckptfix convert`"
-            )
-        return Checkpoint(
-            path=path,
-            is_folder=False,
-            tensors=report.tensors,
-            metadata=_merged_metadata([path], report),
-            index_metadata={},
-            source_files=(path,),
-            extra_files=(),
-            left_out=(),
-            report=report,
-        )
-    layout = scan_folder(path)
-    family = _choose_family(layout.families, path, torch=torch, prefer_torch=prefer_torch)
-    index_metadata: dict[str, Any] = {}
-    if family.index is not None:
-        index_path = os.path.join(path, family.index)
-        index = read_index(index_path, index_path, family.ext)
-        names = sorted(index.shard_names)
-        index_metadata = {k: v for k, v in index.metadata.items() if k != "total_size"}
-    else:
-        names = sorted(family.files)
+) -> RewriteSource:
+    """Load a checkpoint file or model folder once, check it, and refuse it if it has
+    errors. Only safetensors is accepted unless `torch` allows PyTorch files too."""
+    checkpoint = load(path, key=key)
+    report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
+    if checkpoint.kind != "folder":
+        return _single_file(checkpoint, report, torch=torch)
+    family = _choose_family(
+        checkpoint.layout.families, path, torch=torch, prefer_torch=prefer_torch
+    )
+    names, index_metadata = _family_files(checkpoint, family)
     files = [os.path.join(path, name) for name in names]
     # Errors in other weight families do not stop a rewrite that leaves them out.
     index_file = {os.path.join(path, family.index)} if family.index else set()
     refuse_if_errors(report, set(files) | index_file | {path})
     order = {file: position for position, file in enumerate(files)}
     tensors = sorted(
-        (tensor for tensor in report.tensors if tensor.file in order),
+        (tensor for tensor in checkpoint.tensors if tensor.file in order),
         key=lambda tensor: (order[tensor.file], tensor.byte_range),
     )
     ours = set(names) | ({family.index} if family.index else set())
+    extra, reasons = _other_entries(checkpoint, ours)
+    left_out = sorted(reasons)
+    return RewriteSource(
+        path=path,
+        is_folder=True,
+        tensors=tuple(tensors),
+        metadata=_merged_metadata(checkpoint, files),
+        index_metadata=index_metadata,
+        source_files=tuple(files),
+        extra_files=tuple(name for name in extra if name not in reasons),
+        left_out=tuple(left_out),
+        report=report,
+        checkpoint=checkpoint,
+        left_out_reasons={name: reasons[name] for name in left_out},
+    )
+
+
+def _single_file(checkpoint: Checkpoint, report: Report, *, torch: bool) -> RewriteSource:
+    refuse_if_errors(report)
+    allowed = ("safetensors", "torch-zip", "torch-legacy") if torch else ("safetensors",)
+    if report.format not in allowed:
+        raise UnsupportedFormatError(
+            checkpoint.path, f"file is {report.format}, not safetensors", "use `ckptfix convert`"
+        )
+    return RewriteSource(
+        path=checkpoint.path,
+        is_folder=False,
+        tensors=checkpoint.tensors,
+        metadata=_merged_metadata(checkpoint, [checkpoint.path]),
+        index_metadata={},
+        source_files=(checkpoint.path,),
+        extra_files=(),
+        left_out=(),
+        report=report,
+        checkpoint=checkpoint,
+    )
+
+
+def _family_files(checkpoint: Checkpoint, family: Family) -> tuple[list[str], dict[str, Any]]:
+    """The chosen family's files (from its index when it has one) and index metadata."""
+    if family.index is None:
+        return sorted(family.files), {}
+    label = os.path.join(checkpoint.path, family.index)
+    record = next(record for record in checkpoint.indexes if record.label == label)
+    if record.index is None:  # refused below by its corrupt-file finding
+        return [], {}
+    metadata = {k: v for k, v in record.index.metadata.items() if k != "total_size"}
+    return sorted(record.index.shard_names), metadata
+
+
+def _other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], dict[str, str]]:
+    """The folder's other entries: those copied, and those left out with the reason."""
+    path, layout = checkpoint.path, checkpoint.layout
     weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
     reasons: dict[str, str] = {}
     extra = []
@@ -169,16 +204,4 @@ def open_checkpoint(
         else:
             extra.append(entry)
     reasons.update(dict.fromkeys(special_files(path, extra), NOT_REGULAR))
-    left_out = sorted(reasons)
-    return Checkpoint(
-        path=path,
-        is_folder=True,
-        tensors=tuple(tensors),
-        metadata=_merged_metadata(files, report),
-        index_metadata=index_metadata,
-        source_files=tuple(files),
-        extra_files=tuple(name for name in extra if name not in reasons),
-        left_out=tuple(left_out),
-        report=report,
-        left_out_reasons={name: reasons[name] for name in left_out},
-    )
+    return extra, reasons

@@ -19,7 +19,7 @@ import stat
 from collections.abc import Sequence
 
 from ckptfix.core.errors import WriteError
-from ckptfix.write.safetensors import WrittenFile
+from ckptfix.write.results import WrittenFile
 
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
 _CHUNK = 2**30

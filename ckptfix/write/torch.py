@@ -13,61 +13,54 @@ from ckptfix.core.errors import CorruptFileError, VerificationError
 from ckptfix.formats import read_file
 from ckptfix.io.gather import tensor_bytes
 from ckptfix.io.source import LocalFile
+from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
-from ckptfix.write.safetensors import OutTensor, Progress, WrittenFile, produce, write_index
+from ckptfix.write.output import write_index
+from ckptfix.write.results import WrittenFile
+from ckptfix.write.safetensors import ShardJob, produce
 
 
-def write_torch_shards(
-    plan: ShardPlan,
-    tensors: Mapping[str, OutTensor],
-    index_metadata: Mapping[str, Any],
-    staging: str,
-    out: str,
-    *,
-    verify: bool = True,
-    progress: Progress | None = None,
-) -> list[WrittenFile]:
+def write_torch_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
     import torch
 
     written: list[WrittenFile] = []
     done = 0
-    handles: dict[str, LocalFile] = {}
-    try:
-        for shard in plan.shards:
-            state: dict[str, torch.Tensor] = {}
-            digests: dict[str, bytes] = {}
-            for name in shard.tensors:
-                tensor = tensors[name]
-                if tensor.source.file not in handles:
-                    handles[tensor.source.file] = LocalFile(tensor.source.file)
-                data = b"".join(produce(handles[tensor.source.file], tensor))
-                digests[name] = hashlib.blake2b(data, digest_size=32).digest()
-                dtype = getattr(torch, TORCH_NAMES[tensor.dtype])
-                values = (
-                    torch.frombuffer(bytearray(data), dtype=torch.uint8)
-                    if data
-                    else torch.empty(0, dtype=torch.uint8)
-                )
-                state[name] = values.view(dtype).reshape(tensor.shape).clone()
-                done += len(data)
-                if progress is not None:
-                    progress(done, plan.total_size)
-            path = os.path.join(staging, shard.file)
-            with open(path, "xb") as handle:
-                torch.save(state, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            del state
-            if verify:
-                _verify(path, os.path.join(out, shard.file), digests)
-            written.append(WrittenFile(shard.file, os.path.getsize(path)))
-        if plan.index_file is not None:
-            size = write_index(os.path.join(staging, plan.index_file), plan, index_metadata)
-            written.append(WrittenFile(plan.index_file, size))
-    finally:
-        for opened in handles.values():
-            opened.close()
+    for shard in plan.shards:
+        state: dict[str, torch.Tensor] = {}
+        digests: dict[str, bytes] = {}
+        for name in shard.tensors:
+            tensor = job.tensors[name]
+            data = b"".join(produce(job.sources(tensor.source.file), tensor))
+            digests[name] = hashlib.blake2b(data, digest_size=32).digest()
+            state[name] = _as_torch(data, tensor)
+            done += len(data)
+            if job.progress is not None:
+                job.progress(done, plan.total_size)
+        path = os.path.join(job.staging, shard.file)
+        with open(path, "xb") as handle:
+            torch.save(state, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        del state
+        if job.verify:
+            _verify(path, os.path.join(job.out, shard.file), digests)
+        written.append(WrittenFile(shard.file, os.path.getsize(path)))
+    if plan.index_file is not None:
+        size = write_index(os.path.join(job.staging, plan.index_file), plan, job.index_metadata)
+        written.append(WrittenFile(plan.index_file, size))
     return written
+
+
+def _as_torch(data: bytes, tensor: OutTensor) -> Any:
+    import torch
+
+    dtype = getattr(torch, TORCH_NAMES[tensor.dtype])
+    values = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if data
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    return values.view(dtype).reshape(tensor.shape).clone()
 
 
 def _verify(path: str, display: str, digests: Mapping[str, bytes]) -> None:

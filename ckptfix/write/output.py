@@ -1,0 +1,67 @@
+"""Output files: created exclusively, written whole, fsynced; the free-space check before
+anything is created; OS errors turned into one line for the user."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from ckptfix.core.errors import CkptfixError, WriteError
+from ckptfix.core.sizes import format_size
+from ckptfix.plan.shards import ShardPlan
+from ckptfix.write.copy import write_all
+
+
+def create_file(path: str) -> int:
+    # 0o666 and the process umask: the permissions any ordinary tool would give the file.
+    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+
+
+def check_free_space(folder: str, needed: int, out: str) -> None:
+    """Refuse up front a read-only or too-full file system, before anything is created."""
+    stats = os.statvfs(folder)
+    if stats.f_flag & os.ST_RDONLY:
+        raise WriteError(
+            out, f"cannot write: {os.strerror(errno.EROFS)}", "check the folder's permissions"
+        )
+    available = stats.f_bavail * stats.f_frsize
+    margin = max(64 * 2**20, needed // 100)
+    if needed + margin > available:
+        raise WriteError(
+            out,
+            f"not enough free space: the output needs {format_size(needed)} "
+            f"(+{format_size(margin)} margin) but {format_size(available)} is free",
+            "free some space or choose another -o folder",
+        )
+
+
+def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -> int:
+    document = {
+        "metadata": {**index_metadata, "total_size": plan.total_size},
+        "weight_map": plan.weight_map,
+    }
+    data = (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    fd = create_file(path)
+    try:
+        write_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return len(data)
+
+
+def wrap_os_error(exc: OSError, out: str) -> CkptfixError:
+    """Turn an OSError from writing into a one-line error for the user."""
+    if exc.errno == errno.ENOSPC:
+        return WriteError(
+            out,
+            "no space left on device; nothing was written",
+            "free some space or choose another -o folder",
+        )
+    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return WriteError(out, f"cannot write: {exc.strerror}", "check the folder's permissions")
+    where = exc.filename or out
+    return WriteError(str(where), f"write failed: {exc.strerror}", "check the disk and run again")
