@@ -102,7 +102,7 @@ def config_findings(checkpoint: Checkpoint, *, hashed: bool) -> list[Finding]:
         if (a.dtype, a.shape) != (b.dtype, b.shape):
             return False
         source = checkpoint.source
-        return values.digest(source(a.file), a) == values.digest(source(b.file), b)
+        return values.digest(source, a) == values.digest(source, b)
 
     config = checkpoint.config
     return tied_config_findings(config.config or {}, config.label, tensors, same_bytes)

@@ -16,6 +16,7 @@ from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.sizes import format_size
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io import gather
+from ckptfix.io.gather import Sources
 from ckptfix.io.source import ByteSource
 
 if TYPE_CHECKING:
@@ -24,13 +25,13 @@ if TYPE_CHECKING:
 CHUNK = 8 * 2**20
 
 
-def tensor_chunks(source: ByteSource, tensor: TensorInfo) -> Iterator[bytes]:
+def tensor_chunks(source: Sources | ByteSource, tensor: TensorInfo) -> Iterator[bytes]:
     """A tensor's row-major bytes in bounded chunks (a strided view gathered block by block,
     since its byte range is the storage span it reads, not its content)."""
     return gather.tensor_chunks(source, tensor, CHUNK)
 
 
-def digest(source: ByteSource, tensor: TensorInfo) -> bytes:
+def digest(source: Sources | ByteSource, tensor: TensorInfo) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
     for chunk in tensor_chunks(source, tensor):
         hasher.update(chunk)
@@ -52,7 +53,7 @@ def content_groups(
             continue
         by_digest: dict[bytes, list[TensorInfo]] = defaultdict(list)
         for tensor in members:
-            by_digest[digest(source(tensor.file), tensor)].append(tensor)
+            by_digest[digest(source, tensor)].append(tensor)
         groups.extend(group for group in by_digest.values() if len(group) > 1)
     return groups
 
@@ -118,7 +119,7 @@ def _count_non_finite(values: np.ndarray, bits: _FloatBits) -> tuple[int, int]:
     return nan, int(np.count_nonzero(special)) - nan
 
 
-def count_non_finite(source: ByteSource, tensor: TensorInfo) -> tuple[int, int]:
+def count_non_finite(source: Sources | ByteSource, tensor: TensorInfo) -> tuple[int, int]:
     """(NaN count, Inf count) of a floating tensor; (0, 0) for formats without them."""
     bits = _BITS.get(tensor.dtype)
     if bits is None:
@@ -141,7 +142,7 @@ def non_finite_findings(
 ) -> list[Finding]:
     found = []
     for tensor in tensors:
-        nan, inf = count_non_finite(source(tensor.file), tensor)
+        nan, inf = count_non_finite(source, tensor)
         if nan or inf:
             found.append(
                 finding(

@@ -9,31 +9,47 @@ read for it ever reaches an output.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError
-from ckptfix.core.tensor import TensorInfo
+from ckptfix.core.tensor import Piece, TensorInfo
 from ckptfix.io.source import ByteSource
 
 CHUNK = 16 * 2**20
 
 
-def tensor_chunks(source: ByteSource, tensor: TensorInfo, chunk: int = CHUNK) -> Iterator[bytes]:
-    """The tensor's elements in row-major order, in pieces of at most `chunk` bytes (a
-    piece never splits an element)."""
+Sources = Callable[[str], ByteSource]  # a piece's source label -> its bytes
+
+
+def tensor_chunks(
+    sources: Sources | ByteSource, tensor: TensorInfo, chunk: int = CHUNK
+) -> Iterator[bytes]:
+    """The tensor's bytes in row-major order, in chunks of at most `chunk` bytes (a chunk
+    never splits an element: `chunk` is a multiple of every element size)."""
+    source_of = _source_of(sources)
+    pieces = tensor.pieces
     if tensor.nbytes == 0:
         return
-    if tensor.contiguous or tensor.strides is None:
-        yield from _read_chunks(source, tensor.byte_range[0], tensor.nbytes, chunk)
-        return
-    yield from _gather(source, tensor, chunk)
+    if pieces[0].view is not None:
+        yield from _gather(source_of(pieces[0].source), tensor, pieces[0], chunk)
+    elif len(pieces) == 1 and pieces[0].count == 1:
+        yield from _read_chunks(source_of(pieces[0].source), pieces[0].offset, tensor.nbytes, chunk)
+    else:
+        yield from _assemble(source_of, tensor, chunk)
 
 
-def tensor_bytes(source: ByteSource, tensor: TensorInfo) -> bytes:
+def tensor_bytes(sources: Sources | ByteSource, tensor: TensorInfo) -> bytes:
     """The whole tensor's row-major bytes (for callers that need it in memory at once)."""
-    return b"".join(tensor_chunks(source, tensor))
+    return b"".join(tensor_chunks(sources, tensor))
+
+
+def _source_of(sources: Sources | ByteSource) -> Sources:
+    if isinstance(sources, ByteSource):
+        single = sources
+        return lambda label: single
+    return sources
 
 
 def _read_chunks(source: ByteSource, offset: int, size: int, chunk: int) -> Iterator[bytes]:
@@ -44,20 +60,45 @@ def _read_chunks(source: ByteSource, offset: int, size: int, chunk: int) -> Iter
         yield data
 
 
-def _checked_layout(tensor: TensorInfo) -> tuple[list[int], list[int], int]:
+def _assemble(source_of: Sources, tensor: TensorInfo, chunk: int) -> Iterator[bytes]:
+    """Pieces from several ranges or files, a window of the tensor at a time: each window is
+    filled from the runs that overlap it (the pieces tile the tensor; see tiling_problem)."""
+    for start in range(0, tensor.nbytes, chunk):
+        window = bytearray(min(chunk, tensor.nbytes - start))
+        for piece in tensor.pieces:
+            source = source_of(piece.source)
+            for offset, at, length in _runs_within(piece, start, start + len(window)):
+                data = source.read_at(offset, length)
+                window[at - start : at - start + length] = data
+        yield bytes(window)
+
+
+def _runs_within(piece: Piece, begin: int, end: int) -> Iterator[tuple[int, int, int]]:
+    """The parts of a piece's runs that land in tensor bytes [begin, end)."""
+    first, last = 0, piece.count - 1
+    if piece.count > 1 and piece.tensor_step > 0:  # only the runs that can reach the window
+        first = max(0, (begin - piece.at - piece.length) // piece.tensor_step)
+        last = min(last, (end - 1 - piece.at) // piece.tensor_step)
+    for index in range(first, last + 1):
+        at = piece.at + index * piece.tensor_step
+        low, high = max(at, begin), min(at + piece.length, end)
+        if low < high:
+            yield piece.offset + index * piece.source_step + (low - at), low, high - low
+
+
+def _checked_layout(tensor: TensorInfo, piece: Piece) -> tuple[list[int], list[int], int]:
     """Shape and byte strides without size-1 dimensions, and the span the view needs;
-    refuses a view whose elements fall outside its byte range."""
+    refuses a view whose elements fall outside the bytes read for it."""
     itemsize = DTYPES[tensor.dtype].bits // 8
-    assert tensor.strides is not None
-    pairs = [(d, s) for d, s in zip(tensor.shape, tensor.strides, strict=True) if d != 1]
+    assert piece.view is not None
+    pairs = [(d, s) for d, s in zip(*piece.view, strict=True) if d != 1]
     shape = [d for d, _ in pairs]
     strides = [s * itemsize for _, s in pairs]
     low = sum((d - 1) * s for d, s in pairs if s < 0) * itemsize
     high = sum((d - 1) * s for d, s in pairs if s > 0) * itemsize + itemsize
-    begin, end = tensor.byte_range
-    if low < 0 or high > end - begin:
+    if low < 0 or high > piece.length:
         raise CorruptFileError(
-            tensor.file,
+            piece.source,
             "view-out-of-bounds",
             f"tensor {tensor.name!r} would read bytes outside its storage",
             "re-export the checkpoint",
@@ -76,14 +117,14 @@ def _row_blocks(shape: list[int], itemsize: int, chunk: int) -> tuple[int, int]:
     return k, max(chunk // row, 1)
 
 
-def _gather(source: ByteSource, tensor: TensorInfo, chunk: int) -> Iterator[bytes]:
+def _gather(source: ByteSource, tensor: TensorInfo, piece: Piece, chunk: int) -> Iterator[bytes]:
     import numpy as np
 
     itemsize = DTYPES[tensor.dtype].bits // 8
-    shape, strides, span = _checked_layout(tensor)
+    shape, strides, span = _checked_layout(tensor, piece)
     # Read, not mapped: a source truncated by someone else while we work must be an error
     # (a short read), never SIGBUS on a mapped page past the new end of the file.
-    stored = np.frombuffer(source.read_at(tensor.byte_range[0], span), dtype=np.uint8)
+    stored = np.frombuffer(source.read_at(piece.offset, span), dtype=np.uint8)
     view = np.lib.stride_tricks.as_strided(
         stored, shape=[*shape, itemsize], strides=[*strides, 1], writeable=False
     )

@@ -16,8 +16,7 @@ from typing import Any
 
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
 from ckptfix.formats.safetensors import MAX_HEADER_SIZE, HeaderEntry, encode_header, read_header
-from ckptfix.io.gather import tensor_chunks
-from ckptfix.io.source import ByteSource
+from ckptfix.io.gather import Sources, tensor_chunks
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
@@ -26,13 +25,12 @@ from ckptfix.write.output import create_file, write_index
 from ckptfix.write.results import Progress, WrittenFile
 
 FLUSH_EVERY = 256 * 2**20
-Sources = Callable[[str], ByteSource]  # a tensor's `file` label -> its bytes
 
 
-def produce(source: ByteSource, tensor: OutTensor) -> Iterator[bytes]:
+def produce(sources: Sources, tensor: OutTensor) -> Iterator[bytes]:
     """The output bytes of a tensor that is not streamed, in bounded chunks: gathered
     (strided views), then cast if asked."""
-    for chunk in tensor_chunks(source, tensor.source):
+    for chunk in tensor_chunks(sources, tensor.source):
         if tensor.dtype != tensor.source.dtype:
             chunk = cast_bytes(chunk, tensor.source.dtype, tensor.dtype)
         yield chunk
@@ -174,12 +172,13 @@ class _Writer:
         return WrittenFile(shard.file, offset)
 
     def tensor(self, fd: int, offset: int, tensor: OutTensor) -> None:
-        source = self.job.sources(tensor.source.file)
-        if tensor.streamed:
-            begin = tensor.source.byte_range[0]
-            copy_from(source, begin, tensor.nbytes, fd, offset, self.advance)
+        if tensor.streamed:  # each run of each piece, kernel to kernel where it can
+            for piece in tensor.source.pieces:
+                source = self.job.sources(piece.source)
+                for begin, at, length in piece.runs():
+                    copy_from(source, begin, length, fd, offset + at, self.advance)
             return
-        chunks = produce(source, tensor)  # gathered or cast in bounded chunks
+        chunks = produce(self.job.sources, tensor)  # gathered or cast in bounded chunks
         self.job.digests[tensor.name] = _write_produced(fd, offset, chunks, self.advance)
 
     def finish(self) -> None:
@@ -216,13 +215,10 @@ def _verify_tensors(
         tensor = job.tensors[name]
         source = tensor.source
         if tensor.streamed:
-            same = source_equal(
-                job.sources(source.file),
-                source.byte_range[0],
-                dst,
-                offset,
-                source.nbytes,
-                job.cancel,
+            same = all(
+                source_equal(job.sources(piece.source), begin, dst, offset + at, length, job.cancel)
+                for piece in source.pieces
+                for begin, at, length in piece.runs()
             )
         else:
             same = range_digest(dst, (offset, offset + tensor.nbytes)) == job.digests[name]
@@ -241,7 +237,7 @@ def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
     flush what has been copied so far every FLUSH_EVERY bytes, then verify and fsync each
     finished shard side by side, so the disk writes back while copying goes on.
     """
-    labels = {tensor.source.file for tensor in job.tensors.values()}
+    labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
     before = {label: job.sources(label).change_token() for label in labels}
     written: list[WrittenFile] = []
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:

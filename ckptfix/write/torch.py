@@ -30,7 +30,7 @@ def write_torch_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         digests: dict[str, bytes] = {}
         for name in shard.tensors:
             tensor = job.tensors[name]
-            data = b"".join(produce(job.sources(tensor.source.file), tensor))
+            data = b"".join(produce(job.sources, tensor))
             digests[name] = hashlib.blake2b(data, digest_size=32).digest()
             state[name] = _as_torch(data, tensor)
             done += len(data)
