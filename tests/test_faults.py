@@ -20,7 +20,14 @@ import torch
 
 import ckptfix
 from ckptfix.core.errors import WriteError
-from ckptfix.ops.rewrite import convert, dedupe, reshard
+from ckptfix.ops.rewrite import (
+    ConvertOptions,
+    DedupeOptions,
+    ReshardOptions,
+    convert,
+    dedupe,
+    reshard,
+)
 from ckptfix.write import copy as writer
 from tests.conftest import Factory, Spec, seeded_bytes
 from tests.helpers import read_tensors
@@ -142,10 +149,10 @@ def test_signal_at_many_points(
     assert "absent" in outcomes  # the early signals landed before the commit
 
 
-RUNNERS: dict[str, Callable[..., object]] = {
-    "reshard": reshard,
-    "convert": convert,
-    "dedupe": dedupe,
+RUNNERS: dict[str, Callable[[Path, Path, int], object]] = {
+    "reshard": lambda src, out, limit: reshard(src, out, ReshardOptions(limit)),
+    "convert": lambda src, out, limit: convert(src, out, ConvertOptions(limit)),
+    "dedupe": lambda src, out, limit: dedupe(src, out, DedupeOptions(limit)),
 }
 
 
@@ -172,7 +179,7 @@ def test_injected_enospc(
     _fail_nth(monkeypatch, os, "copy_file_range", 3, errno.ENOSPC)
     out = tmp_path / "out"
     with pytest.raises(WriteError) as caught:
-        RUNNERS[command](sources[command], out, max_shard=30 * 10**6)
+        RUNNERS[command](sources[command], out, 30 * 10**6)
     assert caught.value.line() == (
         f"error: {out}: no space left on device; nothing was written "
         "(free some space or choose another -o folder)"
@@ -188,7 +195,7 @@ def test_fsync_failure_is_fatal(
     _fail_nth(monkeypatch, os, "fsync", 1, errno.EIO)
     out = tmp_path / "out"
     with pytest.raises(WriteError, match="write failed: Input/output error"):
-        RUNNERS[command](sources[command], out, max_shard=30 * 10**6)
+        RUNNERS[command](sources[command], out, 30 * 10**6)
     assert not out.exists()
     assert not list(tmp_path.glob(".ckptfix-*"))
 
@@ -216,7 +223,7 @@ def test_source_changing_during_the_run(
     monkeypatch.setattr(writer, "copy_range", copy_then_grow)
     out = tmp_path / "out"
     with pytest.raises(WriteError, match="a source file changed while it was being read"):
-        RUNNERS[command](source, out, max_shard=10**6)
+        RUNNERS[command](source, out, 10**6)
     assert not out.exists()
     assert not list(tmp_path.glob(".ckptfix-*"))
 
@@ -268,7 +275,7 @@ def test_real_enospc_mid_write(
         torch.save({"a": torch.ones(MB // 4), "t": torch.ones(1024, 768).t()}, source)
     out = tiny / "out"
     with pytest.raises(WriteError, match="no space left on device"):
-        RUNNERS[command](source, out, max_shard=2 * 10**6)
+        RUNNERS[command](source, out, 2 * 10**6)
     assert list(tiny.iterdir()) == []
 
 
@@ -287,7 +294,7 @@ def test_signal_held_during_the_swap_does_not_undo_it(
 
     monkeypatch.setattr(staging.Staging, "_swap", swap_then_signal)
     out = tmp_path / "out"
-    result = reshard(sources["reshard"], out, max_shard=30 * 10**6)
+    result = reshard(sources["reshard"], out, ReshardOptions(30 * 10**6))
     assert result.written is not None
     assert ckptfix.inspect(out).findings == ()
 
@@ -313,7 +320,7 @@ def test_ctrl_c_mid_write(
     out = tmp_path / "out"
     try:
         with pytest.raises(Interrupted) as caught:
-            reshard(sources["reshard"], out, max_shard=30 * 10**6)
+            reshard(sources["reshard"], out, ReshardOptions(30 * 10**6))
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
     finally:
         signal.signal(signal.SIGINT, outer)
@@ -328,7 +335,7 @@ def test_ctrl_c_mid_write(
 def test_an_ignored_signal_stays_ignored(sources: dict[str, Path], tmp_path: Path) -> None:
     outer = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        reshard(sources["reshard"], tmp_path / "out", max_shard=30 * 10**6)
+        reshard(sources["reshard"], tmp_path / "out", ReshardOptions(30 * 10**6))
         assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGINT, outer)

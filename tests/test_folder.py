@@ -263,7 +263,7 @@ def test_tied_config_true_with_separate_head(factory: Factory) -> None:
     factory.config("m", tie_word_embeddings=True)
     item = only(ckptfix.inspect(folder), "tied-config-mismatch")
     assert "may differ (run with --hash to compare)" in item.message
-    hashed = ckptfix.inspect(folder, hash=True)
+    hashed = ckptfix.inspect(folder, hash_values=True)
     assert "holds different bytes" in only(hashed, "tied-config-mismatch").message
 
 
@@ -278,7 +278,7 @@ def test_tied_config_true_with_identical_head_is_fine(factory: Factory) -> None:
         ],
     )
     factory.config("m", tie_word_embeddings=True)
-    report = ckptfix.inspect(folder, hash=True)
+    report = ckptfix.inspect(folder, hash_values=True)
     assert codes(report) == ["duplicate-content"]
 
 
@@ -353,7 +353,7 @@ def test_no_tensor_data_read_without_hash_or_scan(
     report = ckptfix.inspect(folder)
     assert report.tensor_count == 3
     with pytest.raises(AssertionError, match="tensor data was read"):
-        ckptfix.inspect(folder, hash=True)
+        ckptfix.inspect(folder, hash_values=True)
 
 
 def test_mixed_formats_names_the_loose_extensions(factory: Factory) -> None:

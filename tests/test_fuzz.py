@@ -270,13 +270,13 @@ def test_mutated_safetensors_through_reshard(tmp_path: Path, blob: bytes) -> Non
     import shutil
 
     from ckptfix.core.errors import CkptfixError
-    from ckptfix.ops.rewrite import reshard
+    from ckptfix.ops.rewrite import ReshardOptions, reshard
 
     path = tmp_path / "m.safetensors"
     path.write_bytes(blob)
     out = tmp_path / "out"
     try:
-        reshard(path, out, max_shard=16)
+        reshard(path, out, ReshardOptions(max_shard=16))
     except CkptfixError:
         assert not out.exists()
     else:

@@ -251,3 +251,30 @@ def test_source_truncated_while_being_read(
         f"error: {source}: file ended early: it changed during the run (run again on a stable copy)"
     )
     assert not out.exists() and not list(tmp_path.glob(".ckptfix-*"))
+
+
+def test_stubs_keep_data_and_refuse_a_second_build() -> None:
+    """The allowlist's inert stubs: a pickle may build one (NEWOBJ then BUILD) and only once."""
+
+    from ckptfix.core.errors import CorruptFileError
+    from ckptfix.formats.unpickler import TORCH_ALLOWLIST, Stub, extended, stub_class, unpickle
+
+    allowed = extended(
+        TORCH_ALLOWLIST, {("argparse", "Namespace"): stub_class("argparse.Namespace")}
+    )
+
+    def no_storage(*args: object) -> object:
+        raise AssertionError("no storage here")
+
+    built = (
+        b"\x80\x02cargparse\nNamespace\n)\x81}X\x02\x00\x00\x00lrG?\xb9\x99\x99\x99\x99\x99\x9asb."
+    )
+    namespace = unpickle(built, "n.pt", no_storage, allowed)  # type: ignore[arg-type]
+    assert isinstance(namespace, Stub) and namespace.field("lr") == 0.1
+    twice = built[:-1] + b"}X\x02\x00\x00\x00lrK\x07sb."
+    with pytest.raises(
+        CorruptFileError, match=r"builds a argparse.Namespace twice \(rule mutated-object"
+    ):
+        unpickle(twice, "n.pt", no_storage, allowed)  # type: ignore[arg-type]
+    with pytest.raises(Exception, match="outside the allowlist"):
+        unpickle(built, "n.pt", no_storage)  # type: ignore[arg-type]

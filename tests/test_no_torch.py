@@ -9,15 +9,15 @@ from tests.conftest import Factory, Spec
 
 PROBE = """
 import sys, ckptfix
-report = ckptfix.inspect(sys.argv[1], hash={hash})
+report = ckptfix.inspect(sys.argv[1], hash_values={hashed})
 assert report.tensor_count == 2, report
 print(",".join(sorted(m for m in ("torch", "numpy", "safetensors") if m in sys.modules)))
 """
 
 
-def _modules_after(path: str, *, hash: bool) -> str:
+def _modules_after(path: str, *, hashed: bool) -> str:
     done = subprocess.run(
-        [sys.executable, "-c", PROBE.format(hash=hash), path],
+        [sys.executable, "-c", PROBE.format(hashed=hashed), path],
         capture_output=True,
         text=True,
         check=True,
@@ -27,8 +27,8 @@ def _modules_after(path: str, *, hash: bool) -> str:
 
 def test_inspect_imports_neither_torch_nor_numpy(factory: Factory) -> None:
     path = factory.safetensors("m.safetensors", [Spec("a"), Spec("b")])
-    assert _modules_after(str(path), hash=False) == ""
-    assert _modules_after(str(path), hash=True) == ""
+    assert _modules_after(str(path), hashed=False) == ""
+    assert _modules_after(str(path), hashed=True) == ""
 
 
 def test_cli_does_not_import_torch(factory: Factory) -> None:
@@ -42,3 +42,18 @@ def test_cli_does_not_import_torch(factory: Factory) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stderr.strip() == "ok"
+
+
+def test_inspect_does_not_import_the_writers(factory: Factory) -> None:
+    """`ckptfix inspect` loads only what reading needs: no writer, planner or staging code."""
+    path = factory.safetensors("m.safetensors", [Spec("a"), Spec("b")])
+    code = (
+        "import sys; from ckptfix.cli.entry import main; sys.argv = ['ckptfix', 'inspect', "
+        f"{str(path)!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n"
+        "    loaded = sorted(m for m in sys.modules if m.startswith(('ckptfix.write', "
+        "'ckptfix.plan', 'ckptfix.ops.rewrite')))\n"
+        "    print(loaded, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.stderr.strip().splitlines()[-1] == "[]"

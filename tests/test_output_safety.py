@@ -20,11 +20,12 @@ from typing import Any
 
 import pytest
 
+from ckptfix.core import signals as core_signals
 from ckptfix.core.errors import WriteError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.safetensors import read_header
-from ckptfix.ops.rewrite import reshard
-from ckptfix.plan.select import select
+from ckptfix.ops.rewrite import ReshardOptions, reshard
+from ckptfix.plan.select import SelectOptions, select
 from ckptfix.write import staging
 from tests.conftest import Factory, Spec
 from tests.helpers import cli, tree_snapshot
@@ -185,7 +186,7 @@ def test_a_second_writer_to_an_existing_out_fails_at_once(
 
     def second() -> None:
         with pytest.raises(WriteError) as caught:
-            reshard(other, out, force=True)
+            reshard(other, out, ReshardOptions(force=True))
         refused.append(caught.value.line())
         assert len(leftovers(tmp_path)) == 1  # the first writer's staging folder only
 
@@ -693,7 +694,7 @@ def test_a_signal_in_other_code_waits_for_a_safe_point() -> None:
 
     from ckptfix.core.errors import Interrupted
 
-    signals = staging._Signals()
+    signals = core_signals.Signals()
     signals.writing = True
     foreign = [
         SimpleNamespace(f_code=threading.Condition.__enter__.__code__),
@@ -733,7 +734,7 @@ def test_signals_never_leave_a_condition_taken() -> None:
 
     namespace: dict[str, Any] = {}
     exec(compile(_SPIN, staging.__file__, "exec"), namespace)
-    signals = staging._Signals()
+    signals = core_signals.Signals()
     signals.writing = True
     previous = signals.install()
     try:
@@ -754,7 +755,7 @@ def test_signals_never_leave_a_condition_taken() -> None:
             taker.join()
             assert taken == [True], "a signal left the Condition's lock taken"
     finally:
-        staging._restore(previous)
+        core_signals.restore(previous)
 
 
 def test_a_failed_comparison_keeps_its_own_exception(
@@ -845,7 +846,7 @@ def test_exclude_is_linear() -> None:
     tensors = _tensors(20_000)
     exclude = [t.name for t in tensors]
     start = time.perf_counter()
-    selection = select(tensors, exclude=exclude)
+    selection = select(tensors, SelectOptions(exclude=tuple(exclude)))
     elapsed = time.perf_counter() - start
     assert selection.tensors == () and len(selection.excluded) == 20_000
     assert elapsed < 5, elapsed  # about 0.05 s; the quadratic version took minutes
@@ -857,4 +858,4 @@ def test_exclude_globs_match_like_fnmatch() -> None:
     tensors = _tensors(300)
     globs = ["layer.1*.weight", "layer.?.weight", "layer.2[05].weight", "layer.299.weight", "a[b"]
     expected = [t.name for t in tensors if any(fnmatch.fnmatchcase(t.name, g) for g in globs)]
-    assert list(select(tensors, exclude=globs).excluded) == expected
+    assert list(select(tensors, SelectOptions(exclude=tuple(globs))).excluded) == expected

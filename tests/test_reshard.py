@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 import ckptfix
 from ckptfix.core.sizes import parse_size
 from ckptfix.formats.safetensors import read_header
-from ckptfix.ops.rewrite import reshard
+from ckptfix.ops.rewrite import ReshardOptions, reshard
 from tests.conftest import Factory
 from tests.helpers import cli, tree_snapshot
 from tests.test_interop import TORCH_DTYPES, _make
@@ -324,7 +324,7 @@ def test_output_is_required(source: Path) -> None:
 def test_permissions_follow_umask(source: Path, tmp_path: Path) -> None:
     previous = os.umask(0o027)
     try:
-        reshard(source, tmp_path / "out", max_shard=2000)
+        reshard(source, tmp_path / "out", ReshardOptions(max_shard=2000))
     finally:
         os.umask(previous)
     assert (tmp_path / "out").stat().st_mode & 0o777 == 0o750

@@ -115,7 +115,7 @@ def test_hash_finds_duplicate_content(factory: Factory) -> None:
         ],
     )
     assert ckptfix.inspect(path).findings == ()
-    report = ckptfix.inspect(path, hash=True)
+    report = ckptfix.inspect(path, hash_values=True)
     assert [(item.code, item.tensors) for item in report.findings] == [
         ("duplicate-content", ("a", "b"))
     ]
@@ -127,7 +127,7 @@ def test_hash_across_shards(factory: Factory) -> None:
     folder = factory.sharded(
         "m", [[Spec("x", "BF16", (8,), same)], [Spec("y", "BF16", (8,), same)]]
     )
-    report = ckptfix.inspect(folder, hash=True)
+    report = ckptfix.inspect(folder, hash_values=True)
     assert [(item.code, item.tensors) for item in report.findings] == [
         ("duplicate-content", ("x", "y"))
     ]
@@ -141,7 +141,7 @@ def test_strided_views_are_hashed_and_scanned_by_content(tmp_path: Path) -> None
     other[0, 1] = float("nan")  # inside the span, outside the column view below
     path = tmp_path / "views.pt"
     torch.save({"col": base[:, 0], "other_col": other[:, 0]}, path)
-    report = ckptfix.inspect(path, hash=True, scan_values=True)
+    report = ckptfix.inspect(path, hash_values=True, scan_values=True)
     duplicates = [f.tensors for f in report.findings if f.code == "duplicate-content"]
     assert duplicates == [("col", "other_col")]  # equal elements, different spans
     assert not [f for f in report.findings if f.code == "non-finite"]

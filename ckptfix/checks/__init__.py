@@ -15,7 +15,7 @@ from ckptfix.formats.pickled import PickleFile
 @dataclass(frozen=True)
 class CheckOptions:
     max_shard: int
-    hash: bool = False
+    hash_values: bool = False
     scan_values: bool = False
 
 
@@ -34,13 +34,13 @@ def run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
     )
     found += tensors.wrapper_prefix_findings(all_tensors, training_checkpoint=nested)
     found += tensors.tensor_findings(all_tensors, options.max_shard)
-    if options.hash:
+    if options.hash_values:
         groups = values.content_groups(all_tensors, checkpoint.source)
         found += values.duplicate_content_findings(groups)
     if options.scan_values:
         found += values.non_finite_findings(all_tensors, checkpoint.source)
     if checkpoint.config is not None and checkpoint.config.config is not None:
-        found += config.config_findings(checkpoint, hashed=options.hash)
+        found += config.config_findings(checkpoint, hashed=options.hash_values)
     return sorted(found, key=lambda item: -item.severity.rank)
 
 

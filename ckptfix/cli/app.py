@@ -15,8 +15,8 @@ from typer.core import TyperGroup
 
 import ckptfix
 from ckptfix.core.errors import CkptfixError
-from ckptfix.core.sizes import parse_size
-from ckptfix.write.staging import command_signals
+from ckptfix.core.signals import command_signals
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD_TEXT, parse_size
 
 if TYPE_CHECKING:
     from ckptfix.ops.rewrite import RewriteResult
@@ -144,7 +144,7 @@ def inspect(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint file or model folder.")],
     json_output: JsonOption = False,
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor.")] = False,
-    max_shard: MaxShardOption = "5GB",
+    max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     hash_values: Annotated[
         bool, typer.Option("--hash", help="Hash tensor bytes to find duplicate content.")
     ] = False,
@@ -161,7 +161,9 @@ def inspect(
     Example: ckptfix inspect ./my-model --fail-on warning
     """
     limit = parse_size(max_shard)
-    report = ckptfix.inspect(path, max_shard=limit, hash=hash_values, scan_values=scan_values)
+    report = ckptfix.inspect(
+        path, max_shard=limit, hash_values=hash_values, scan_values=scan_values
+    )
     if json_output:
         _write_chunks(report.json_chunks())
     else:
@@ -179,7 +181,7 @@ def reshard(
     out: Annotated[
         Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
     ] = None,
-    max_shard: MaxShardOption = "5GB",
+    max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
     ] = False,
@@ -194,21 +196,14 @@ def reshard(
 
     Example: ckptfix reshard ./my-model -o ./my-model-2gb --max-shard 2GB
     """
+    from ckptfix.ops.rewrite import ReshardOptions
     from ckptfix.ops.rewrite import reshard as run_reshard
 
     limit = parse_size(max_shard)
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
     with _progress(show_progress) as advance:
-        result = run_reshard(
-            src,
-            out,
-            max_shard=limit,
-            dry_run=dry_run,
-            force=force,
-            replace_any=replace_any,
-            in_place=in_place,
-            progress=advance,
-        )
+        options = ReshardOptions(limit, dry_run, force, replace_any, advance, in_place=in_place)
+        result = run_reshard(src, out, options)
     _show(result, json_output)
 
 
@@ -260,7 +255,7 @@ def convert(
     ] = None,
     keep: KeepOption = "first",
     clone: CloneOption = False,
-    max_shard: MaxShardOption = "5GB",
+    max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     no_verify: Annotated[
         bool, typer.Option("--no-verify", help="Skip reading the output back.")
     ] = False,
@@ -273,13 +268,17 @@ def convert(
 
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
     """
+    from ckptfix.ops.rewrite import ConvertOptions
     from ckptfix.ops.rewrite import convert as run_convert
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
-        result = run_convert(
-            src,
-            out,
+        options = ConvertOptions(
+            limit,
+            dry_run,
+            force,
+            replace_any,
+            advance,
             to=to.value,
             dtype=dtype.value,
             key=key,
@@ -287,13 +286,9 @@ def convert(
             exclude=tuple(exclude or ()),
             keep=keep,
             clone=clone,
-            max_shard=limit,
             verify=not no_verify,
-            dry_run=dry_run,
-            force=force,
-            replace_any=replace_any,
-            progress=advance,
         )
+        result = run_convert(src, out, options)
     _show(result, json_output)
 
 
@@ -306,7 +301,7 @@ def dedupe(
     ] = False,
     clone: CloneOption = False,
     keep: KeepOption = "first",
-    max_shard: MaxShardOption = "5GB",
+    max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     dry_run: DryRunOption = False,
     json_output: JsonOption = False,
     force: ForceOption = False,
@@ -316,22 +311,22 @@ def dedupe(
 
     Example: ckptfix dedupe ./model -o ./model-dedup --by-content
     """
+    from ckptfix.ops.rewrite import DedupeOptions
     from ckptfix.ops.rewrite import dedupe as run_dedupe
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
-        result = run_dedupe(
-            src,
-            out,
+        options = DedupeOptions(
+            limit,
+            dry_run,
+            force,
+            replace_any,
+            advance,
             by_content=by_content,
             clone=clone,
             keep=keep,
-            max_shard=limit,
-            dry_run=dry_run,
-            force=force,
-            replace_any=replace_any,
-            progress=advance,
         )
+        result = run_dedupe(src, out, options)
     _show(result, json_output)
 
 

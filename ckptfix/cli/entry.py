@@ -36,7 +36,7 @@ def main() -> None:
         if _signal.getsignal(number) is not _signal.SIG_IGN:  # nohup and the like stay so
             _signal.signal(number, _quit)
     from ckptfix.cli.app import app
-    from ckptfix.write.staging import keep_command_signals
+    from ckptfix.core.signals import keep_command_signals
 
     keep_command_signals()
     try:

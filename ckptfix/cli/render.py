@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from rich.console import Console
 from rich.progress import (
@@ -21,7 +22,11 @@ from rich.text import Text
 from ckptfix.core.findings import Severity
 from ckptfix.core.sizes import format_size
 from ckptfix.ops.report import Report
-from ckptfix.ops.rewrite import RewriteResult
+
+if TYPE_CHECKING:
+    from ckptfix.ops.rewrite import RewriteResult
+    from ckptfix.plan.shards import ShardPlan
+    from ckptfix.write.results import WriteResult
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
 _TITLE = {Severity.ERROR: "Errors", Severity.WARNING: "Warnings", Severity.INFO: "Info"}
@@ -113,6 +118,17 @@ def rewrite(result: RewriteResult) -> None:
     """The plan as a table, then what was written (or that nothing was, for --dry-run)."""
     console = _console()
     plan = result.plan
+    console.print(_plan_table(plan))
+    for line in _plan_notes(plan) + _names_notes(plan) + _files_notes(plan):
+        console.print(line)
+    if result.written is None:
+        console.print(Text("dry run: nothing was written", style="bold"))
+        return
+    for line in _written_notes(result.written):
+        console.print(line, soft_wrap=True)
+
+
+def _plan_table(plan: ShardPlan) -> Table:
     table = Table(title=f"Plan: shards of at most {plan.max_shard:,} bytes", title_justify="left")
     for column, justify in (
         ("file", "left"),
@@ -124,25 +140,38 @@ def rewrite(result: RewriteResult) -> None:
     for shard in plan.shards:
         first = shard.tensors[0] if shard.tensors else "-"
         table.add_row(Text(shard.file), f"{len(shard.tensors):,}", f"{shard.nbytes:,}", Text(first))
-    console.print(table)
+    return table
+
+
+def _plan_notes(plan: ShardPlan) -> list[Text]:
+    lines = []
     if plan.index_file:
-        console.print(Text(f"index: {plan.index_file} (total_size {plan.total_size:,})"))
+        lines.append(Text(f"index: {plan.index_file} (total_size {plan.total_size:,})"))
     if plan.metadata_scope != "every shard":
-        console.print(
+        lines.append(
             Text(f"header metadata: over 64 KiB, so written in the {plan.metadata_scope} only")
         )
-    for name in plan.oversized:
-        console.print(
-            Text(
-                f"! oversized-tensor: {name} is larger than the limit; it has a shard of its own",
-                style="yellow",
-            )
+    lines += [
+        Text(
+            f"! oversized-tensor: {name} is larger than the limit; it has a shard of its own",
+            style="yellow",
         )
+        for name in plan.oversized
+    ]
+    return lines
+
+
+def _listed(names: Sequence[str], limit: int = 6) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def _names_notes(plan: ShardPlan) -> list[Text]:
+    lines = []
     if plan.dropped:
-        pairs = ", ".join(f"{d} → {k}" for d, k in list(plan.dropped.items())[:6])
-        more = f" and {len(plan.dropped) - 6} more" if len(plan.dropped) > 6 else ""
-        console.print(Text(f"dropped (stored once, as the kept name): {pairs}{more}"))
-        console.print(
+        pairs = [f"{d} → {k}" for d, k in plan.dropped.items()]
+        lines.append(Text(f"dropped (stored once, as the kept name): {_listed(pairs)}"))
+        lines.append(
             Text(
                 f"{len(plan.dropped)} name(s) dropped: {format_size(plan.dropped_bytes)} not "
                 "written again"
@@ -150,49 +179,49 @@ def rewrite(result: RewriteResult) -> None:
         )
     if plan.renamed:
         old_name, new_name = next(iter(plan.renamed.items()))
-        console.print(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))
+        lines.append(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))
     if plan.excluded:
-        console.print(
-            Text(
-                f"excluded {len(plan.excluded)} tensor(s): "
-                + ", ".join(plan.excluded[:6])
-                + (" ..." if len(plan.excluded) > 6 else "")
-            )
-        )
+        shown = ", ".join(plan.excluded[:6]) + (" ..." if len(plan.excluded) > 6 else "")
+        lines.append(Text(f"excluded {len(plan.excluded)} tensor(s): {shown}"))
+    return lines
+
+
+def _files_notes(plan: ShardPlan) -> list[Text]:
+    lines = []
     if plan.copied_files:
-        console.print(Text("copied: " + ", ".join(plan.copied_files)))
+        lines.append(Text("copied: " + ", ".join(plan.copied_files)))
     reasons: dict[str, list[str]] = {}
     for name in plan.left_out:
         reason = plan.left_out_reasons.get(name, "other weight file")
         reasons.setdefault(_LEFT_OUT.get(reason, reason), []).append(name)
     for reason, names in reasons.items():
-        console.print(Text(f"left out ({reason}): " + ", ".join(names), style="yellow"))
-    if result.written is None:
-        console.print(Text("dry run: nothing was written", style="bold"))
-        return
-    written = result.written
+        lines.append(Text(f"left out ({reason}): " + ", ".join(names), style="yellow"))
+    return lines
+
+
+def _written_notes(written: WriteResult) -> list[Text]:
     checked = (
         "every tensor verified against its source"
         if written.verified
         else "not verified (--no-verify)"
     )
-    console.print(
+    lines = [
         Text(
             f"wrote {written.path}: {len(written.files)} file(s), {written.bytes:,} bytes "
             f"({format_size(written.bytes)}), {checked}",
             style="green",
         )
-    )
+    ]
     if written.replaced:
         old = [os.path.relpath(path, written.path) for path in written.replaced]
         shown = ", ".join(old) if len(old) <= 3 else f"{', '.join(old[:2])} and {len(old) - 2} more"
-        console.print(
+        lines.append(
             Text(
                 f"replaced: {written.path} (old contents: {shown}, moved aside and deleted)",
                 style="yellow",
-            ),
-            soft_wrap=True,
+            )
         )
+    return lines
 
 
 @contextlib.contextmanager

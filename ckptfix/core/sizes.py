@@ -7,9 +7,6 @@ from decimal import Decimal, InvalidOperation
 
 from ckptfix.core.errors import UsageError
 
-# The Hugging Face default shard size (`save_pretrained(max_shard_size="5GB")`).
-DEFAULT_MAX_SHARD = 5 * 10**9
-
 _UNITS: dict[str, int] = {
     "": 1,
     "B": 1,
@@ -56,3 +53,8 @@ def format_size(num_bytes: int) -> str:
         if value < 1000 or unit == "PB":
             return f"{value:.2f} {unit}"
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+# The Hugging Face default shard size (`save_pretrained(max_shard_size="5GB")`).
+DEFAULT_MAX_SHARD_TEXT = "5GB"
+DEFAULT_MAX_SHARD = parse_size(DEFAULT_MAX_SHARD_TEXT)

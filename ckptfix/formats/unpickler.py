@@ -52,6 +52,54 @@ class Inert:
         )
 
 
+class Stub(Inert):
+    """An instance of a benign class a pickle may build (by REDUCE, NEWOBJ or NEWOBJ_EX, then
+    at most one BUILD): nothing of the real class is imported or run; the arguments and the
+    state are kept as plain data for the format that asked for the stub to read."""
+
+    qualname = "stub"
+    args: tuple[object, ...]
+    kwargs: dict[str, object]
+    state: object
+    _built: bool
+
+    def __new__(cls, *args: object, **kwargs: object) -> Stub:
+        instance = super().__new__(cls)
+        instance.args = args
+        instance.kwargs = kwargs
+        instance.state = None
+        instance._built = False
+        return instance
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        pass  # __new__ kept the arguments
+
+    def __setstate__(self, state: object) -> None:
+        if self._built:
+            raise PickleRejected("mutated-object", f"pickle builds a {self.qualname} twice")
+        if not isinstance(state, dict | tuple) and state is not None:
+            raise PickleRejected(
+                "bad-pickle", f"pickle gives a {self.qualname} the state {brief(state)}"
+            )
+        self.state = state
+        self._built = True
+
+    def field(self, name: str, default: object = None) -> object:
+        """A field of the BUILD state (a dict, or a dict in a (dict, slots) pair)."""
+        state = self.state
+        if isinstance(state, tuple) and len(state) == 2:
+            state = state[0] if isinstance(state[0], dict) else state[1]
+        return state.get(name, default) if isinstance(state, dict) else default
+
+    def __repr__(self) -> str:
+        return f"<{self.qualname} stub>"
+
+
+def stub_class(qualname: str) -> type[Stub]:
+    """A fresh Stub subclass standing for `module.Class`, for an allowlist entry."""
+    return type(qualname.rsplit(".", 1)[-1], (Stub,), {"qualname": qualname})
+
+
 @dataclass(frozen=True)
 class StorageRef(Inert):
     """A storage as the pickle names it: key, dtype (None: untyped, counted in bytes), size."""
@@ -133,16 +181,12 @@ def _rebuild_v2(
     return _tensor(storage, offset, size, stride, None)
 
 
-def _rebuild_v3(
-    storage: object,
-    offset: object,
-    size: object,
-    stride: object,
-    grad: object,
-    hooks: object,
-    dtype: object,
-    *_: object,
-) -> TensorRef:
+def _rebuild_v3(*args: object) -> TensorRef:
+    """torch._utils._rebuild_tensor_v3(storage, offset, size, stride, requires_grad,
+    backward_hooks, dtype, metadata=None): the dtype is explicit (untyped storages)."""
+    if len(args) < 7:
+        raise TypeError("too few arguments")
+    storage, offset, size, stride, _, _, dtype = args[:7]
     return _tensor(storage, offset, size, stride, dtype)
 
 
@@ -175,6 +219,13 @@ def _torch_allowlist() -> dict[tuple[str, str], object]:
 
 
 TORCH_ALLOWLIST: Allowlist = _torch_allowlist()
+
+
+def extended(base: Allowlist, extra: Mapping[tuple[str, str], object]) -> Allowlist:
+    """An allowlist with more entries, as a format that reads more classes needs (each an
+    inert stub or a small builder; never the class itself)."""
+    return {**base, **extra}
+
 
 # Called by persistent_load with (key, dtype or None, element count); returns the storage.
 Resolver = Callable[[str, str | None, int], StorageRef]

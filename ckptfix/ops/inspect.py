@@ -16,16 +16,18 @@ def inspect(
     path: str | os.PathLike[str],
     *,
     max_shard: int = DEFAULT_MAX_SHARD,
-    hash: bool = False,
+    hash_values: bool = False,
     scan_values: bool = False,
     key: str = "auto",
 ) -> Report:
     """Inspect a checkpoint file or model folder without modifying it.
 
-    Tensor data is read only with `hash` (duplicate-content) or `scan_values` (non-finite).
+    Tensor data is read only with `hash_values` (duplicate-content) or `scan_values` (non-finite).
     """
     checkpoint = load(path, key=key)
-    options = checks.CheckOptions(max_shard=max_shard, hash=hash, scan_values=scan_values)
+    options = checks.CheckOptions(
+        max_shard=max_shard, hash_values=hash_values, scan_values=scan_values
+    )
     return report_of(checkpoint, checks.run(checkpoint, options))
 
 

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.ops.report import Report
-from ckptfix.plan.select import OutTensor, Selection, select
+from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
 from ckptfix.plan.shards import ShardPlan, metadata_per_shard, plan_shards
 from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
 from ckptfix.write.cast import CAST_TARGETS
@@ -214,100 +216,130 @@ def _stage_and_commit(
     return RewriteResult(source.report, plan, result)
 
 
+@dataclass(frozen=True)
+class RewriteOptions:
+    """What every rewrite takes."""
+
+    max_shard: int = DEFAULT_MAX_SHARD
+    dry_run: bool = False
+    force: bool = False  # replace an OUT that holds a checkpoint
+    replace_any: bool = False  # with force: replace an OUT that holds other files too
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
+class ConvertOptions(RewriteOptions):
+    to: str = "safetensors"  # or "torch"
+    dtype: str = "keep"  # bf16, fp16, fp32 or keep
+    key: str = "auto"  # where the tensors sit in a training checkpoint
+    strip_prefix: str | None = None  # a prefix, "auto", or None
+    exclude: tuple[str, ...] = ()  # globs of tensor names to leave out
+    keep: str = "first"  # which alias name to keep: first, last or a regex
+    clone: bool = False  # write every alias as its own copy
+    verify: bool = True
+
+
+@dataclass(frozen=True)
+class DedupeOptions(RewriteOptions):
+    by_content: bool = False
+    clone: bool = False
+    keep: str = "first"
+
+
+@dataclass(frozen=True)
+class ReshardOptions(RewriteOptions):
+    in_place: bool = False
+
+
+@contextmanager
+def _opened(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None,
+    options: RewriteOptions,
+    *,
+    in_place: bool = False,
+    **open_options: Any,
+) -> Iterator[tuple[RewriteSource, Claim]]:
+    """Claim the output, then load and check the source once; release both at the end."""
+    source = os.fspath(src)
+    with _claim(
+        source,
+        out,
+        force=options.force,
+        replace_any=options.replace_any,
+        in_place=in_place,
+        dry_run=options.dry_run,
+    ) as claim:
+        opened = open_checkpoint(source, max_shard=options.max_shard, **open_options)
+        with opened.checkpoint:
+            yield opened, claim
+
+
 def convert(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str] | None,
-    *,
-    to: str = "safetensors",
-    dtype: str = "keep",
-    key: str = "auto",
-    strip_prefix: str | None = None,
-    exclude: tuple[str, ...] | list[str] = (),
-    keep: str = "first",
-    clone: bool = False,
-    max_shard: int = DEFAULT_MAX_SHARD,
-    verify: bool = True,
-    dry_run: bool = False,
-    force: bool = False,
-    replace_any: bool = False,
-    progress: Progress | None = None,
+    options: ConvertOptions | None = None,
 ) -> RewriteResult:
     """Convert any supported checkpoint (safetensors or PyTorch) to safetensors or torch shards."""
-    if to not in ("safetensors", "torch"):
-        raise UsageError("--to", f"unknown format {to!r}", "use safetensors or torch")
-    if dtype != "keep" and dtype not in CAST_TARGETS:
-        raise UsageError("--dtype", f"unknown dtype {dtype!r}", "use bf16, fp16, fp32 or keep")
-    source = os.fspath(src)
-    with _claim(
-        source, out, force=force, replace_any=replace_any, in_place=False, dry_run=dry_run
-    ) as claim:
-        opened = open_checkpoint(
-            source, max_shard=max_shard, key=key, torch=True, prefer_torch=True
+    options = options or ConvertOptions()
+    if options.to not in ("safetensors", "torch"):
+        raise UsageError("--to", f"unknown format {options.to!r}", "use safetensors or torch")
+    if options.dtype != "keep" and options.dtype not in CAST_TARGETS:
+        raise UsageError(
+            "--dtype", f"unknown dtype {options.dtype!r}", "use bf16, fp16, fp32 or keep"
         )
-        with opened.checkpoint:
-            selection = select(
-                opened.tensors,
-                exclude=exclude,
-                strip_prefix=strip_prefix,
-                training_checkpoint=opened.training_checkpoint,
-                keep=keep,
-                clone=clone,
-                dtype=CAST_TARGETS.get(dtype),
-                sources=opened.checkpoint.source,
-            )
-            options = WriteOptions(max_shard, to, dry_run=dry_run, verify=verify, progress=progress)
-            return _write(opened, selection, claim, options)
+    with _opened(src, out, options, key=options.key, torch=True, prefer_torch=True) as (
+        opened,
+        claim,
+    ):
+        choice = SelectOptions(
+            exclude=tuple(options.exclude),
+            strip_prefix=options.strip_prefix,
+            training_checkpoint=opened.training_checkpoint,
+            keep=options.keep,
+            clone=options.clone,
+            dtype=CAST_TARGETS.get(options.dtype),
+        )
+        selection = select(opened.tensors, choice, opened.checkpoint.source)
+        write = WriteOptions(
+            options.max_shard,
+            options.to,
+            dry_run=options.dry_run,
+            verify=options.verify,
+            progress=options.progress,
+        )
+        return _write(opened, selection, claim, write)
 
 
 def dedupe(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str] | None,
-    *,
-    by_content: bool = False,
-    clone: bool = False,
-    keep: str = "first",
-    max_shard: int = DEFAULT_MAX_SHARD,
-    dry_run: bool = False,
-    force: bool = False,
-    replace_any: bool = False,
-    progress: Progress | None = None,
+    options: DedupeOptions | None = None,
 ) -> RewriteResult:
     """Write aliases once (and, with `by_content`, identical tensors once) as safetensors."""
-    source = os.fspath(src)
-    with _claim(
-        source, out, force=force, replace_any=replace_any, in_place=False, dry_run=dry_run
-    ) as claim:
-        opened = open_checkpoint(source, max_shard=max_shard, torch=True)
-        with opened.checkpoint:
-            selection = select(
-                opened.tensors,
-                keep=keep,
-                clone=clone,
-                by_content=by_content,
-                sources=opened.checkpoint.source,
-            )
-            options = WriteOptions(max_shard, dry_run=dry_run, progress=progress)
-            return _write(opened, selection, claim, options)
+    options = options or DedupeOptions()
+    with _opened(src, out, options, torch=True) as (opened, claim):
+        choice = SelectOptions(
+            keep=options.keep, clone=options.clone, by_content=options.by_content
+        )
+        selection = select(opened.tensors, choice, opened.checkpoint.source)
+        write = WriteOptions(options.max_shard, dry_run=options.dry_run, progress=options.progress)
+        return _write(opened, selection, claim, write)
 
 
 def reshard(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str] | None,
-    *,
-    max_shard: int = DEFAULT_MAX_SHARD,
-    dry_run: bool = False,
-    force: bool = False,
-    replace_any: bool = False,
-    in_place: bool = False,
-    progress: Progress | None = None,
+    options: ReshardOptions | None = None,
 ) -> RewriteResult:
     """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes."""
-    source = os.fspath(src)
-    with _claim(
-        source, out, force=force, replace_any=replace_any, in_place=in_place, dry_run=dry_run
-    ) as claim:
-        opened = open_checkpoint(source, max_shard=max_shard)
-        with opened.checkpoint:
-            selection = Selection(tuple(OutTensor.same(tensor) for tensor in opened.tensors))
-            options = WriteOptions(max_shard, in_place=in_place, dry_run=dry_run, progress=progress)
-            return _write(opened, selection, claim, options)
+    options = options or ReshardOptions()
+    with _opened(src, out, options, in_place=options.in_place) as (opened, claim):
+        selection = Selection(tuple(OutTensor.same(tensor) for tensor in opened.tensors))
+        write = WriteOptions(
+            options.max_shard,
+            in_place=options.in_place,
+            dry_run=options.dry_run,
+            progress=options.progress,
+        )
+        return _write(opened, selection, claim, write)

@@ -92,35 +92,63 @@ def _exclusion(globs: Sequence[str]) -> Callable[[str], bool]:
     return excluded
 
 
+@dataclass(frozen=True)
+class SelectOptions:
+    exclude: tuple[str, ...] = ()  # globs of names to leave out
+    strip_prefix: str | None = None  # None, "auto" or an exact prefix
+    training_checkpoint: bool = False  # `model.` counts as a wrapper prefix there
+    keep: str = "first"  # the name kept for aliases: first, last, or a regex to prefer
+    clone: bool = False  # write every alias as its own copy
+    by_content: bool = False  # merge separately stored tensors with equal bytes too
+    dtype: str | None = None  # cast floating tensors to this dtype
+
+
 def select(
     tensors: Sequence[TensorInfo],
-    *,
-    exclude: Sequence[str] = (),
-    strip_prefix: str | None = None,
-    training_checkpoint: bool = False,
-    keep: str = "first",
-    clone: bool = False,
-    by_content: bool = False,
-    dtype: str | None = None,
+    options: SelectOptions,
     sources: Callable[[str], ByteSource] | None = None,
 ) -> Selection:
-    """Decide names and dtypes. `strip_prefix` is None, "auto" or an exact prefix."""
-    check_keep(keep)
-    excluded_by = _exclusion(exclude)
+    """Decide names and dtypes; `sources` gives the bytes `by_content` compares."""
+    check_keep(options.keep)
+    excluded_by = _exclusion(options.exclude)
     excluded = tuple(t.name for t in tensors if excluded_by(t.name))
     excluded_names = set(excluded)
     kept = [t for t in tensors if t.name not in excluded_names]
-    if strip_prefix == "auto":
-        prefixes = common_wrapper_prefixes(
-            [t.name for t in kept], training_checkpoint=training_checkpoint
-        )
-    elif strip_prefix:
-        prefixes = [strip_prefix]
-    else:
-        prefixes = []
+    renamed = _renames(kept, options)
+    dropped: dict[str, str] = {}
+    if not options.clone:
+        dropped.update(_aliases(kept, options.keep, renamed))
+    if options.by_content:
+        if sources is None:
+            raise ValueError("by_content needs the sources to read tensor bytes from")
+        remaining = [t for t in kept if renamed.get(t.name, t.name) not in dropped]
+        dropped.update(_same_content(remaining, options.keep, renamed, sources))
+    out = []
+    dropped_bytes = 0
+    for tensor in kept:
+        name = renamed.get(tensor.name, tensor.name)
+        if name in dropped:
+            dropped_bytes += tensor.nbytes
+            continue
+        floating = DTYPES[tensor.dtype].is_floating
+        target = options.dtype if options.dtype and floating else tensor.dtype
+        out.append(OutTensor(name, tensor, target))
+    return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes)
+
+
+def _prefixes(names: Sequence[str], options: SelectOptions) -> list[str]:
+    if options.strip_prefix == "auto":
+        return common_wrapper_prefixes(names, training_checkpoint=options.training_checkpoint)
+    return [options.strip_prefix] if options.strip_prefix else []
+
+
+def _renames(tensors: Sequence[TensorInfo], options: SelectOptions) -> dict[str, str]:
+    """Source name -> output name for the names a stripped prefix changes; two names that
+    would become one are a usage error."""
+    prefixes = _prefixes([t.name for t in tensors], options)
     renamed: dict[str, str] = {}
     owners: dict[str, str] = {}
-    for tensor in kept:
+    for tensor in tensors:
         new = tensor.name
         for prefix in prefixes:
             if new.startswith(prefix):
@@ -134,24 +162,7 @@ def select(
         owners[new] = tensor.name
         if new != tensor.name:
             renamed[tensor.name] = new
-    dropped: dict[str, str] = {}
-    if not clone:
-        dropped.update(_aliases(kept, keep, renamed))
-    if by_content:
-        remaining = [t for t in kept if renamed.get(t.name, t.name) not in dropped]
-        if sources is None:
-            raise ValueError("by_content needs the sources to read tensor bytes from")
-        dropped.update(_same_content(remaining, keep, renamed, sources))
-    out = []
-    dropped_bytes = 0
-    for tensor in kept:
-        name = renamed.get(tensor.name, tensor.name)
-        if name in dropped:
-            dropped_bytes += tensor.nbytes
-            continue
-        target = dtype if dtype and DTYPES[tensor.dtype].is_floating else tensor.dtype
-        out.append(OutTensor(name, tensor, target))
-    return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes)
+    return renamed
 
 
 def _aliases(tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]) -> dict[str, str]:

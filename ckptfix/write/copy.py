@@ -8,6 +8,7 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from ckptfix.core.errors import SourceChangedError
 from ckptfix.io.source import ByteSource, pread_exact
@@ -49,97 +50,69 @@ def _data_segments(
         position = hole
 
 
-def copy_range(
-    src: int,
-    src_offset: int,
-    length: int,
-    dst: int,
-    dst_offset: int,
-    advance: Callable[[int], None] | None,
-    src_path: str | None = None,
-) -> None:
+@dataclass(frozen=True)
+class Transfer:
+    """One file's bytes going into another: the descriptors, the source's label for
+    errors, and who counts the bytes done."""
+
+    src: int
+    dst: int
+    label: str | None = None
+    advance: Callable[[int], None] | None = None
+
+    def done(self, count: int) -> None:
+        if self.advance is not None:
+            self.advance(count)
+
+
+def copy_range(transfer: Transfer, src_offset: int, length: int, dst_offset: int) -> None:
     """Copy bytes between files, in the kernel where it can (no user-space buffer)."""
     shift = dst_offset - src_offset
     end = src_offset + length
     done = src_offset
-    for begin, stop in _data_segments(src, src_offset, end, src_path):
-        if advance is not None and begin > done:
-            advance(begin - done)  # a hole: nothing to copy, counted as done
-        _copy_segment(src, begin, stop - begin, dst, begin + shift, advance, src_path)
+    for begin, stop in _data_segments(transfer.src, src_offset, end, transfer.label):
+        if begin > done:
+            transfer.done(begin - done)  # a hole: nothing to copy, counted as done
+        _copy_segment(transfer, begin, stop - begin, begin + shift)
         done = stop
     if end > done:  # a hole up to the end: extend the output now, so it is never short
-        if os.fstat(dst).st_size < end + shift:
-            os.ftruncate(dst, end + shift)
-        if advance is not None:
-            advance(end - done)
+        if os.fstat(transfer.dst).st_size < end + shift:
+            os.ftruncate(transfer.dst, end + shift)
+        transfer.done(end - done)
 
 
-def _copy_segment(
-    src: int,
-    src_offset: int,
-    length: int,
-    dst: int,
-    dst_offset: int,
-    advance: Callable[[int], None] | None,
-    src_path: str | None,
-) -> None:
-    use_kernel = hasattr(os, "copy_file_range")
-    buffer: bytearray | None = None
+def _copy_segment(transfer: Transfer, src_offset: int, length: int, dst_offset: int) -> None:
+    kernel = hasattr(os, "copy_file_range")
     while length:
         size = min(length, COPY_CHUNK)
-        copied = 0
-        if use_kernel:
-            try:
-                copied = os.copy_file_range(src, dst, size, src_offset, dst_offset)
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-                use_kernel = False
-        if not use_kernel:
-            if buffer is None:
-                buffer = bytearray(min(COPY_CHUNK, length))
-            view = memoryview(buffer)[: min(size, len(buffer))]
-            copied = os.preadv(src, [view], src_offset)
-            if copied:
-                write_all(dst, view[:copied].tobytes(), dst_offset)
+        copied = _kernel_copy(transfer, src_offset, size, dst_offset) if kernel else None
+        if copied is None:  # not between these files: through a buffer from now on
+            kernel = False
+            copied = _buffered_copy(transfer, src_offset, size, dst_offset)
         if copied == 0:
-            raise SourceChangedError(src_path)
-        src_offset += copied
-        dst_offset += copied
-        length -= copied
-        if advance is not None:
-            advance(copied)
+            raise SourceChangedError(transfer.label)
+        src_offset, dst_offset, length = src_offset + copied, dst_offset + copied, length - copied
+        transfer.done(copied)
+
+
+def _kernel_copy(transfer: Transfer, src_offset: int, size: int, dst_offset: int) -> int | None:
+    try:
+        return os.copy_file_range(transfer.src, transfer.dst, size, src_offset, dst_offset)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            raise
+        return None
+
+
+def _buffered_copy(transfer: Transfer, src_offset: int, size: int, dst_offset: int) -> int:
+    data = os.pread(transfer.src, size, src_offset)
+    if data:
+        write_all(transfer.dst, data, dst_offset)
+    return len(data)
 
 
 class Cancelled(Exception):
     """Verification stopped because the write was abandoned."""
-
-
-def ranges_equal(
-    src: int,
-    src_offset: int,
-    dst: int,
-    dst_offset: int,
-    length: int,
-    cancel: threading.Event | None = None,
-    src_path: str | None = None,
-) -> bool:
-    """Bitwise comparison of two byte ranges of two files, a window at a time.
-
-    Read with pread rather than mapped: on these machines it is as fast (the comparison is
-    a memcmp of two page-cache copies), holds two windows at most, and a source that
-    someone truncates during the run gives a short read (an error) instead of SIGBUS.
-    """
-    while length:
-        if cancel is not None and cancel.is_set():
-            raise Cancelled
-        size = min(length, COMPARE_CHUNK)
-        if pread_exact(src, src_offset, size, src_path) != pread_exact(dst, dst_offset, size):
-            return False
-        src_offset += size
-        dst_offset += size
-        length -= size
-    return True
 
 
 def copy_from(
@@ -154,7 +127,7 @@ def copy_from(
     reads and writes for the others."""
     fd = source.fileno()
     if fd is not None:
-        copy_range(fd, offset, length, dst, dst_offset, advance, source.label)
+        copy_range(Transfer(fd, dst, source.label, advance), offset, length, dst_offset)
         return
     while length:
         size = min(length, COPY_CHUNK)
