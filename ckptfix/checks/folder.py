@@ -7,7 +7,7 @@ import itertools
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, finding, name_list
@@ -46,86 +46,110 @@ def duplicate_name_findings(files: Iterable[FileRead]) -> list[Finding]:
     ]
 
 
-def index_findings(
-    family: Family,
-    index: ShardIndex,
-    read: Mapping[str, FileRead],
-    exists: Mapping[str, bool],
-    display: Mapping[str, str],
-) -> list[Finding]:
-    """Cross-check an index with its shards in both directions.
+@dataclass(frozen=True)
+class IndexDiff:
+    """How an index and its shards disagree, as data (what `fix` repairs from)."""
 
-    `read` maps shard names to files that were read; `exists` says whether each referenced
-    shard is on disk; `display` maps shard names to the paths shown to the user.
-    """
-    found: list[Finding] = []
+    missing_files: dict[str, list[str]]  # shard the index names but is absent -> tensors
+    missing_tensors: dict[str, list[str]]  # shard -> tensors the index maps to it, not in it
+    unlisted: dict[
+        str, list[str]
+    ]  # shard label -> tensors it holds that the index does not map to it
+    orphans: list[str]  # files of the family that the index does not reference
+    declared_total: object  # metadata.total_size as written (None when absent)
+    actual_total: int | None  # bytes of the indexed tensors (None while a shard is unreadable)
+
+
+def index_diff(
+    family: Family, index: ShardIndex, read: Mapping[str, FileRead], exists: Mapping[str, bool]
+) -> IndexDiff:
+    """Cross-check an index with its shards in both directions. `read` maps shard names to
+    the files read; `exists` says whether each referenced shard is on disk."""
     by_shard: dict[str, list[str]] = defaultdict(list)
     for name, shard in index.weight_map.items():
         by_shard[shard].append(name)
+    missing_files = {shard: names for shard, names in by_shard.items() if not exists[shard]}
+    missing_tensors: dict[str, list[str]] = {}
     for shard, names in by_shard.items():
-        if not exists[shard]:
-            found.append(
-                finding(
-                    "index-missing-file",
-                    f"index maps {len(names)} tensor(s) to {shard!r}, which does not exist "
-                    "(download the missing shard, or regenerate the index)",
-                    file=index.path,
-                    tensors=names,
-                )
-            )
-            continue
-        if shard not in read:
-            continue  # unreadable: its own finding already says why
-        held = {tensor.name for tensor in read[shard].tensors}
-        missing = [name for name in names if name not in held]
-        if missing:
-            found.append(
-                finding(
-                    "index-missing-tensor",
-                    f"index maps {len(missing)} tensor(s) such as {name_list(missing, 2)} to "
-                    f"{shard!r}, which does not hold them (regenerate the index from the shards)",
-                    file=index.path,
-                    tensors=missing,
-                )
-            )
+        if shard in read:  # an unreadable shard: its own finding already says why
+            held = {tensor.name for tensor in read[shard].tensors}
+            absent = [name for name in names if name not in held]
+            if absent:
+                missing_tensors[shard] = absent
     stored_in = Counter(tensor.name for weight in read.values() for tensor in weight.tensors)
+    unlisted = {}
     for shard, weight_file in read.items():
-        unlisted = [
+        names = [
             tensor.name
             for tensor in weight_file.tensors
             if index.weight_map.get(tensor.name) != shard and stored_in[tensor.name] == 1
         ]
-        if unlisted:
-            found.append(
-                finding(
-                    "index-unlisted-tensor",
-                    f"shard holds {len(unlisted)} tensor(s) such as {name_list(unlisted, 2)} that the "
-                    "index does not map to it, so loaders never read them (regenerate the index)",
-                    file=weight_file.label,
-                    tensors=unlisted,
-                )
-            )
-    referenced = set(by_shard)
-    for name in family.files:
-        if name not in referenced:
-            found.append(
-                finding(
-                    "orphan-file",
-                    f"weight file is not referenced by {display[index.path]}; loaders ignore it "
-                    "(delete it if stale, or regenerate the index if it belongs)",
-                    file=display[name],
-                )
-            )
-    found.extend(_total_size_findings(index, read, by_shard))
-    return found
+        if names:
+            unlisted[weight_file.label] = names
+    actual = None
+    if all(shard in read for shard in by_shard):
+        wanted = {shard: set(names) for shard, names in by_shard.items()}
+        actual = sum(
+            tensor.nbytes
+            for shard, names in wanted.items()
+            for tensor in read[shard].tensors
+            if tensor.name in names
+        )
+    orphans = [name for name in family.files if name not in by_shard]
+    declared = index.metadata.get("total_size")
+    return IndexDiff(missing_files, missing_tensors, unlisted, orphans, declared, actual)
 
 
-def _total_size_findings(
-    index: ShardIndex, read: Mapping[str, FileRead], by_shard: Mapping[str, list[str]]
+def index_findings(
+    family: Family, index: ShardIndex, diff: IndexDiff, display: Mapping[str, str]
 ) -> list[Finding]:
-    if "total_size" not in index.metadata:
+    """The findings an IndexDiff means; `display` maps names to the paths shown."""
+    found = [
+        finding(
+            "index-missing-file",
+            f"index maps {len(names)} tensor(s) to {shard!r}, which does not exist "
+            "(download the missing shard, or regenerate the index)",
+            file=index.path,
+            tensors=names,
+        )
+        for shard, names in diff.missing_files.items()
+    ]
+    found += [
+        finding(
+            "index-missing-tensor",
+            f"index maps {len(names)} tensor(s) such as {name_list(names, 2)} to "
+            f"{shard!r}, which does not hold them (regenerate the index from the shards)",
+            file=index.path,
+            tensors=names,
+        )
+        for shard, names in diff.missing_tensors.items()
+    ]
+    found += [
+        finding(
+            "index-unlisted-tensor",
+            f"shard holds {len(names)} tensor(s) such as {name_list(names, 2)} that the "
+            "index does not map to it, so loaders never read them (regenerate the index)",
+            file=label,
+            tensors=names,
+        )
+        for label, names in diff.unlisted.items()
+    ]
+    found += [
+        finding(
+            "orphan-file",
+            f"weight file is not referenced by {display[index.path]}; loaders ignore it "
+            "(delete it if stale, or regenerate the index if it belongs)",
+            file=display[name],
+        )
+        for name in diff.orphans
+    ]
+    return found + _total_size_findings(index, diff)
+
+
+def _total_size_findings(index: ShardIndex, diff: IndexDiff) -> list[Finding]:
+    declared = diff.declared_total
+    if declared is None:
         return []
-    declared: Any = index.metadata["total_size"]
     if type(declared) is not int:
         return [
             finding(
@@ -135,14 +159,9 @@ def _total_size_findings(
                 file=index.path,
             )
         ]
-    if any(shard not in read for shard in by_shard):
+    actual = diff.actual_total
+    if actual is None or declared == actual:
         return []  # cannot know the true total while a shard is missing or unreadable
-    actual = 0
-    for shard, names in by_shard.items():
-        sizes = {tensor.name: tensor.nbytes for tensor in read[shard].tensors}
-        actual += sum(sizes.get(name, 0) for name in names)
-    if declared == actual:
-        return []
     return [
         finding(
             "index-total-size",
@@ -279,7 +298,7 @@ def _index_family(checkpoint: Checkpoint, family: Family, index: ShardIndex) -> 
         record = checkpoint.record(label)
         if record is not None and record.read is not None:
             read[shard] = record.read
-    found = index_findings(family, index, read, exists, display)
+    found = index_findings(family, index, index_diff(family, index, read, exists), display)
     found += duplicate_name_findings(read.values())
     found += shard_numbering_findings(family, index.shard_names, index.path)
     return found

@@ -51,40 +51,9 @@ def _params(count: int) -> str:
 
 def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
     console = _console()
-    formats = Counter(item.format for item in result.files)
-    summary = Table.grid(padding=(0, 2))
-    summary.add_column(style="bold")
-    summary.add_column()
-    summary.add_row("Path", Text(result.path))
-    summary.add_row("Format", result.format)
-    file_kinds = ", ".join(f"{count} {fmt}" for fmt, count in sorted(formats.items()))
-    summary.add_row("Files", f"{len(result.files)} ({file_kinds})" if result.files else "0")
-    summary.add_row("Tensors", f"{result.tensor_count:,}")
-    summary.add_row("Parameters", _params(result.parameter_count))
-    summary.add_row("Bytes", f"{result.total_bytes:,} ({format_size(result.total_bytes)})")
-    dtypes = " · ".join(f"{name} {format_size(size)}" for name, size in result.dtypes.items())
-    summary.add_row("Dtypes", dtypes or "-")
-    console.print(summary)
-
+    console.print(_summary(result))
     if show_tensors and result.tensors:
-        # In a folder, name each tensor's file relative to it; for one file, no file column.
-        in_folder = result.format == "folder"
-        table = Table(title="Tensors", title_justify="left")
-        columns = ["name", "dtype", "shape", "bytes"] + (["file"] if in_folder else [])
-        for column in columns:
-            table.add_column(column, justify="right" if column == "bytes" else "left")
-        for tensor in result.tensors:
-            cells: list[Text | str] = [
-                Text(tensor.name),
-                tensor.dtype,
-                Text(str(list(tensor.shape))),
-                f"{tensor.nbytes:,}",
-            ]
-            if in_folder:
-                cells.append(Text(os.path.relpath(tensor.file, result.path)))
-            table.add_row(*cells)
-        console.print(table)
-
+        console.print(_tensor_table(result))
     for severity in (Severity.ERROR, Severity.WARNING, Severity.INFO):
         items = [item for item in result.findings if item.severity is severity]
         if not items:
@@ -99,19 +68,58 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
                 head.append(item.file, style="dim")
             console.print(head)
             console.print(Text(f"    {item.message}"), soft_wrap=True)
+    console.print(_verdict(result, fail_on))
 
+
+def _summary(result: Report) -> Table:
+    formats = Counter(item.format for item in result.files)
+    summary = Table.grid(padding=(0, 2))
+    summary.add_column(style="bold")
+    summary.add_column()
+    summary.add_row("Path", Text(result.path))
+    summary.add_row("Format", result.format)
+    file_kinds = ", ".join(f"{count} {fmt}" for fmt, count in sorted(formats.items()))
+    summary.add_row("Files", f"{len(result.files)} ({file_kinds})" if result.files else "0")
+    summary.add_row("Tensors", f"{result.tensor_count:,}")
+    summary.add_row("Parameters", _params(result.parameter_count))
+    summary.add_row("Bytes", f"{result.total_bytes:,} ({format_size(result.total_bytes)})")
+    dtypes = " · ".join(f"{name} {format_size(size)}" for name, size in result.dtypes.items())
+    summary.add_row("Dtypes", dtypes or "-")
+    return summary
+
+
+def _tensor_table(result: Report) -> Table:
+    # In a folder, name each tensor's file relative to it; for one file, no file column.
+    in_folder = result.format == "folder"
+    table = Table(title="Tensors", title_justify="left")
+    columns = ["name", "dtype", "shape", "bytes"] + (["file"] if in_folder else [])
+    for column in columns:
+        table.add_column(column, justify="right" if column == "bytes" else "left")
+    for tensor in result.tensors:
+        cells: list[Text | str] = [
+            Text(tensor.name),
+            tensor.dtype,
+            Text(str(list(tensor.shape))),
+            f"{tensor.nbytes:,}",
+        ]
+        if in_folder:
+            cells.append(Text(os.path.relpath(tensor.file, result.path)))
+        table.add_row(*cells)
+    return table
+
+
+def _verdict(result: Report, fail_on: str) -> Text:
     counts = {severity: result.count(severity) for severity in Severity}
-    code = result.exit_code(fail_on)
     verdict = Text()
     verdict.append(
         f"\n{counts[Severity.ERROR]} error(s), {counts[Severity.WARNING]} warning(s), "
         f"{counts[Severity.INFO]} info",
         style="bold",
     )
-    verdict.append(f" → exit {code} (--fail-on {fail_on})")
+    verdict.append(f" → exit {result.exit_code(fail_on)} (--fail-on {fail_on})")
     if not result.findings:
         verdict.append("  clean", style="green")
-    console.print(verdict)
+    return verdict
 
 
 def rewrite(result: RewriteResult) -> None:
