@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 class _Group(TyperGroup):
-    """Runs a command and maps every failure to one stderr line and an exit code (SPEC §4)."""
+    """Runs a command and maps every failure to one stderr line and an exit code (README, "Exit codes")."""
 
     def main(  # type: ignore[override]
         self,

@@ -1,4 +1,4 @@
-"""Findings: what inspect reports, with one fixed severity per code (SPEC §3)."""
+"""Findings: what inspect reports, with one fixed severity per code (README, "Findings")."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ CODES: dict[str, Severity] = {
     "duplicate-content": Severity.WARNING,
     "non-finite": Severity.WARNING,
     "tied-config-mismatch": Severity.WARNING,
-    # Beyond SPEC §3's table: shard file names whose N-of-M numbering is inconsistent or
+    # Beyond the first table of codes: shard file names whose N-of-M numbering is inconsistent or
     # that have no index, a folder with no weight file at all, and tensors with an empty name (SECURITY.md: warn on them).
     "no-weights": Severity.ERROR,
     "shard-numbering": Severity.WARNING,

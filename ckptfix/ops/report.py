@@ -1,4 +1,4 @@
-"""The inspect report: what was read, what was found; serialises to SPEC §4 JSON."""
+"""The inspect report: what was read, what was found; serialises to the JSON README documents ("JSON output")."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ class Report:
         return sum(1 for item in self.findings if item.severity is severity)
 
     def exit_code(self, fail_on: str = "error") -> int:
-        """0 when no finding is at or above `fail_on`, else 1 (SPEC §4)."""
+        """0 when no finding is at or above `fail_on`, else 1 (README, "Exit codes")."""
         if fail_on == "never":
             return 0
         threshold = Severity(fail_on).rank
