@@ -18,9 +18,8 @@ import pytest
 
 from ckptfix.core.errors import SourceChangedError
 from tests.attacks import STORAGE, _tensor
-from tests.conftest import Factory, Spec
+from tests.builders import Emit, Factory, Spec, legacy_checkpoint, state_dict_pickle, zip_checkpoint
 from tests.helpers import cli, measured
-from tests.torch_files import Emit, legacy_checkpoint, state_dict_pickle, zip_checkpoint
 
 MB = 2**20
 

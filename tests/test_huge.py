@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ckptfix
-from tests.conftest import Factory
+from tests.builders import Factory
 from tests.helpers import cli
 
 

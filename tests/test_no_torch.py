@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.conftest import Factory, Spec
+from tests.builders import Factory, Spec
 
 PROBE = """
 import sys, ckptfix

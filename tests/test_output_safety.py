@@ -22,12 +22,11 @@ import pytest
 
 from ckptfix.core.errors import WriteError
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.safetensors import read_header
 from ckptfix.ops.rewrite import reshard
 from ckptfix.plan.select import select
 from ckptfix.write import staging
-from tests.conftest import Factory, Spec
-from tests.helpers import cli, tree_snapshot
+from tests.builders import Factory, Spec
+from tests.helpers import cli, flat, tensor_names, tree_snapshot
 
 COMMANDS = ["reshard", "convert", "dedupe"]
 
@@ -43,19 +42,8 @@ def names(folder: Path) -> list[str]:
     return sorted(entry.name for entry in folder.iterdir())
 
 
-def tensor_names(folder: Path) -> list[str]:
-    return [
-        t.name for file in sorted(folder.glob("*.safetensors")) for t in read_header(file).tensors
-    ]
-
-
 def leftovers(*folders: Path) -> list[Path]:
     return [path for folder in folders for path in folder.glob(".ckptfix-*")]
-
-
-def flat(text: str) -> str:
-    """Human output with rich's line wrapping undone."""
-    return " ".join(text.split())
 
 
 def before_commit(monkeypatch: pytest.MonkeyPatch, action: Callable[[], object]) -> None:
