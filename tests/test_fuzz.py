@@ -16,6 +16,7 @@ import struct
 import zipfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -174,6 +175,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow  # about a second: 300 recursive JSON documents
 @FUZZ
 @given(
     st.dictionaries(st.text(max_size=6), json_values, max_size=6),

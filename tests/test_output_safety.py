@@ -546,6 +546,7 @@ runpy.run_module("ckptfix", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
 def test_a_signal_after_the_commit_is_not_an_interruption(
     model: Path, tmp_path: Path, name: str
@@ -607,6 +608,7 @@ def _before_our_handler(code: int, stderr: str) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_start_up_is_quiet(factory: Factory) -> None:
     path = factory.safetensors("ok.safetensors")
     command = [sys.executable, "-m", "ckptfix", "inspect", str(path)]
@@ -709,6 +711,7 @@ def spin(condition, signals):
 """
 
 
+@pytest.mark.slow
 def test_signals_never_leave_a_condition_taken() -> None:
     """The hang itself: the main thread takes and releases a Condition (as a thread pool's
     Futures do) while another thread interrupts it, 200 times; every time another thread
