@@ -178,3 +178,33 @@ def load_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
 def flat(text: str) -> str:
     """Human output with rich's line wrapping undone."""
     return " ".join(text.split())
+
+
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+UPDATE_SNAPSHOTS = "CKPTFIX_UPDATE_SNAPSHOTS"
+
+
+def assert_snapshot(name: str, actual: str, folder: Path = SNAPSHOTS) -> None:
+    """`actual` must equal the stored snapshot `folder/name` byte for byte; a difference
+    fails with a diff. With CKPTFIX_UPDATE_SNAPSHOTS=1 the snapshot is (re)written
+    instead: review `git diff tests/snapshots` before committing it."""
+    import difflib
+
+    path = folder / name
+    data = actual.encode("utf-8")
+    if os.environ.get(UPDATE_SNAPSHOTS) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    assert path.exists(), f"no snapshot {path} yet: run with {UPDATE_SNAPSHOTS}=1 to write it"
+    expected = path.read_bytes()
+    if data != expected:
+        diff = difflib.unified_diff(
+            expected.decode("utf-8", "replace").splitlines(keepends=True),
+            actual.splitlines(keepends=True),
+            f"{path} (stored)",
+            "actual output",
+        )
+        raise AssertionError(
+            f"output differs from {path} (if the change is intended, rerun with "
+            f"{UPDATE_SNAPSHOTS}=1 and commit the new snapshot):\n{''.join(diff)}"
+        )
