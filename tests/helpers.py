@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Run:
+    """One CLI run: its exit code, and stdout and stderr kept apart."""
+
     code: int
     stdout: str
     stderr: str
@@ -35,6 +37,7 @@ class Run:
 
 
 def cli(*args: str | os.PathLike[str]) -> Run:
+    """`ckptfix ARGS` in this process; an exception escaping the CLI fails the test."""
     result = CliRunner().invoke(
         app, [os.fspath(arg) for arg in args], catch_exceptions=False, prog_name="ckptfix"
     )
