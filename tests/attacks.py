@@ -9,9 +9,8 @@ import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.builders import Emit, Factory, zip_checkpoint
 from tests.cases import Case
-from tests.conftest import Factory
-from tests.torch_files import Emit, zip_checkpoint
 
 STORAGE = {"0": bytes(24)}  # six float32 zeros, the storage every tensor below views
 

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import json
-import os
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.conftest import Factory
+from tests.builders import (
+    HOSTILE_FORMS,
+    Factory,
+    Payload,
+    hostile_checkpoint,
+    hostile_pickles,
+    state_dict_pickle,
+    zip_checkpoint,
+)
 
 F32x2 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
 
@@ -344,14 +351,9 @@ INDEX_CASES = [
 
 
 def _pickle_case(form: str, container: str) -> Callable[[Factory], Path]:
-    from tests.torch_files import hostile_pickles, legacy_checkpoint, zip_checkpoint
-
     def build(f: Factory) -> Path:
         payload = hostile_pickles(f.root / "CANARY")[form]
-        path = f.path(f"{form}.bin")
-        if container == "zip":
-            return zip_checkpoint(path, payload)
-        return legacy_checkpoint(path, payload, [], [])
+        return hostile_checkpoint(f.path(f"{form}.bin"), payload, container)
 
     return build
 
@@ -359,22 +361,14 @@ def _pickle_case(form: str, container: str) -> Callable[[Factory], Path]:
 def _hidden_payload(f: Factory) -> Path:
     import torch
 
-    from tests.torch_files import canary_command
-
-    class Payload:
-        def __reduce__(self) -> tuple[object, tuple[str]]:
-            return (os.system, (canary_command(f.root / "CANARY"),))
-
     path = f.path("pytorch_model.bin")
-    torch.save({"weight": torch.ones(3), "extra": Payload()}, path)
+    torch.save({"weight": torch.ones(3), "extra": Payload(f.root / "CANARY")}, path)
     return path
 
 
 def _crafted_zip(
     tensor: tuple[int, list[int], list[int]], blob_size: int = 24, **kwargs: object
 ) -> Callable[[Factory], Path]:
-    from tests.torch_files import state_dict_pickle, zip_checkpoint
-
     def build(f: Factory) -> Path:
         offset, shape, stride = tensor
         pkl = state_dict_pickle({"w": ("0", "FloatStorage", 6, offset, shape, stride)})
@@ -437,8 +431,6 @@ def _tar(f: Factory) -> Path:
 
 
 def _zip_with_pickle(data: bytes) -> Callable[[Factory], Path]:
-    from tests.torch_files import zip_checkpoint
-
     return lambda f: zip_checkpoint(f.path("weird.pt"), data)
 
 
@@ -448,14 +440,6 @@ _BAD_PID = (
     b"ccollections\nOrderedDict\n)RtRu."
 )
 
-HOSTILE_FORMS = [
-    "global-os-system",
-    "global-posix-system",
-    "stack-global-exec",
-    "inst-os-system",
-    "obj-os-system",
-    "global-eval",
-]
 PICKLE_CASES = [
     *(
         Case(f"{form}-{container}", _pickle_case(form, container), "unsafe-pickle", "unsafe-pickle")

@@ -1,20 +1,29 @@
-"""Running the CLI in tests: exit code, stdout and stderr kept apart."""
+"""Running ckptfix in tests and reading back what it wrote: the CLI in process or in a
+fresh process, tensors as ckptfix or safetensors read them, digests and snapshots of files.
+
+torch is imported inside the helpers that need it, never at import time."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from typer.testing import CliRunner
 
 from ckptfix.cli.app import app
 
+if TYPE_CHECKING:
+    import torch
+
 
 @dataclass(frozen=True)
 class Run:
+    """One CLI run: its exit code, and stdout and stderr kept apart."""
+
     code: int
     stdout: str
     stderr: str
@@ -28,6 +37,7 @@ class Run:
 
 
 def cli(*args: str | os.PathLike[str]) -> Run:
+    """`ckptfix ARGS` in this process; an exception escaping the CLI fails the test."""
     result = CliRunner().invoke(
         app, [os.fspath(arg) for arg in args], catch_exceptions=False, prog_name="ckptfix"
     )
@@ -104,20 +114,100 @@ def read_weights(path: str | os.PathLike[str]) -> Any:
         return read_file(source)
 
 
-def read_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+def read_tensors(
+    path: Path, suffixes: tuple[str, ...] = (".safetensors", ".bin")
+) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     """name -> (dtype, shape, row-major bytes) of every tensor in a checkpoint file, or in
-    the .safetensors/.bin files of a folder, as ckptfix reads them."""
+    the files of a folder with one of `suffixes`, as ckptfix reads them. A name stored
+    twice fails: it would hide one of the tensors."""
     from ckptfix.io.gather import tensor_bytes
     from ckptfix.io.source import LocalFile
 
-    files = (
-        sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin"))
-        if path.is_dir()
-        else [path]
-    )
-    found = {}
+    files = sorted(p for p in path.iterdir() if p.suffix in suffixes) if path.is_dir() else [path]
+    found: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
     for file in files:
         with LocalFile(str(file)) as source:
             for tensor in read_weights(file).tensors:
+                assert tensor.name not in found, (tensor.name, file)
                 found[tensor.name] = (tensor.dtype, tensor.shape, tensor_bytes(source, tensor))
     return found
+
+
+def tensor_digests(path: Path) -> dict[str, str]:
+    """name -> digest of the row-major bytes, for any checkpoint file or folder: for large
+    checkpoints, where keeping every tensor's bytes would cost too much memory."""
+    return {
+        name: hashlib.blake2b(data).hexdigest() for name, (_, _, data) in read_tensors(path).items()
+    }
+
+
+def tree_digests(root: Path) -> dict[str, str]:
+    """Every file under root with a digest of its bytes: tree_snapshot for large trees."""
+    return {
+        str(p.relative_to(root)): hashlib.blake2b(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def tensor_names(folder: Path) -> list[str]:
+    """The tensor names of a folder's safetensors files, in file order and header order:
+    the order a rewrite must keep."""
+    from ckptfix.formats.safetensors import read_header
+
+    return [
+        t.name for file in sorted(folder.glob("*.safetensors")) for t in read_header(file).tensors
+    ]
+
+
+def torch_bytes(tensor: torch.Tensor) -> bytes:
+    """A torch tensor's elements as row-major bytes: what a checkpoint must store for it."""
+    import torch
+
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def load_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a folder's safetensors files, read by safetensors itself (the
+    consumer's view, independent of ckptfix's readers)."""
+    from safetensors.torch import load_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(path))
+    return tensors
+
+
+def flat(text: str) -> str:
+    """Human output with rich's line wrapping undone."""
+    return " ".join(text.split())
+
+
+SNAPSHOTS = Path(__file__).resolve().parent / "snapshots"
+UPDATE_SNAPSHOTS = "CKPTFIX_UPDATE_SNAPSHOTS"
+
+
+def assert_snapshot(name: str, actual: str, folder: Path = SNAPSHOTS) -> None:
+    """`actual` must equal the stored snapshot `folder/name` byte for byte; a difference
+    fails with a diff. With CKPTFIX_UPDATE_SNAPSHOTS=1 the snapshot is (re)written
+    instead: review `git diff tests/snapshots` before committing it."""
+    import difflib
+
+    path = folder / name
+    data = actual.encode("utf-8")
+    if os.environ.get(UPDATE_SNAPSHOTS) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    assert path.exists(), f"no snapshot {path} yet: run with {UPDATE_SNAPSHOTS}=1 to write it"
+    expected = path.read_bytes()
+    if data != expected:
+        diff = difflib.unified_diff(
+            expected.decode("utf-8", "replace").splitlines(keepends=True),
+            actual.splitlines(keepends=True),
+            f"{path} (stored)",
+            "actual output",
+        )
+        raise AssertionError(
+            f"output differs from {path} (if the change is intended, rerun with "
+            f"{UPDATE_SNAPSHOTS}=1 and commit the new snapshot):\n{''.join(diff)}"
+        )

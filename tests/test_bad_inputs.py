@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tests.attacks import ATTACK_CASES
+from tests.builders import Factory
 from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, Case
-from tests.conftest import Factory
 from tests.helpers import cli, tree_snapshot
 
 CORPUS = SAFETENSORS_CASES + INDEX_CASES + PICKLE_CASES + ATTACK_CASES

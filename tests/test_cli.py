@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import ckptfix
-from tests.conftest import Factory, Spec
+from tests.builders import Factory, Spec
 from tests.helpers import cli
 
 TOP_KEYS = [

@@ -5,7 +5,6 @@ and valid, SRC is byte-identical, and after a clean failure no staging folder is
 from __future__ import annotations
 
 import errno
-import hashlib
 import os
 import shutil
 import signal
@@ -16,7 +15,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 
 import ckptfix
 from ckptfix.core.errors import WriteError
@@ -29,33 +27,20 @@ from ckptfix.ops.rewrite import (
     reshard,
 )
 from ckptfix.write import copy as writer
-from tests.conftest import Factory, Spec, seeded_bytes
-from tests.helpers import read_tensors
+from tests.builders import Factory, Spec, seeded_bytes
+from tests.helpers import tensor_digests, tree_digests
 
 MB = 2**20
 COMMANDS = ["reshard", "convert", "dedupe"]
 TRIALS = 20
 
 
-def tensor_digests(path: Path) -> dict[str, str]:
-    """name -> digest of the row-major bytes, for any checkpoint file or folder."""
-    return {
-        name: hashlib.blake2b(data).hexdigest() for name, (_, _, data) in read_tensors(path).items()
-    }
-
-
-def file_digests(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.blake2b(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
 @pytest.fixture(scope="module")
 def sources(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """About 100 MB each: a safetensors folder (reshard) and a torch .bin with views and a
     transposed tensor (convert, dedupe), long enough to be interrupted at many points."""
+    import torch
+
     factory = Factory(tmp_path_factory.mktemp("faults"))
     blob = seeded_bytes(8 * MB, "blob")
     shards = [
@@ -104,6 +89,7 @@ def _check_after(out: Path, expected: dict[str, str], dropped_ok: bool) -> str:
     return "complete"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 @pytest.mark.parametrize("command", COMMANDS)
 def test_signal_at_many_points(
@@ -111,7 +97,7 @@ def test_signal_at_many_points(
 ) -> None:
     source = sources[command]
     expected = tensor_digests(source)
-    source_before = file_digests(source)
+    source_before = tree_digests(source)
     start = time.perf_counter()
     assert (
         subprocess.run(
@@ -123,13 +109,16 @@ def test_signal_at_many_points(
     outcomes = []
     for trial in range(TRIALS):
         out = tmp_path / f"out{trial}"
-        process = subprocess.Popen(
-            _command(command, source, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
-        time.sleep(duration * (0.02 + 1.2 * trial / TRIALS))
-        process.send_signal(signum)
-        code = process.wait()
-        stderr = process.stderr.read().decode() if process.stderr else ""
+        with subprocess.Popen(
+            _command(command, source, out),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        ) as process:
+            time.sleep(duration * (0.02 + 1.2 * trial / TRIALS))
+            process.send_signal(signum)
+            _, stderr = process.communicate()
+            code = process.returncode
         assert "Traceback" not in stderr
         outcome = _check_after(out, expected, dropped_ok=command != "reshard")
         outcomes.append(outcome)
@@ -145,7 +134,7 @@ def test_signal_at_many_points(
         for folder in staging:  # nothing can clean up after SIGKILL; a later run may
             shutil.rmtree(folder)
         shutil.rmtree(out, ignore_errors=True)
-    assert file_digests(source) == source_before
+    assert tree_digests(source) == source_before
     assert "absent" in outcomes  # the early signals landed before the commit
 
 
@@ -210,6 +199,8 @@ def test_source_changing_during_the_run(
         victim = folder / "model-00002-of-00002.safetensors"
         source = folder
     else:
+        import torch
+
         source = tmp_path / "m.bin"
         torch.save({"a": torch.ones(64), "b": torch.zeros(64)}, source)
         victim = source
@@ -271,6 +262,8 @@ def test_real_enospc_mid_write(
     if command == "reshard":
         source = factory.sharded("m", [[Spec("a", "U8", (MB,))], [Spec("b", "U8", (3 * MB,))]])
     else:
+        import torch
+
         source = tmp_path / "m.bin"
         torch.save({"a": torch.ones(MB // 4), "t": torch.ones(1024, 768).t()}, source)
     out = tiny / "out"

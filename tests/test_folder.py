@@ -11,7 +11,7 @@ import pytest
 import ckptfix
 from ckptfix.layouts.names import parse_weight_name, scan_folder
 from ckptfix.ops.report import Report
-from tests.conftest import Factory, Spec
+from tests.builders import Factory, Spec
 from tests.helpers import cli
 
 SHARD1 = [

@@ -6,11 +6,17 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import io
 import json
 import os
+import pickletools
+import shutil
 import struct
+import zipfile
 from pathlib import Path
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -18,6 +24,8 @@ import ckptfix
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.formats.index import read_index
 from ckptfix.formats.safetensors import HeaderEntry, encode_header, read_header
+from tests.builders import zip_checkpoint
+from tests.helpers import read_weights
 
 EXAMPLES = int(os.environ.get("CKPTFIX_FUZZ_EXAMPLES", "300"))
 FUZZ = settings(
@@ -167,6 +175,7 @@ json_values = st.recursive(
 )
 
 
+@pytest.mark.slow  # about a second: 300 recursive JSON documents
 @FUZZ
 @given(
     st.dictionaries(st.text(max_size=6), json_values, max_size=6),
@@ -197,24 +206,38 @@ def test_fast_json_equals_strict_json(
 # --- pickles, and write commands on mutated inputs ------------------------------------------
 
 
-def _torch_zip_and_legacy() -> tuple[bytes, bytes]:
-    import io
-    import zipfile
+# The pickles torch itself writes are built on first use, not at import: collecting the suite
+# must not import torch. st.deferred builds the strategies over them when a test first draws.
 
+
+def _views_state() -> dict[str, object]:
     import torch
 
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    state = {"w": base, "t": base.t(), "row": base[1], "tied": base, "i": torch.arange(3)}
+    return {"w": base, "t": base.t(), "row": base[1], "tied": base, "i": torch.arange(3)}
+
+
+@functools.cache
+def data_pkl() -> bytes:
+    """data.pkl of a torch.save zip holding views, an alias and an integer tensor."""
+    import torch
+
     buffer = io.BytesIO()
-    torch.save(state, buffer)
+    torch.save(_views_state(), buffer)
     with zipfile.ZipFile(io.BytesIO(buffer.getvalue())) as archive:
-        data_pkl = archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+        return archive.read(next(n for n in archive.namelist() if n.endswith("data.pkl")))
+
+
+@functools.cache
+def legacy_file() -> bytes:
+    """The same state dict as a legacy (pre-1.6) torch.save file."""
+    import torch
+
     legacy = io.BytesIO()
-    torch.save(state, legacy, _use_new_zipfile_serialization=False)
-    return data_pkl, legacy.getvalue()
+    torch.save(_views_state(), legacy, _use_new_zipfile_serialization=False)
+    return legacy.getvalue()
 
 
-DATA_PKL, LEGACY = _torch_zip_and_legacy()
 WRITE_FUZZ = settings(
     max_examples=max(EXAMPLES // 3, 20),
     deadline=None,
@@ -224,8 +247,6 @@ WRITE_FUZZ = settings(
 
 def _write_attempt(source: Path, out: Path) -> None:
     """convert must either fail with our error and leave nothing, or write valid output."""
-    import shutil
-
     from ckptfix.core.errors import CkptfixError
     from ckptfix.ops.rewrite import convert
 
@@ -240,15 +261,12 @@ def _write_attempt(source: Path, out: Path) -> None:
 
 
 @WRITE_FUZZ
-@given(mutations(DATA_PKL))
+@given(st.deferred(lambda: mutations(data_pkl())))
 def test_mutated_pickle_in_zip(tmp_path: Path, blob: bytes) -> None:
-    from tests.torch_files import zip_checkpoint
+    from ckptfix.core.errors import CkptfixError
 
     storages = {str(key): bytes(48) for key in range(4)}
     path = zip_checkpoint(tmp_path / "m.pt", blob, storages)
-    from ckptfix.core.errors import CkptfixError
-    from tests.helpers import read_weights
-
     with contextlib.suppress(CkptfixError):
         read_weights(path)
     ckptfix.inspect(path)
@@ -256,7 +274,7 @@ def test_mutated_pickle_in_zip(tmp_path: Path, blob: bytes) -> None:
 
 
 @WRITE_FUZZ
-@given(mutations(LEGACY))
+@given(st.deferred(lambda: mutations(legacy_file())))
 def test_mutated_legacy_file(tmp_path: Path, blob: bytes) -> None:
     path = tmp_path / "legacy.pt"
     path.write_bytes(blob)
@@ -267,8 +285,6 @@ def test_mutated_legacy_file(tmp_path: Path, blob: bytes) -> None:
 @WRITE_FUZZ
 @given(mutations(VALID))
 def test_mutated_safetensors_through_reshard(tmp_path: Path, blob: bytes) -> None:
-    import shutil
-
     from ckptfix.core.errors import CkptfixError
     from ckptfix.ops.rewrite import ReshardOptions, reshard
 
@@ -288,13 +304,12 @@ def test_mutated_safetensors_through_reshard(tmp_path: Path, blob: bytes) -> Non
 # --- opcode-level pickle mutations and zip header mutations (the security review's shapes) ---
 
 
-def _op_boundaries(data: bytes) -> list[int]:
-    import pickletools
+@functools.cache
+def op_boundaries() -> list[int]:
+    """Where each opcode of data_pkl() starts."""
+    return [position for _, _, position in pickletools.genops(data_pkl())]
 
-    return [position for _, _, position in pickletools.genops(data)]
 
-
-BOUNDARIES = _op_boundaries(DATA_PKL)
 _FIELDS = ["stride", "dtype", "nbytes", "offset", "shape", "storage", "__call__", "key"]
 
 
@@ -326,11 +341,11 @@ def hostile_opcodes(draw: st.DrawFn) -> bytes:
 
 @st.composite
 def opcode_mutations(draw: st.DrawFn) -> bytes:
-    """DATA_PKL with hostile opcodes inserted at (or replacing the opcode at) opcode boundaries
-    after a valid prefix."""
-    data = bytearray(DATA_PKL)
+    """data_pkl() with hostile opcodes inserted at (or replacing the opcode at) opcode
+    boundaries after a valid prefix."""
+    data = bytearray(data_pkl())
     for _ in range(draw(st.integers(1, 3))):
-        at = draw(st.sampled_from(BOUNDARIES[1:]))
+        at = draw(st.sampled_from(op_boundaries()[1:]))
         if at >= len(data):
             continue
         ops = draw(hostile_opcodes())
@@ -344,8 +359,6 @@ def opcode_mutations(draw: st.DrawFn) -> bytes:
 @WRITE_FUZZ
 @given(opcode_mutations())
 def test_opcode_mutations_in_zip(tmp_path: Path, blob: bytes) -> None:
-    from tests.torch_files import zip_checkpoint
-
     path = zip_checkpoint(tmp_path / "m.pt", blob, {str(key): bytes(48) for key in range(4)})
     ckptfix.inspect(path)
     _write_attempt(path, tmp_path / "out")
@@ -367,9 +380,9 @@ def _zip_fields(data: bytes) -> list[tuple[int, int]]:
     return fields
 
 
-def _torch_zip() -> bytes:
-    import io
-
+@functools.cache
+def torch_zip() -> bytes:
+    """A whole torch.save zip: a matrix, its transpose and an integer tensor."""
     import torch
 
     base = torch.arange(12, dtype=torch.float32).reshape(3, 4)
@@ -378,18 +391,19 @@ def _torch_zip() -> bytes:
     return buffer.getvalue()
 
 
-TORCH_ZIP = _torch_zip()
-ZIP_FIELDS = _zip_fields(TORCH_ZIP)
-
-
 @WRITE_FUZZ
 @given(
     st.lists(
-        st.tuples(st.sampled_from(ZIP_FIELDS), st.integers(0, 2**32 - 1)), min_size=1, max_size=3
+        st.tuples(
+            st.deferred(lambda: st.sampled_from(_zip_fields(torch_zip()))),
+            st.integers(0, 2**32 - 1),
+        ),
+        min_size=1,
+        max_size=3,
     )
 )
 def test_zip_header_mutations(tmp_path: Path, edits: list[tuple[tuple[int, int], int]]) -> None:
-    data = bytearray(TORCH_ZIP)
+    data = bytearray(torch_zip())
     for (offset, width), value in edits:
         data[offset : offset + width] = (value % (1 << (8 * width))).to_bytes(width, "little")
     path = tmp_path / "m.pt"

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-from safetensors.torch import save_file
-
 from ckptfix.formats.safetensors import HeaderEntry, encode_header
 
 ENTRIES = [
@@ -28,6 +25,9 @@ def test_golden_header_bytes() -> None:
 
 def test_matches_reference_writer(tmp_path: Path) -> None:
     # One metadata key: the reference writer orders metadata keys by hash, not stably.
+    import torch
+    from safetensors.torch import save_file
+
     path = tmp_path / "ref.safetensors"
     save_file(
         {

@@ -18,9 +18,8 @@ import pytest
 
 from ckptfix.core.errors import SourceChangedError
 from tests.attacks import STORAGE, _tensor
-from tests.conftest import Factory, Spec
+from tests.builders import Emit, Factory, Spec, legacy_checkpoint, state_dict_pickle, zip_checkpoint
 from tests.helpers import cli, measured
-from tests.torch_files import Emit, legacy_checkpoint, state_dict_pickle, zip_checkpoint
 
 MB = 2**20
 
@@ -139,6 +138,7 @@ def test_opcode_walk_at_the_cap_takes_seconds(factory: Factory) -> None:
     assert "(rule pickle-too-large;" in refused.error_lines[0], refused.stderr
 
 
+@pytest.mark.slow
 def test_header_that_would_grow_past_the_limit(factory: Factory, tmp_path: Path) -> None:
     """A valid header just under 100,000,000 bytes, without "format": adding it would break
     the format's limit, so the write is refused before anything is created."""

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 import ckptfix
-from tests.conftest import Factory
+from tests.builders import Factory
 from tests.helpers import cli
+
+# Sparse files of 2 GiB and more: cheap on most file systems, not on all.
+pytestmark = pytest.mark.slow
 
 
 def test_more_than_2_31_elements_counted_exactly(factory: Factory) -> None:

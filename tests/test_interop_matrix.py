@@ -3,53 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 
-from tests.helpers import cli
+from tests.builders import tiny_gpt2, tiny_llama
+from tests.helpers import cli, torch_bytes
 
+if TYPE_CHECKING:
+    import torch
 
-def bits(tensor: torch.Tensor) -> bytes:
-    return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+# Every test here loads real transformers, huggingface_hub or accelerate models.
+pytestmark = pytest.mark.slow
 
 
 def tiny_models() -> dict[str, torch.nn.Module]:
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    llama = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=96,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            tie_word_embeddings=False,
-            bos_token_id=0,
-            eos_token_id=1,
-        )
-    )
-    gpt2 = GPT2LMHeadModel(
-        GPT2Config(
-            n_layer=2,
-            n_head=2,
-            n_embd=32,
-            vocab_size=96,
-            n_positions=32,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-    )
-    return {"llama-untied": llama.eval(), "gpt2-tied": gpt2.eval()}
+    return {
+        "llama-untied": tiny_llama(bos_token_id=0, eos_token_id=1),
+        "gpt2-tied": tiny_gpt2(),
+    }
 
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[torch.nn.Module, Path]]:
     """Each model saved with torch.save(state_dict()), then `ckptfix convert`ed (sharded)."""
+    import torch
+
     result = {}
     for name, model in tiny_models().items():
         root = tmp_path_factory.mktemp(name)
@@ -66,6 +46,8 @@ def converted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[torch
 
 @pytest.mark.parametrize("name", ["llama-untied", "gpt2-tied"])
 def test_safetensors_load_file_and_safe_open(converted: dict, name: str) -> None:
+    from safetensors.torch import load_file
+
     model, out = converted[name]
     state = model.state_dict()
     loaded: dict[str, torch.Tensor] = {}
@@ -73,20 +55,21 @@ def test_safetensors_load_file_and_safe_open(converted: dict, name: str) -> None
         loaded.update(load_file(shard))
         with safe_open(str(shard), "pt") as handle:
             for key in handle.keys():  # noqa: SIM118 - a safe_open handle, not a dict
-                assert bits(handle.get_tensor(key)) == bits(state[key])
+                assert torch_bytes(handle.get_tensor(key)) == torch_bytes(state[key])
     for key, tensor in loaded.items():
-        assert bits(tensor) == bits(state[key])
+        assert torch_bytes(tensor) == torch_bytes(state[key])
 
 
 @pytest.mark.parametrize("name", ["llama-untied", "gpt2-tied"])
 def test_transformers_from_pretrained(converted: dict, name: str) -> None:
+    import torch
     from transformers import AutoModelForCausalLM
 
     model, out = converted[name]
     loaded, info = AutoModelForCausalLM.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
     for key, tensor in loaded.state_dict().items():
-        assert bits(tensor) == bits(model.state_dict()[key]), key
+        assert torch_bytes(tensor) == torch_bytes(model.state_dict()[key]), key
     tokens = torch.tensor([[2, 5, 7, 11]])
     with torch.no_grad():
         assert torch.equal(loaded.eval()(tokens).logits, model(tokens).logits)
@@ -102,7 +85,7 @@ def test_huggingface_hub_load_torch_model(converted: dict, name: str) -> None:
     if name == "gpt2-tied":
         fresh.tie_weights()  # the dropped alias is restored by tying, as transformers does
     for key, tensor in fresh.state_dict().items():
-        assert bits(tensor) == bits(model.state_dict()[key]), key
+        assert torch_bytes(tensor) == torch_bytes(model.state_dict()[key]), key
 
 
 @pytest.mark.parametrize("name", ["llama-untied", "gpt2-tied"])
@@ -115,10 +98,12 @@ def test_accelerate_load_checkpoint_in_model(converted: dict, name: str) -> None
     if name == "gpt2-tied":
         fresh.tie_weights()
     for key, tensor in fresh.state_dict().items():
-        assert bits(tensor) == bits(model.state_dict()[key]), key
+        assert torch_bytes(tensor) == torch_bytes(model.state_dict()[key]), key
 
 
 def test_torch_output_loads_weights_only(converted: dict, tmp_path: Path) -> None:
+    import torch
+
     model, out = converted["llama-untied"]
     torch_out = tmp_path / "torch"
     assert cli("convert", out, "-o", torch_out, "--to", "torch", "--max-shard", "30KB").code == 0
@@ -127,4 +112,4 @@ def test_torch_output_loads_weights_only(converted: dict, tmp_path: Path) -> Non
         loaded.update(torch.load(shard, weights_only=True))
     assert loaded.keys() == model.state_dict().keys()
     for key, tensor in loaded.items():
-        assert bits(tensor) == bits(model.state_dict()[key])
+        assert torch_bytes(tensor) == torch_bytes(model.state_dict()[key])

@@ -7,8 +7,8 @@ import pytest
 import ckptfix
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.formats.safetensors import read_header
+from tests.builders import Factory
 from tests.cases import INDEX_CASES, SAFETENSORS_CASES, Case
-from tests.conftest import Factory
 from tests.helpers import cli, tree_snapshot
 
 

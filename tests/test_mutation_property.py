@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import cli, read_tensors
+from tests.helpers import cli, read_tensors, torch_bytes
 
 EXAMPLES = max(int(os.environ.get("CKPTFIX_FUZZ_EXAMPLES", "300")) // 5, 40)
 PROPERTY = settings(
@@ -113,7 +113,7 @@ def _torch_view(path: Path) -> dict[str, tuple[tuple[int, ...], bytes]] | None:
     if not isinstance(state, dict):
         return None
     return {
-        str(name): (tuple(value.shape), value.contiguous().view(torch.uint8).numpy().tobytes())
+        str(name): (tuple(value.shape), torch_bytes(value))
         for name, value in state.items()
         if isinstance(value, torch.Tensor)
     }

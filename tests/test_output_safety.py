@@ -23,12 +23,11 @@ import pytest
 from ckptfix.core import signals as core_signals
 from ckptfix.core.errors import WriteError
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.safetensors import read_header
 from ckptfix.ops.rewrite import ReshardOptions, reshard
 from ckptfix.plan.select import SelectOptions, select
 from ckptfix.write import staging
-from tests.conftest import Factory, Spec
-from tests.helpers import cli, tree_snapshot
+from tests.builders import Factory, Spec
+from tests.helpers import cli, flat, tensor_names, tree_snapshot
 
 COMMANDS = ["reshard", "convert", "dedupe"]
 
@@ -44,19 +43,8 @@ def names(folder: Path) -> list[str]:
     return sorted(entry.name for entry in folder.iterdir())
 
 
-def tensor_names(folder: Path) -> list[str]:
-    return [
-        t.name for file in sorted(folder.glob("*.safetensors")) for t in read_header(file).tensors
-    ]
-
-
 def leftovers(*folders: Path) -> list[Path]:
     return [path for folder in folders for path in folder.glob(".ckptfix-*")]
-
-
-def flat(text: str) -> str:
-    """Human output with rich's line wrapping undone."""
-    return " ".join(text.split())
 
 
 def before_commit(monkeypatch: pytest.MonkeyPatch, action: Callable[[], object]) -> None:
@@ -559,6 +547,7 @@ runpy.run_module("ckptfix", run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["SIGINT", "SIGTERM"])
 def test_a_signal_after_the_commit_is_not_an_interruption(
     model: Path, tmp_path: Path, name: str
@@ -620,6 +609,7 @@ def _before_our_handler(code: int, stderr: str) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_start_up_is_quiet(factory: Factory) -> None:
     path = factory.safetensors("ok.safetensors")
     command = [sys.executable, "-m", "ckptfix", "inspect", str(path)]
@@ -722,6 +712,7 @@ def spin(condition, signals):
 """
 
 
+@pytest.mark.slow
 def test_signals_never_leave_a_condition_taken() -> None:
     """The hang itself: the main thread takes and releases a Condition (as a thread pool's
     Futures do) while another thread interrupts it, 200 times; every time another thread

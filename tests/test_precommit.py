@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from ckptfix.precommit import main
-from tests.conftest import Factory
+from tests.builders import Factory
 
 
 def test_hook_definition_points_at_the_entry_point() -> None:

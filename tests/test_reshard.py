@@ -5,55 +5,42 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 import ckptfix
 from ckptfix.core.sizes import parse_size
 from ckptfix.formats.safetensors import read_header
 from ckptfix.ops.rewrite import ReshardOptions, reshard
-from tests.conftest import Factory
-from tests.helpers import cli, tree_snapshot
-from tests.test_interop import TORCH_DTYPES, _make
+from tests.builders import Factory, Spec, every_dtype_state, random_tensor, tiny_llama
+from tests.helpers import (
+    cli,
+    load_safetensors_folder,
+    read_tensors,
+    tensor_names,
+    torch_bytes,
+    tree_snapshot,
+)
+
+if TYPE_CHECKING:
+    import torch
 
 
 def all_dtypes_state_dict() -> dict[str, torch.Tensor]:
-    tensors: dict[str, torch.Tensor] = {}
-    for index, (name, dtype) in enumerate(sorted(TORCH_DTYPES.items())):
-        tensors[f"{name}.matrix"] = _make(dtype, (17, 33), index)
-        tensors[f"{name}.scalar"] = _make(dtype, (), index + 50)
-        tensors[f"{name}.empty"] = torch.empty((0, 3), dtype=dtype)
-    return tensors
+    return every_dtype_state((17, 33), scalar_seed=50, empty=(0, 3))
 
 
-def tensor_bytes(tensor: torch.Tensor) -> bytes:
-    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def raw_tensors(path: Path | str) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
-    """name -> (dtype, shape, raw bytes) for a file or a folder of shards, read by offsets."""
-    root = Path(path)
-    files = sorted(root.glob("*.safetensors")) if root.is_dir() else [root]
-    found: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
-    for file in files:
-        data = file.read_bytes()
-        for tensor in read_header(file).tensors:
-            begin, end = tensor.byte_range
-            assert tensor.name not in found
-            found[tensor.name] = (tensor.dtype, tensor.shape, data[begin:end])
-    return found
-
-
-def ordered_names(folder: Path) -> list[str]:
-    files = sorted(folder.glob("*.safetensors"))
-    return [tensor.name for file in files for tensor in read_header(file).tensors]
+def raw_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """name -> (dtype, shape, raw bytes) for a file or the safetensors shards of a folder."""
+    return read_tensors(path, suffixes=(".safetensors",))
 
 
 @pytest.fixture
 def source(tmp_path: Path) -> Path:
+    from safetensors.torch import save_file
+
     path = tmp_path / "src.safetensors"
     save_file(all_dtypes_state_dict(), str(path), metadata={"format": "pt", "producer": "test"})
     return path
@@ -65,7 +52,7 @@ def test_round_trip_every_dtype(source: Path, tmp_path: Path, limit: str) -> Non
     run = cli("reshard", source, "-o", out, "--max-shard", limit, "--json")
     assert run.code == 0, run.stderr
     assert raw_tensors(out) == raw_tensors(source)
-    assert ordered_names(out) == [t.name for t in read_header(source).tensors]
+    assert tensor_names(out) == [t.name for t in read_header(source).tensors]
     document = run.json()
     shards = sorted(out.glob("*.safetensors"))
     if limit == "1GB":
@@ -100,30 +87,28 @@ def test_merge_shards_back(source: Path, tmp_path: Path) -> None:
     assert cli("reshard", sharded, "-o", merged, "--max-shard", "5GB").code == 0
     assert [p.name for p in merged.iterdir()] == ["model.safetensors"]
     assert raw_tensors(merged) == raw_tensors(source)
-    assert ordered_names(merged) == [t.name for t in read_header(source).tensors]
+    assert tensor_names(merged) == [t.name for t in read_header(source).tensors]
 
 
 def test_loads_in_safetensors(source: Path, tmp_path: Path) -> None:
-    from safetensors.torch import load_file
-
     out = tmp_path / "out"
     assert cli("reshard", source, "-o", out, "--max-shard", "4KB").code == 0
     expected = all_dtypes_state_dict()
-    loaded: dict[str, torch.Tensor] = {}
-    for shard in sorted(out.glob("*.safetensors")):
-        loaded.update(load_file(shard))
+    loaded = load_safetensors_folder(out)
     assert loaded.keys() == expected.keys()
     for name, tensor in expected.items():
         got = loaded[name]
         assert got.dtype == tensor.dtype and got.shape == tensor.shape
-        assert tensor_bytes(got) == tensor_bytes(tensor)
+        assert torch_bytes(got) == torch_bytes(tensor)
 
 
+@pytest.mark.slow
 def test_index_matches_huggingface_hub(tmp_path: Path) -> None:
     from huggingface_hub import save_torch_state_dict
+    from safetensors.torch import save_file
 
-    state = {f"layer.{i}.weight": _make(torch.bfloat16, (32, 16 + i), i) for i in range(12)}
-    state["norm"] = _make(torch.float32, (16,), 99)
+    state = {f"layer.{i}.weight": random_tensor("bfloat16", (32, 16 + i), i) for i in range(12)}
+    state["norm"] = random_tensor("float32", (16,), 99)
     source = tmp_path / "src.safetensors"
     save_file(state, str(source))
     # huggingface_hub keeps dict order; give it the file's order so both see the same order.
@@ -143,21 +128,14 @@ def test_index_matches_huggingface_hub(tmp_path: Path) -> None:
         assert raw_tensors(shard) == raw_tensors(ours / shard.name)
 
 
+@pytest.mark.slow
 def test_loads_with_huggingface_hub_and_transformers(tmp_path: Path) -> None:
+    import torch
     from huggingface_hub import load_torch_model
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    model = tiny_llama(vocab_size=128)
+    config = model.config
     saved, out = tmp_path / "saved", tmp_path / "resharded"
     model.save_pretrained(saved, max_shard_size="20KB")
     assert len(list(saved.glob("*.safetensors"))) > 1
@@ -178,6 +156,7 @@ def test_loads_with_huggingface_hub_and_transformers(tmp_path: Path) -> None:
         assert torch.equal(tensor.view(torch.uint8), original[name].view(torch.uint8)), name
 
 
+@pytest.mark.slow
 def test_huge_tensor_gets_its_own_shard_intact(factory: Factory, tmp_path: Path) -> None:
     numel = 2**31 + 8
     header_source = factory.sparse_safetensors("huge.safetensors", "U8", (numel,))
@@ -227,8 +206,6 @@ def test_dry_run_writes_nothing(source: Path, tmp_path: Path) -> None:
 
 
 def test_folder_copies_non_weight_files_and_leaves_other_families(factory: Factory) -> None:
-    from tests.conftest import Spec
-
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
     factory.config("m")
     factory.bytes("m/tokenizer.json", b"{}")
@@ -274,8 +251,6 @@ def test_empty_existing_output_is_fine(source: Path, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("where", ["same", "inside", "parent"])
 def test_refuses_output_overlapping_source(factory: Factory, where: str) -> None:
-    from tests.conftest import Spec
-
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
     out = {"same": folder, "inside": folder / "sub", "parent": factory.root}[where]
     before = tree_snapshot(factory.root)
@@ -286,8 +261,6 @@ def test_refuses_output_overlapping_source(factory: Factory, where: str) -> None
 
 
 def test_in_place(factory: Factory) -> None:
-    from tests.conftest import Spec
-
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")], [Spec("c")]])
     factory.config("m")
     factory.bytes("m/pytorch_model.bin", b"PK\x03\x04" + b"\0" * 60)
@@ -378,8 +351,6 @@ def test_progress_bar_only_on_a_terminal(source: Path, tmp_path: Path) -> None:
 
 
 def test_errors_in_other_families_do_not_block(factory: Factory) -> None:
-    from tests.conftest import Spec
-
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
     factory.lfs_pointer("m/pytorch_model.bin")
     out = factory.root / "out"

@@ -2,74 +2,42 @@
 
 from __future__ import annotations
 
-import os
 import pickle
 import subprocess
 import sys
-from collections import OrderedDict
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import ckptfix
 from ckptfix.io.gather import tensor_bytes
 from ckptfix.io.source import LocalFile
-from tests.helpers import cli, read_weights
-from tests.torch_files import (
+from tests.builders import (
+    HOSTILE_FORMS,
+    SAVED_DTYPES,
+    ZIP_ONLY_DTYPES,
     Emit,
+    Payload,
+    crafted_zip,
+    hostile_checkpoint,
     hostile_pickles,
     legacy_checkpoint,
+    random_tensor,
+    random_views_state,
     state_dict_pickle,
+    view_specs,
+    views_state_dict,
     zip_checkpoint,
 )
-
-SAVED_DTYPES = [
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float64,
-    torch.int8,
-    torch.uint8,
-    torch.int16,
-    torch.int32,
-    torch.int64,
-    torch.bool,
-    torch.complex64,
-]
-ZIP_ONLY_DTYPES = [
-    torch.uint16,
-    torch.uint32,
-    torch.uint64,
-    torch.float8_e4m3fn,
-    torch.float8_e5m2,
-    torch.float8_e4m3fnuz,
-    torch.float8_e5m2fnuz,
-]
-
-
-def raw(tensor: torch.Tensor) -> bytes:
-    return tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-
-
-def random_tensor(dtype: torch.dtype, shape: tuple[int, ...], seed: int) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    if dtype == torch.bool:  # only 0 and 1 are bools; torch normalises other bytes on copy
-        return torch.randint(0, 2, shape, generator=generator).to(torch.bool)
-    size = torch.empty((), dtype=dtype).element_size()
-    count = 1
-    for dim in shape:
-        count *= dim
-    return (
-        torch.randint(0, 256, (count * size,), generator=generator, dtype=torch.uint8)
-        .view(dtype)
-        .reshape(shape)
-    )
+from tests.helpers import cli, read_weights, torch_bytes
 
 
 def assert_matches_oracle(path: Path, legacy: bool = False) -> None:
+    """ckptfix reads the same names, shapes, contiguity and bytes as torch.load does."""
+    import torch
+
     expected = torch.load(path, weights_only=True, map_location="cpu")
     weight_file = read_weights(path)
     assert weight_file.format == ("torch-legacy" if legacy else "torch-zip")
@@ -79,47 +47,28 @@ def assert_matches_oracle(path: Path, legacy: bool = False) -> None:
             tensor = expected[info.name]
             assert info.shape == tuple(tensor.shape), info.name
             assert info.contiguous == tensor.is_contiguous(), info.name
-            assert tensor_bytes(source, info) == raw(tensor), info.name
-
-
-def views_state_dict() -> OrderedDict[str, torch.Tensor]:
-    base = random_tensor(torch.float32, (8, 6), 1)
-    qkv = random_tensor(torch.bfloat16, (12, 4), 2)
-    embed = torch.nn.Parameter(random_tensor(torch.float32, (10, 4), 3))
-    return OrderedDict(
-        embed=embed,
-        lm_head=embed,  # alias: tied weights
-        q=qkv[0:4],
-        k=qkv[4:8],
-        v=qkv[8:12],  # disjoint views of a fused buffer
-        rows=base[1:5],
-        overlap=base[3:7],  # overlapping views
-        t=base.t(),  # transposed
-        strided=base[::2, ::3],
-        expanded=random_tensor(torch.float16, (1, 5), 4).expand(3, 5),
-        scalar=torch.tensor(3.5),
-        empty=torch.empty(0, 7),
-        ints=torch.arange(10, dtype=torch.int64),
-        flags=torch.tensor([True, False, True]),
-        complex=random_tensor(torch.complex64, (3,), 5),
-    )
+            assert tensor_bytes(source, info) == torch_bytes(tensor), info.name
 
 
 @pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
 def test_views_aliases_and_strides_match_torch(tmp_path: Path, legacy: bool) -> None:
+    import torch
+
     path = tmp_path / "views.bin"
     torch.save(views_state_dict(), path, _use_new_zipfile_serialization=not legacy)
     assert_matches_oracle(path, legacy)
 
 
-@pytest.mark.parametrize("dtype", SAVED_DTYPES + ZIP_ONLY_DTYPES, ids=str)
-def test_every_dtype_matches_torch(tmp_path: Path, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype", SAVED_DTYPES + ZIP_ONLY_DTYPES)
+def test_every_dtype_matches_torch(tmp_path: Path, dtype: str) -> None:
+    import torch
+
     path = tmp_path / "d.pt"
     torch.save(
         {
             "m": random_tensor(dtype, (3, 5), 0),
             "s": random_tensor(dtype, (), 1),
-            "z": torch.empty(0, 2, dtype=dtype),
+            "z": torch.empty(0, 2, dtype=getattr(torch, dtype)),
         },
         path,
     )
@@ -132,44 +81,23 @@ def test_every_dtype_matches_torch(tmp_path: Path, dtype: torch.dtype) -> None:
         assert_matches_oracle(legacy, legacy=True)
 
 
-VIEW_KINDS = ["row", "col", "t", "alias", "step", "expand"]
-view_specs = st.lists(
-    st.tuples(st.integers(0, 2), st.sampled_from(VIEW_KINDS)), min_size=1, max_size=8
-)
-
-
-def state_from_specs(
-    bases: list[torch.Tensor], specs: list[tuple[int, str]]
-) -> dict[str, torch.Tensor]:
-    """Views and aliases of a few base tensors, as a random state dict."""
-    state: dict[str, torch.Tensor] = {}
-    for number, (which, kind) in enumerate(specs):
-        base = bases[which]
-        state[f"t{number}"] = {
-            "row": base[1:3],
-            "col": base[:, 2:5],
-            "t": base.t(),
-            "alias": base,
-            "step": base[::2, ::3],
-            "expand": base[0:1].expand(3, base.shape[1]),
-        }[kind]
-    return state
-
-
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(view_specs, st.sampled_from(SAVED_DTYPES), st.booleans())
 def test_random_views_property(
-    tmp_path: Path, specs: list[tuple[int, str]], dtype: torch.dtype, legacy: bool
+    tmp_path: Path, specs: list[tuple[int, str]], dtype: str, legacy: bool
 ) -> None:
-    bases = [random_tensor(dtype, (4 + i, 6), i) for i in range(3)]
+    import torch
+
     path = tmp_path / "random.pt"
-    torch.save(state_from_specs(bases, specs), path, _use_new_zipfile_serialization=not legacy)
+    torch.save(random_views_state(dtype, specs), path, _use_new_zipfile_serialization=not legacy)
     assert_matches_oracle(path, legacy)
 
 
 def test_inspect_reports_sharing_layouts(tmp_path: Path) -> None:
+    import torch
+
     path = tmp_path / "views.bin"
     torch.save(views_state_dict(), path)
     report = ckptfix.inspect(path)
@@ -187,6 +115,8 @@ def test_inspect_reports_sharing_layouts(tmp_path: Path) -> None:
 
 
 def test_wasted_storage(tmp_path: Path) -> None:
+    import torch
+
     big = torch.zeros(1000, 1000)
     path = tmp_path / "small-view.pt"
     torch.save({"head": big[:2]}, path)  # torch writes the whole 4 MB storage
@@ -196,6 +126,8 @@ def test_wasted_storage(tmp_path: Path) -> None:
 
 
 def test_nested_lightning_checkpoint_and_prefix(tmp_path: Path) -> None:
+    import torch
+
     weights = {"model.encoder.weight": torch.ones(4, 4), "model.head.weight": torch.ones(2, 4)}
     checkpoint = {
         "epoch": 3,
@@ -216,6 +148,8 @@ def test_nested_lightning_checkpoint_and_prefix(tmp_path: Path) -> None:
 
 
 def test_ddp_prefix_in_plain_state_dict(tmp_path: Path) -> None:
+    import torch
+
     path = tmp_path / "ddp.bin"
     torch.save({"module._orig_mod.a": torch.ones(2), "module._orig_mod.b": torch.ones(2)}, path)
     prefix = next(i for i in ckptfix.inspect(path).findings if i.code == "wrapper-prefix")
@@ -224,6 +158,8 @@ def test_ddp_prefix_in_plain_state_dict(tmp_path: Path) -> None:
 
 def test_sharded_bin_folder_gets_index_checks(tmp_path: Path) -> None:
     import json
+
+    import torch
 
     folder = tmp_path / "m"
     folder.mkdir()
@@ -250,6 +186,8 @@ def test_sharded_bin_folder_gets_index_checks(tmp_path: Path) -> None:
 
 
 def test_inspecting_a_bin_imports_no_torch(tmp_path: Path) -> None:
+    import torch
+
     path = tmp_path / "plain.bin"
     torch.save(views_state_dict(), path)
     code = (
@@ -262,27 +200,12 @@ def test_inspecting_a_bin_imports_no_torch(tmp_path: Path) -> None:
     assert done.stdout.strip() == "False"
 
 
-class _Payload:
-    def __init__(self, canary: Path) -> None:
-        self.canary = canary
-
-    def __reduce__(self) -> tuple[object, tuple[str]]:
-        return (os.system, (f"touch {self.canary}",))
-
-
-HOSTILE_IDS = list(hostile_pickles(Path("x")))
-
-
 @pytest.mark.parametrize("container", ["zip", "legacy"])
-@pytest.mark.parametrize("form", HOSTILE_IDS)
+@pytest.mark.parametrize("form", HOSTILE_FORMS)
 def test_hostile_pickles_are_never_run(tmp_path: Path, form: str, container: str) -> None:
     canary = tmp_path / "CANARY"
     payload = hostile_pickles(canary)[form]
-    path = tmp_path / "evil.bin"
-    if container == "zip":
-        zip_checkpoint(path, payload)
-    else:
-        legacy_checkpoint(path, payload, [], [])
+    path = hostile_checkpoint(tmp_path / "evil.bin", payload, container)
     out = tmp_path / "out"
     for args in (["inspect", path], ["inspect", path, "--json"]):
         run = cli(*args)
@@ -297,9 +220,11 @@ def test_hostile_pickles_are_never_run(tmp_path: Path, form: str, container: str
 
 
 def test_hostile_object_hidden_beside_real_tensors(tmp_path: Path) -> None:
+    import torch
+
     canary = tmp_path / "CANARY"
     path = tmp_path / "pytorch_model.bin"
-    torch.save({"weight": torch.ones(3), "bias": torch.zeros(3), "extra": _Payload(canary)}, path)
+    torch.save({"weight": torch.ones(3), "bias": torch.zeros(3), "extra": Payload(canary)}, path)
     report = ckptfix.inspect(path)
     assert [(i.code, i.severity.value) for i in report.findings] == [("unsafe-pickle", "error")]
     assert "posix.system ×1" in report.findings[0].message
@@ -310,27 +235,15 @@ def test_hostile_object_hidden_beside_real_tensors(tmp_path: Path) -> None:
     assert not canary.exists()
 
 
-def _tensor_zip(
-    tmp_path: Path,
-    offset: int,
-    shape: list[int],
-    stride: list[int],
-    numel: int = 6,
-    data: bytes | None = None,
-    **kwargs: object,
-) -> Path:
-    pkl = state_dict_pickle({"w": ("0", "FloatStorage", numel, offset, shape, stride)})
-    blob = data if data is not None else bytes(numel * 4)
-    return zip_checkpoint(tmp_path / "crafted.pt", pkl, {"0": blob}, **kwargs)  # type: ignore[arg-type]
-
-
 def test_crafted_file_reads_like_torch(tmp_path: Path) -> None:
+    import torch
+
     data = bytes(range(24))
-    path = _tensor_zip(tmp_path, 1, [2, 2], [1, 2], data=data)
+    path = crafted_zip(tmp_path / "crafted.pt", 1, [2, 2], [1, 2], data=data)
     expected = torch.load(path, weights_only=True)["w"]
     info = read_weights(path).tensors[0]
     with LocalFile(str(path)) as source:
-        assert tensor_bytes(source, info) == raw(expected)
+        assert tensor_bytes(source, info) == torch_bytes(expected)
 
 
 MALFORMED = {
@@ -342,7 +255,7 @@ MALFORMED = {
 
 @pytest.mark.parametrize("rule", sorted(MALFORMED))
 def test_malformed_views(tmp_path: Path, rule: str) -> None:
-    path = _tensor_zip(tmp_path, **MALFORMED[rule])  # type: ignore[arg-type]
+    path = crafted_zip(tmp_path / "crafted.pt", **MALFORMED[rule])  # type: ignore[arg-type]
     run = cli("inspect", path)
     assert run.code == 1
     assert len(run.error_lines) == 1 and f"(rule {rule};" in run.error_lines[0]
@@ -370,6 +283,8 @@ def test_zip_tricks(tmp_path: Path) -> None:
 
 
 def test_torchscript_is_refused(tmp_path: Path) -> None:
+    import torch
+
     path = tmp_path / "scripted.pt"
     torch.jit.save(torch.jit.script(torch.nn.Linear(2, 2)), path)
     run = cli("inspect", path)
@@ -381,6 +296,8 @@ def test_torchscript_is_refused(tmp_path: Path) -> None:
 
 
 def test_truncated_and_padded_legacy(tmp_path: Path) -> None:
+    import torch
+
     path = tmp_path / "legacy.pt"
     torch.save({"w": torch.ones(100)}, path, _use_new_zipfile_serialization=False)
     good = path.read_bytes()
@@ -392,13 +309,15 @@ def test_truncated_and_padded_legacy(tmp_path: Path) -> None:
 
 def test_emit_helper_builds_what_torch_reads(tmp_path: Path) -> None:
     """The hand-written pickles are the same dialect torch writes."""
+    import torch
+
     path = legacy_checkpoint(
         tmp_path / "l.pt",
-        Emit()
+        Emit(legacy_ids=True)
         .empty_dict()
         .mark()
         .string("w")
-        .tensor("k", "FloatStorage", 4, 0, [2, 2], [2, 1], legacy=True)
+        .tensor("k", "FloatStorage", 4, 0, [2, 2], [2, 1])
         .setitems()
         .stop(),
         ["k"],
@@ -413,6 +332,8 @@ def test_emit_helper_builds_what_torch_reads(tmp_path: Path) -> None:
 
 def test_legacy_pickle_claiming_a_huge_length(tmp_path: Path) -> None:
     """Found by fuzzing: an opcode claiming 7.6e18 bytes must not be allocated or read."""
+    import torch
+
     path = tmp_path / "legacy.pt"
     torch.save({"w": torch.ones(4)}, path, _use_new_zipfile_serialization=False)
     data = bytearray(path.read_bytes())

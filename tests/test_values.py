@@ -3,38 +3,37 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from safetensors.torch import save_file
 
 import ckptfix
 from ckptfix.checks.values import count_non_finite
 from ckptfix.io.source import LocalFile
-from tests.conftest import Factory, Spec
+from tests.builders import Factory, Spec, torch_dtype
 
-FLOAT_DTYPES = {
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F32": torch.float32,
-    "F64": torch.float64,
-    "F8_E5M2": torch.float8_e5m2,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
-    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
-}
+if TYPE_CHECKING:
+    import torch
+
+# The floating safetensors dtypes whose values torch can count NaN and Inf in.
+FLOAT_DTYPES = ["F16", "BF16", "F32", "F64", "F8_E5M2", "F8_E4M3", "F8_E4M3FNUZ", "F8_E5M2FNUZ"]
 
 
 def _oracle(tensor: torch.Tensor) -> tuple[int, int]:
+    import torch
+
     wide = tensor.to(torch.float64) if tensor.dtype != torch.complex64 else tensor
     return int(torch.isnan(wide).sum()), int(torch.isinf(wide).sum())
 
 
 @pytest.mark.parametrize("name", sorted(FLOAT_DTYPES))
 def test_non_finite_counts_match_torch(factory: Factory, name: str) -> None:
-    dtype = FLOAT_DTYPES[name]
+    import torch
+    from safetensors.torch import save_file
+
+    dtype = torch_dtype(name)
     # Every bit pattern of the format (for 8 and 16 bits), so each NaN and Inf encoding is seen.
     width = torch.finfo(dtype).bits
     if width == 8:
@@ -53,6 +52,9 @@ def test_non_finite_counts_match_torch(factory: Factory, name: str) -> None:
 
 
 def test_complex_non_finite(factory: Factory) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     tensor = torch.tensor(
         [1 + 1j, complex(float("nan"), 0), complex(0, float("inf"))], dtype=torch.complex64
     )
@@ -69,7 +71,10 @@ def test_complex_non_finite(factory: Factory) -> None:
 def test_non_finite_property(
     tmp_path_factory: pytest.TempPathFactory, floats: list[float], name: str
 ) -> None:
-    tensor = torch.tensor(floats, dtype=torch.float32).to(FLOAT_DTYPES[name])
+    import torch
+    from safetensors.torch import save_file
+
+    tensor = torch.tensor(floats, dtype=torch.float32).to(torch_dtype(name))
     path = tmp_path_factory.mktemp("nf") / "t.safetensors"
     save_file({"t": tensor}, str(path))
     assert count_non_finite(LocalFile(str(path)), ckptfix.inspect(path).tensors[0]) == _oracle(
@@ -78,6 +83,9 @@ def test_non_finite_property(
 
 
 def test_scan_values_finding(factory: Factory) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     path = factory.path("m.safetensors")
     save_file(
         {"good": torch.ones(4), "bad": torch.tensor([1.0, float("nan"), float("inf")])},
@@ -91,6 +99,9 @@ def test_scan_values_finding(factory: Factory) -> None:
 
 
 def test_scan_values_large_tensor_spans_chunks(factory: Factory) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     tensor = torch.zeros(5 * 2**20, dtype=torch.float32)  # 20 MiB: several read chunks
     tensor[0] = float("nan")
     tensor[-1] = float("-inf")
@@ -136,6 +147,8 @@ def test_hash_across_shards(factory: Factory) -> None:
 def test_strided_views_are_hashed_and_scanned_by_content(tmp_path: Path) -> None:
     """A view's byte range is the storage span it reads; --hash and --scan-values must use
     its elements. Two views with equal spans but different strides are not duplicates."""
+    import torch
+
     base = torch.arange(16, dtype=torch.float32).reshape(4, 4)
     other = base.clone()
     other[0, 1] = float("nan")  # inside the span, outside the column view below
