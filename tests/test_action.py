@@ -225,3 +225,22 @@ def test_a_missing_path_fails_with_exit_2(workspace: Path, tools: Path) -> None:
     run = run_action(workspace, tools, {"path": "plain.safetensors nowhere"})
     assert (run.code, run.stdout, run.outputs) == (2, "", "exit-code=2\n")
     assert run.stderr == "error: nowhere: no such file or directory (check the path)\n"
+
+
+def test_readme_workflows_use_the_action_as_defined() -> None:
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    workflows = re.findall(r"```yaml\n(# \.github/workflows/.*?)```", readme, re.S)
+    assert len(workflows) == 2
+    uses = []
+    for text in workflows:
+        steps = [step for job in yaml.safe_load(text)["jobs"].values() for step in job["steps"]]
+        ours = [step for step in steps if "/ckptfix@" in step["uses"]]
+        assert len(ours) == 1
+        assert set(ours[0]["with"]) <= set(ACTION["inputs"])
+        assert "path" in ours[0]["with"]
+        uses.append(steps)
+    sarif_steps = uses[1]
+    upload = next(step for step in sarif_steps if "upload-sarif" in step["uses"])
+    ours = next(step for step in sarif_steps if "/ckptfix@" in step["uses"])
+    assert ours["with"]["format"] == "sarif"
+    assert upload["with"]["sarif_file"] == ours["with"]["output"]
