@@ -385,3 +385,22 @@ def test_junit_control_characters_are_kept_readable(workspace: Factory) -> None:
     run = cli("inspect", "bell\x07.safetensors", "--format", "junit", "--fail-on", "warning")
     root = ET.fromstring(run.stdout.encode())
     assert [case[1] for case in cases(root)] == ["bell\\x07.safetensors"]
+
+
+def test_clean_input_in_sarif_and_junit(workspace: Factory) -> None:
+    path = workspace.safetensors("ok.safetensors")
+    run = cli("inspect", path, "--format", "sarif", "--fail-on", "info")
+    assert (run.code, run.stderr) == (0, "")
+    validate(run.json())
+    assert run.json()["runs"][0]["results"] == []
+    run = cli("inspect", path, "--format", "junit", "--fail-on", "info")
+    root = ET.fromstring(run.stdout.encode())
+    assert (root.get("tests"), root.get("failures")) == ("1", "0")
+    assert cases(root) == [("ok.safetensors", "ok.safetensors", None, None, None)]
+
+
+def test_unknown_format_name_in_the_library() -> None:
+    from ckptfix.reports import render
+
+    with pytest.raises(ValueError, match="unknown report format 'xml'"):
+        render("xml", [], root=".", fail_on="error")
