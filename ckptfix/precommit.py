@@ -1,15 +1,18 @@
 """`ckptfix-precommit FILE...`: the pre-commit hook. Inspects each staged weight file and
-prints one line per problem; exits 1 when any file has a finding at or above --fail-on."""
+prints one line per problem; exits 1 when any file has a finding at or above --fail-on.
+Inside GitHub Actions (GITHUB_ACTIONS=true) it also prints a workflow command per finding,
+as `ckptfix inspect --format github` does, so they show as annotations on the files."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.findings import Severity
 from ckptfix.ops.inspect import inspect
-from ckptfix.ops.report import FAIL_ON_LEVELS
+from ckptfix.ops.report import FAIL_ON_LEVELS, Report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,14 +20,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("files", nargs="*")
     parser.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default="error")
     args = parser.parse_args(argv)
+    annotate = os.environ.get("GITHUB_ACTIONS") == "true"
     failed = False
     for path in args.files:
         try:
             report = inspect(path)
         except CkptfixError as exc:
             print(exc.line(), file=sys.stderr)
+            if annotate:
+                _annotate_error(path, exc)
             failed = True
             continue
+        if annotate:
+            _annotate(report)
         if report.exit_code(args.fail_on) == 0:
             continue
         failed = True
@@ -36,6 +44,28 @@ def main(argv: list[str] | None = None) -> int:
                     f"{item.severity.value}: {where}: {item.code}: {item.message}", file=sys.stderr
                 )
     return 1 if failed else 0
+
+
+def _root() -> str:
+    from ckptfix.reports.locations import workspace_root
+
+    return workspace_root(os.environ, os.getcwd())
+
+
+def _annotate(report: Report) -> None:
+    from ckptfix.reports.github import render
+
+    sys.stdout.write(render([report], root=_root()).decode())
+    sys.stdout.flush()
+
+
+def _annotate_error(path: str, exc: CkptfixError) -> None:
+    from ckptfix.reports.github import command
+    from ckptfix.reports.locations import display_path
+
+    file = display_path(exc.path or path, _root())
+    title = exc.code or "ckptfix"
+    print(command("error", exc.detail(), title=title, file=file), flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -164,7 +164,7 @@ def test_fail_on_never_still_reports_errors(factory: Factory) -> None:
             ["inspect", "{ok}", "--bogus"],
             "error: No such option: --bogus (see `ckptfix inspect --help`)",
         ),
-        (["inspect"], "error: Missing argument 'PATH'. (see `ckptfix inspect --help`)"),
+        (["inspect"], "error: Missing argument 'PATH...'. (see `ckptfix inspect --help`)"),
     ],
 )
 def test_usage_errors_exit_2(factory: Factory, args: list[str], line: str) -> None:

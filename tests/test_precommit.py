@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ckptfix.ops.inspect import inspect
 from ckptfix.precommit import main
 from tests.builders import Factory
 
@@ -30,3 +31,31 @@ def test_good_and_bad_files(factory: Factory, capsys: pytest.CaptureFixture[str]
     assert len(lines) == 1 and lines[0].startswith(f"error: {bad}: lfs-pointer: file is a Git LFS")
     assert main([str(factory.root / "missing.safetensors")]) == 1
     assert "no such file or directory" in capsys.readouterr().err
+
+
+def test_annotations_inside_github_actions(
+    factory: Factory, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(factory.root)
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(factory.root))
+    factory.safetensors("good.safetensors")
+    factory.safetensors("plain.safetensors", with_format=False)
+    factory.lfs_pointer("model.safetensors")
+    staged = ["good.safetensors", "plain.safetensors", "model.safetensors", "gone.bin"]
+    monkeypatch.delenv("GITHUB_ACTIONS", raising=False)
+    assert main(staged) == 1
+    assert capsys.readouterr().out == ""  # outside GitHub Actions: as before
+    lines = {item.code: item.message for path in staged[1:3] for item in inspect(path).findings}
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    assert main(staged) == 1
+    captured = capsys.readouterr()
+    assert captured.out.splitlines() == [
+        "::warning file=plain.safetensors,title=missing-format-metadata::"
+        + lines["missing-format-metadata"],
+        f"::error file=model.safetensors,title=lfs-pointer::{lines['lfs-pointer']}",
+        "::error file=gone.bin,title=ckptfix::no such file or directory (check the path)",
+    ]
+    # the plain lines on stderr are unchanged: at or above --fail-on only
+    assert [line.split(":")[0] for line in captured.err.splitlines()] == ["error", "error"]
+    assert main(["good.safetensors"]) == 0
+    assert capsys.readouterr().out == ""

@@ -19,6 +19,7 @@ from ckptfix.core.signals import command_signals
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD_TEXT, parse_size
 
 if TYPE_CHECKING:
+    from ckptfix.ops.report import Report
     from ckptfix.ops.rewrite import RewriteResult
 
 
@@ -139,10 +140,30 @@ ReplaceAnyOption = Annotated[
 ]
 
 
+class ReportFormat(str, Enum):
+    text = "text"
+    json = "json"
+    github = "github"
+    gitlab = "gitlab"
+    sarif = "sarif"
+    junit = "junit"
+
+
 @app.command()
 def inspect(
-    path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint file or model folder.")],
-    json_output: JsonOption = False,
+    paths: Annotated[
+        list[Path],
+        typer.Argument(metavar="PATH...", help="Checkpoint files or model folders (one or more)."),
+    ],
+    json_output: Annotated[bool, typer.Option("--json", help="Short for --format json.")] = False,
+    output_format: Annotated[
+        ReportFormat | None,
+        typer.Option(
+            "--format",
+            help="text (default), json, github (workflow commands), gitlab (Code Quality), "
+            "sarif or junit.",
+        ),
+    ] = None,
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor.")] = False,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     hash_values: Annotated[
@@ -156,23 +177,62 @@ def inspect(
         typer.Option("--fail-on", help="Exit 1 on findings at or above this severity."),
     ] = FailOn.error,
 ) -> None:
-    """Report problems in a checkpoint without changing it.
+    """Report problems in checkpoints without changing them.
 
     Example: ckptfix inspect ./my-model --fail-on warning
     """
+    chosen = _report_format(json_output, output_format)
     limit = parse_size(max_shard)
-    report = ckptfix.inspect(
-        path, max_shard=limit, hash_values=hash_values, scan_values=scan_values
-    )
+    # Every PATH is read before anything is printed: a missing one is a usage error (exit 2)
+    # with nothing on stdout.
+    reports = [
+        ckptfix.inspect(path, max_shard=limit, hash_values=hash_values, scan_values=scan_values)
+        for path in paths
+    ]
+    _print_reports(reports, chosen, show_tensors=tensors, fail_on=fail_on.value)
+    for report in reports:
+        for line in report.error_lines():
+            _error_line(line)
+    raise typer.Exit(max(report.exit_code(fail_on.value) for report in reports))
+
+
+def _report_format(json_output: bool, output_format: ReportFormat | None) -> ReportFormat:
+    if json_output and output_format is not None and output_format is not ReportFormat.json:
+        raise typer.BadParameter(
+            f"--json is short for --format json; it cannot be combined with "
+            f"--format {output_format.value}",
+            param_hint="'--json'",
+        )
     if json_output:
-        _write_chunks(report.json_chunks())
-    else:
+        return ReportFormat.json
+    return output_format or ReportFormat.text
+
+
+def _print_reports(
+    reports: list[Report], chosen: ReportFormat, *, show_tensors: bool, fail_on: str
+) -> None:
+    if chosen is ReportFormat.json and len(reports) == 1:
+        _write_chunks(reports[0].json_chunks())
+    elif chosen is ReportFormat.json:
+        from ckptfix.reports.documents import json_list_chunks
+
+        _write_chunks(json_list_chunks(reports))
+    elif chosen is ReportFormat.text:
         from ckptfix.cli import render  # rich loads only for human output
 
-        render.report(report, show_tensors=tensors, fail_on=fail_on.value)
-    for line in report.error_lines():
-        _error_line(line)
-    raise typer.Exit(report.exit_code(fail_on.value))
+        if len(reports) == 1:
+            render.report(reports[0], show_tensors=show_tensors, fail_on=fail_on)
+        else:
+            render.reports(reports, show_tensors=show_tensors, fail_on=fail_on)
+    else:
+        from ckptfix.reports import render as render_for_ci
+        from ckptfix.reports.locations import workspace_root
+
+        root = workspace_root(os.environ, os.getcwd())
+        data = render_for_ci(chosen.value, reports, root=root, fail_on=fail_on)
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
 
 
 @app.command()

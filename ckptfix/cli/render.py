@@ -122,6 +122,26 @@ def _verdict(result: Report, fail_on: str) -> Text:
     return verdict
 
 
+def reports(results: list[Report], *, show_tensors: bool, fail_on: str) -> None:
+    """Several reports in turn, each under a heading, then the combined verdict."""
+    console = _console()
+    for number, result in enumerate(results, start=1):
+        if number > 1:
+            console.print()
+        console.rule(Text(f"{result.path} ({number} of {len(results)})"), align="left")
+        report(result, show_tensors=show_tensors, fail_on=fail_on)
+    counts = {severity: sum(r.count(severity) for r in results) for severity in Severity}
+    code = max(result.exit_code(fail_on) for result in results)
+    verdict = Text()
+    verdict.append(
+        f"\n{len(results)} paths: {counts[Severity.ERROR]} error(s), "
+        f"{counts[Severity.WARNING]} warning(s), {counts[Severity.INFO]} info",
+        style="bold",
+    )
+    verdict.append(f" → exit {code} (--fail-on {fail_on})")
+    console.print(verdict)
+
+
 def rewrite(result: RewriteResult) -> None:
     """The plan as a table, then what was written (or that nothing was, for --dry-run)."""
     console = _console()

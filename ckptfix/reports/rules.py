@@ -1,0 +1,138 @@
+"""What each finding code means and how to fix it: the rule texts of SARIF reports."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckptfix.core.findings import CODES, Severity
+
+
+@dataclass(frozen=True)
+class Rule:
+    code: str
+    severity: Severity
+    summary: str  # one sentence: when the finding is reported
+    help: str  # how to fix it
+
+
+# code -> (when it is reported, how to fix it); every code of CODES has an entry (tested).
+_TEXTS: dict[str, tuple[str, str]] = {
+    "corrupt-file": (
+        "A weight, index or config file cannot be parsed or breaks a validation rule.",
+        "The message names the rule broken. Re-download or re-export the file; a truncated "
+        "download is the usual cause.",
+    ),
+    "lfs-pointer": (
+        "A weight file is a Git LFS pointer, not the weights.",
+        "Run `git lfs pull` (or `git lfs fetch` + `git lfs checkout`), or download the file itself.",
+    ),
+    "unsafe-pickle": (
+        "A pickle references globals outside the allowlist of tensor-rebuilding functions.",
+        "Do not load the file with torch.load or pickle. If it comes from a trusted source, "
+        "convert it to safetensors in an isolated environment.",
+    ),
+    "index-missing-file": (
+        "The shard index maps tensors to a file that does not exist.",
+        "Download the missing shard, or regenerate the index from the shards present.",
+    ),
+    "index-missing-tensor": (
+        "The shard index maps tensors to a file that does not hold them.",
+        "Regenerate the index from the shards (`ckptfix reshard` writes a correct one).",
+    ),
+    "duplicate-name": (
+        "The same tensor name is stored in two files (or twice in one).",
+        "Keep one copy: remove the stale file or rewrite the checkpoint with `ckptfix reshard`.",
+    ),
+    "index-unlisted-tensor": (
+        "A shard holds tensors the index does not map to it, so loaders never read them.",
+        "Regenerate the index from the shards.",
+    ),
+    "index-total-size": (
+        "The index's metadata.total_size differs from the bytes the tensors take.",
+        "The index is stale: regenerate it from the shards.",
+    ),
+    "orphan-file": (
+        "A weight file of the indexed family is not referenced by the index.",
+        "Delete the file if it is stale, or regenerate the index if it belongs.",
+    ),
+    "mixed-formats": (
+        "A folder holds several weight families (for example .bin and .safetensors).",
+        "Keep one family and move the others out; loaders pick one by their own rules.",
+    ),
+    "shared-storage": (
+        "Tensors share storage: aliases (tied weights) or views of one buffer.",
+        "Write the checkpoint with `ckptfix convert` or `ckptfix dedupe`, which store each "
+        "alias once and each view as its own tensor.",
+    ),
+    "non-contiguous": (
+        "A tensor's strides are not row-major contiguous (transposed, sliced, expanded).",
+        "Convert with `ckptfix convert`, which writes every tensor contiguous.",
+    ),
+    "wasted-storage": (
+        "A pickle stores more storage bytes than its tensors use.",
+        "Convert with `ckptfix convert`, which writes only the bytes each tensor uses.",
+    ),
+    "oversized-tensor": (
+        "A tensor is larger than the shard size limit (--max-shard).",
+        "Raise the limit, or accept that the tensor gets a shard of its own.",
+    ),
+    "huge-numel": (
+        "A tensor has at least 2^31 elements or bytes, which overflows 32-bit sizes.",
+        "Make sure every consumer uses 64-bit sizes, or split the tensor.",
+    ),
+    "missing-format-metadata": (
+        'A safetensors header lacks the "format" metadata entry, which some loaders require.',
+        'Rewrite the file with `ckptfix reshard`, which adds "format": "pt".',
+    ),
+    "duplicate-content": (
+        "Separately stored tensors have identical dtype, shape and bytes (with --hash).",
+        "Store them once with `ckptfix dedupe --by-content` if they are meant to be tied.",
+    ),
+    "non-finite": (
+        "A tensor holds NaN or Inf values (with --scan-values).",
+        "Check the training run or the conversion that produced the tensor.",
+    ),
+    "tied-config-mismatch": (
+        "config.json's tie_word_embeddings disagrees with the stored keys.",
+        "Fix tie_word_embeddings in config.json, or store (or drop) lm_head.weight to match it.",
+    ),
+    "no-weights": (
+        "A folder holds no weight file and no shard index.",
+        "Check the path, or download the weights.",
+    ),
+    "shard-numbering": (
+        "Shard names numbered N-of-M disagree on M, miss parts, or have no index.",
+        "Download the missing shards, or rewrite the checkpoint with `ckptfix reshard`.",
+    ),
+    "empty-name": (
+        "A tensor has an empty name.",
+        "Rename the tensor; many loaders cannot address it.",
+    ),
+    "unsupported-format": (
+        "A file is of a kind ckptfix does not read (TorchScript, a pickle without tensors).",
+        "Export the weights as a state dict (torch.save(model.state_dict())) or safetensors.",
+    ),
+    "nested-checkpoint": (
+        "The tensors sit inside a training checkpoint with non-tensor entries.",
+        "Extract the weights with `ckptfix convert --key auto`.",
+    ),
+    "wrapper-prefix": (
+        "Every tensor name carries a wrapper prefix such as `module.`.",
+        "Remove it with `ckptfix convert --strip-prefix auto`.",
+    ),
+    "dtype-mix": (
+        "Floating-point tensors come in more than one dtype.",
+        "Check this is intended; `ckptfix convert --dtype` casts them to one.",
+    ),
+}
+
+
+def rule(code: str) -> Rule:
+    """The rule of a finding code; an unknown code gets a generic text rather than failing."""
+    summary, fix = _TEXTS.get(code, (f"ckptfix finding {code}.", "See the finding's message."))
+    return Rule(code, CODES.get(code, Severity.WARNING), summary, fix)
+
+
+def rules() -> list[Rule]:
+    """Every rule, in the order of CODES."""
+    return [rule(code) for code in CODES]
