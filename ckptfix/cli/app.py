@@ -155,6 +155,14 @@ def inspect(
         FailOn,
         typer.Option("--fail-on", help="Exit 1 on findings at or above this severity."),
     ] = FailOn.error,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            "--manifest",
+            metavar="M.json",
+            help="Check every tensor against a manifest written by `ckptfix hash --manifest`.",
+        ),
+    ] = None,
 ) -> None:
     """Report problems in a checkpoint without changing it.
 
@@ -162,7 +170,7 @@ def inspect(
     """
     limit = parse_size(max_shard)
     report = ckptfix.inspect(
-        path, max_shard=limit, hash_values=hash_values, scan_values=scan_values
+        path, max_shard=limit, hash_values=hash_values, scan_values=scan_values, manifest=manifest
     )
     if json_output:
         _write_chunks(report.json_chunks())
@@ -340,14 +348,16 @@ def _show(result: RewriteResult, json_output: bool) -> None:
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+def _progress(
+    enabled: bool, description: str = "writing"
+) -> Iterator[Callable[[int, int], None] | None]:
     """A rich progress bar (bytes, rate, ETA) on stderr, or nothing when not interactive."""
     if not enabled:
         yield None
         return
     from ckptfix.cli import render
 
-    with render.byte_progress() as advance:
+    with render.byte_progress(description) as advance:
         yield advance
 
 
@@ -373,3 +383,7 @@ def main() -> None:
     from ckptfix.cli.entry import main as run
 
     run()
+
+
+# Commands defined in their own modules register on `app` when imported.
+from ckptfix.cli import app_hash  # noqa: E402, F401
