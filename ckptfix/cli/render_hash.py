@@ -17,6 +17,10 @@ from ckptfix.ops.hash import HashResult
 LISTED = 20  # names shown per kind of difference; --json lists every one
 
 
+def _count(count: int, noun: str) -> str:
+    return f"{count:,} {noun}" + ("" if count == 1 else "s")
+
+
 def _short(digest: str) -> str:
     return f"{digest[:12]}…"
 
@@ -26,9 +30,8 @@ def hash_result(
 ) -> None:
     console = _console()
     console.print(Text(f"{result.digest}  {result.path}"), soft_wrap=True)
-    details = (
-        f"{result.algorithm} of {result.tensor_count:,} tensors, {format_size(result.total_bytes)}"
-    )
+    details = f"{result.algorithm} of {_count(result.tensor_count, 'tensor')}, "
+    details += format_size(result.total_bytes)
     if result.aliases:
         details += f"; {len(result.aliases)} name(s) from the ckptfix.dropped record"
     if manifest is not None:
@@ -45,7 +48,7 @@ def diff_result(result: DiffResult, *, fail_on: str) -> None:
     if result.identical:
         console.print(
             Text(
-                f"identical: {result.compared:,} tensors, {format_size(result.compared_bytes)} "
+                f"identical: {_count(result.compared, 'tensor')}, {format_size(result.compared_bytes)} "
                 f"({result.algorithm} {_short(result.digest or '')})",
                 style="green",
             )
@@ -53,7 +56,7 @@ def diff_result(result: DiffResult, *, fail_on: str) -> None:
         return
     for line in _stripped(result) + _difference_lines(result):
         console.print(line, soft_wrap=True)
-    console.print(Text(_summary(result, fail_on), style="bold"))
+    console.print(Text(_summary(result, fail_on), style="bold"), soft_wrap=True)
 
 
 def _stripped(result: DiffResult) -> list[Text]:

@@ -154,7 +154,9 @@ class Stats:
         count = int(np.count_nonzero(differ))
         self.differing += count
         if count and self.decode is not None:
-            self._numbers(self.decode(bits_a[differ]), self.decode(bits_b[differ]))
+            with np.errstate(invalid="ignore"):  # casting a signalling NaN raises "invalid"
+                x, y = self.decode(bits_a[differ]), self.decode(bits_b[differ])
+            self._numbers(x, y)
 
     def _numbers(self, x: np.ndarray, y: np.ndarray) -> None:
         import numpy as np

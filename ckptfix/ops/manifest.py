@@ -254,7 +254,7 @@ def _findings(
     differ: list[str],
 ) -> list[Finding]:
     found = []
-    changed = layout + differ
+    changed = _sorted(layout + differ)
     if changed:
         kinds = f"{len(differ)} in bytes, {len(layout)} in dtype or shape"
         found.append(
