@@ -7,7 +7,7 @@ import contextlib
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -15,6 +15,7 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CkptfixError, CorruptFileError, UsageError, WriteError
 from ckptfix.core.findings import Finding, finding, name_list
+from ckptfix.core.signals import current as current_signals
 from ckptfix.ops.digest import (
     ALGORITHM,
     WORKERS,
@@ -85,6 +86,31 @@ def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str]) -> 
     if not os.path.isdir(folder):
         raise UsageError(shown, "its folder does not exist", "create it first")
     data = orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n"
+    with _held():
+        _replace(shown, target, data)
+    return shown
+
+
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """SIGINT and SIGTERM wait while the manifest is written, so that the temporary file is
+    always removed; once OUT is in place, the run is not reported as interrupted."""
+    signals = current_signals()
+    if signals is None:
+        yield
+        return
+    outer = signals.writing
+    with signals.held():
+        signals.writing = True  # the console script would otherwise exit at once
+        try:
+            yield
+            signals.committed = True
+        finally:
+            signals.writing = outer
+
+
+def _replace(shown: str, target: str, data: bytes) -> None:
+    folder = os.path.dirname(target)
     temp = None
     try:
         fd, temp = tempfile.mkstemp(prefix=".ckptfix-manifest-", suffix=".tmp", dir=folder)
@@ -103,7 +129,6 @@ def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str]) -> 
         if temp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
-    return shown
 
 
 def _umask() -> int:
