@@ -299,3 +299,16 @@ def test_memory_is_bounded_whatever_the_size(factory: Factory) -> None:
         zeros.update(block)
     assert json.loads(run.stdout)["tensors"]["huge"]["content"] == zeros.hexdigest()
     assert run.peak_rss < 150 * 2**20, run.peak_rss
+
+
+def test_small_tensors_read_in_batches_hash_alike(factory: Factory, tmp_path: Path) -> None:
+    """Small tensors are hashed from shared reads of up to 1 MiB (ops.digest._Batch): many of
+    them, some just under and over the size that decides it, and views into one storage."""
+    specs = [Spec(f"t.{i}", "U8", (2**16 - 1 + i % 3,)) for i in range(40)]
+    specs += [Spec(f"s.{i}", "F16", (i % 7,)) for i in range(3000)]
+    path = factory.safetensors("many.safetensors", specs)
+    assert hash_checkpoint(path).digest == oracle.model(_spec_digests(specs))
+    storage = torch.randn(300, 100)
+    state = {f"row.{i}": storage[i] for i in range(0, 300, 7)} | {"col": storage[:, 3]}
+    torch.save(state, tmp_path / "views.pt")
+    assert hash_checkpoint(tmp_path / "views.pt").digest == oracle.digest(state)

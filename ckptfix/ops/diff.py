@@ -11,23 +11,26 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
 from ckptfix.core.errors import UsageError
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.ops.compare import PairResult, ValueDiff, compare_pair
+from ckptfix.ops.compare import PairResult, Stats, ValueDiff, compare_pair
 from ckptfix.ops.digest import (
     ALGORITHM,
     WORKERS,
     LayoutKey,
     Meter,
     Progress,
+    content_digests,
     layout_key,
     model_digest,
     name_bytes,
     run_parallel,
+    small_range,
     tensor_digest,
 )
 from ckptfix.ops.tensorset import TensorSet, opened, stripped_names
@@ -153,6 +156,11 @@ class _Side:
 
 
 def diff_tensor_sets(a: TensorSet, b: TensorSet, options: DiffOptions) -> DiffResult:
+    with paused_gc():  # several small objects per tensor: 1,000,000 tensors for some headers
+        return _diff(a, b, options)
+
+
+def _diff(a: TensorSet, b: TensorSet, options: DiffOptions) -> DiffResult:
     sides, stripped = [], {}
     for label, tensors in (("a", a), ("b", b)):
         names, prefixes = stripped_names(
@@ -206,14 +214,60 @@ def _sorted(names: set[str]) -> tuple[str, ...]:
     return tuple(sorted(names, key=name_bytes))
 
 
+Pairs = dict[tuple[LayoutKey, LayoutKey], tuple[TensorInfo, TensorInfo]]
+
+
 def _compare(
     names: Sequence[str], left: _Side, right: _Side, options: DiffOptions
 ) -> dict[str, PairResult]:
     """Compare each distinct pair of tensors once (aliases on both sides share a pair)."""
-    pairs: dict[tuple[LayoutKey, LayoutKey], tuple[TensorInfo, TensorInfo]] = {}
+    pairs: Pairs = {}
     for name in names:
         tensor_a, tensor_b = left.tensor(name), right.tensor(name)
         pairs.setdefault((layout_key(tensor_a), layout_key(tensor_b)), (tensor_a, tensor_b))
+    small = {
+        key: pair
+        for key, pair in pairs.items()
+        if small_range(pair[0]) is not None and small_range(pair[1]) is not None
+    }
+    outcome = _compare_small(small, left, right, options)
+    outcome.update(
+        _compare_each({k: v for k, v in pairs.items() if k not in outcome}, left, right, options)
+    )
+    return {
+        name: outcome[(layout_key(left.tensor(name)), layout_key(right.tensor(name)))]
+        for name in names
+    }
+
+
+def _compare_small(
+    pairs: Pairs, left: _Side, right: _Side, options: DiffOptions
+) -> dict[tuple[LayoutKey, LayoutKey], PairResult]:
+    """Small tensors by their content digests, each side hashed in batches (one read for
+    many tensors, see ops.digest); with values, differing pairs are left to _compare_each."""
+    if not pairs:
+        return {}
+    workers = options.workers
+    digests_a = content_digests(
+        [a for a, _ in pairs.values()], left.tensors.source, workers=workers
+    )
+    digests_b = content_digests(
+        [b for _, b in pairs.values()], right.tensors.source, workers=workers
+    )
+    outcome = {}
+    for key, (tensor_a, tensor_b) in pairs.items():
+        digest = digests_a[layout_key(tensor_a)]
+        if digest == digests_b[layout_key(tensor_b)]:  # same dtype and shape: same bytes
+            outcome[key] = PairResult(True, digest)
+        elif not (options.values and Stats.supports(tensor_a.dtype)):
+            outcome[key] = PairResult(False)
+    return outcome
+
+
+def _compare_each(
+    pairs: Pairs, left: _Side, right: _Side, options: DiffOptions
+) -> dict[tuple[LayoutKey, LayoutKey], PairResult]:
+    """Pairs read side by side, two at a time (ops.compare)."""
     keys = list(pairs)
     found: list[PairResult] = [PairResult(False)] * len(keys)
     meter = Meter(sum(2 * a.nbytes for a, _ in pairs.values()), options.progress)
@@ -229,8 +283,4 @@ def _compare(
         )
 
     run_parallel(len(keys), work, options.workers)
-    outcome: Mapping[tuple[LayoutKey, LayoutKey], PairResult] = dict(zip(keys, found, strict=True))
-    return {
-        name: outcome[(layout_key(left.tensor(name)), layout_key(right.tensor(name)))]
-        for name in names
-    }
+    return dict(zip(keys, found, strict=True))

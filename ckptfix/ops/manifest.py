@@ -15,6 +15,7 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CkptfixError, CorruptFileError, UsageError, WriteError
 from ckptfix.core.findings import Finding, finding, name_list
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.signals import current as current_signals
 from ckptfix.ops.digest import (
     ALGORITHM,
@@ -149,15 +150,16 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     if os.path.getsize(shown) > MAX_MANIFEST:
         raise _bad(shown, "manifest-too-large", f"the manifest is over {MAX_MANIFEST:,} bytes")
     try:
-        with open(shown, "rb") as handle:
+        with open(shown, "rb") as handle, paused_gc():
             document = orjson.loads(handle.read())
     except orjson.JSONDecodeError as exc:
         raise _bad(shown, "manifest-not-json", f"the manifest is not JSON ({exc})") from exc
     except OSError as exc:
         raise _bad(shown, "unreadable", f"cannot read the manifest: {exc.strerror}") from exc
-    entries = _entries(document, shown)
-    manifest = Manifest(shown, entries, document.get("digest"))
-    _check_digests(manifest, document)
+    with paused_gc():
+        entries = _entries(document, shown)
+        manifest = Manifest(shown, entries, document.get("digest"))
+        _check_digests(manifest, document)
     return manifest
 
 
@@ -228,6 +230,11 @@ def verified_report(
 ) -> Report:
     """The report with what checking the checkpoint against the manifest found: findings,
     and a ManifestCheck. Only tensors whose name, dtype and shape match are read."""
+    with paused_gc():
+        return _verified(checkpoint, report, manifest, workers)
+
+
+def _verified(checkpoint: Checkpoint, report: Report, manifest: Manifest, workers: int) -> Report:
     try:
         tensors = tensor_set(checkpoint, report)
     except CkptfixError as exc:
