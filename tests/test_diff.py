@@ -282,3 +282,14 @@ def test_values_report_nan_on_one_side(tmp_path: Path) -> None:
     assert run.stdout.splitlines()[1] == (
         "  w: 2 of 4 elements differ, max abs 0.5, max rel 0.333333, 1 with NaN or Inf on one side"
     )
+
+
+def test_no_names_in_common_suggests_stripping(tmp_path: Path) -> None:
+    state = {"w": torch.ones(2)}
+    torch.save({"module.w": state["w"]}, tmp_path / "ddp.bin")
+    save_file(state, str(tmp_path / "m.safetensors"))
+    run = cli("diff", tmp_path / "ddp.bin", tmp_path / "m.safetensors")
+    assert run.stdout.splitlines()[-1] == (
+        "different: 1 only in A, 1 only in B; no names in common (try --strip-prefix auto) "
+        "→ exit 1 (--fail-on any)"
+    )

@@ -312,3 +312,29 @@ def test_small_tensors_read_in_batches_hash_alike(factory: Factory, tmp_path: Pa
     state = {f"row.{i}": storage[i] for i in range(0, 300, 7)} | {"col": storage[:, 3]}
     torch.save(state, tmp_path / "views.pt")
     assert hash_checkpoint(tmp_path / "views.pt").digest == oracle.digest(state)
+
+
+def test_no_torch_and_no_numpy_unless_values(factory: Factory) -> None:
+    """hash and diff of safetensors import neither torch nor numpy; diff --values needs
+    numpy only (bf16 and fp8 are decoded from their bits)."""
+    path = factory.safetensors("m.safetensors", [Spec("a", "BF16"), Spec("b", "F8_E4M3")])
+    other = factory.safetensors(
+        "o.safetensors", [Spec("a", "BF16", data=bytes(12)), Spec("b", "F8_E4M3")]
+    )
+    probe = (
+        "import sys; from ckptfix.cli.app import main; sys.argv = ['ckptfix', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n"
+        "    print(sorted(m for m in ('torch', 'numpy') if m in sys.modules), file=sys.stderr)"
+    )
+    loaded = {}
+    for args in (["hash", path], ["diff", path, other], ["diff", path, other, "--values"]):
+        done = subprocess.run(
+            [sys.executable, "-c", probe, *map(str, args)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        loaded[
+            " ".join(a for a in map(str, args) if a.startswith("-") or a in ("hash", "diff"))
+        ] = done.stderr.strip().splitlines()[-1]
+    assert loaded == {"hash": "[]", "diff": "[]", "diff --values": "['numpy']"}

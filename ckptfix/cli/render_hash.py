@@ -112,7 +112,7 @@ def _summary(result: DiffResult, fail_on: str) -> str:
     ]
     same = result.compared - len(result.layout_changed) - len(result.bytes_changed)
     found = ", ".join(f"{count:,} {what}" for count, what in parts if count)
-    return (
-        f"different: {found}; {same:,} of {result.compared:,} common tensors identical "
-        f"→ exit {result.exit_code(fail_on)} (--fail-on {fail_on})"
-    )
+    common = f"{same:,} of {result.compared:,} common tensors identical"
+    if not result.compared and not any(result.stripped.values()):
+        common = "no names in common (try --strip-prefix auto)"
+    return f"different: {found}; {common} → exit {result.exit_code(fail_on)} (--fail-on {fail_on})"

@@ -98,6 +98,8 @@ class DiffResult:
 
     def exit_code(self, fail_on: str = "any") -> int:
         """1 when a difference at or above `fail_on` was found, else 0."""
+        if fail_on not in FAIL_ON:
+            raise UsageError("--fail-on", f"unknown level {fail_on!r}", f"use {', '.join(FAIL_ON)}")
         names = bool(self.only_in_a or self.only_in_b)
         layout = names or bool(self.layout_changed)
         failing = {"any": not self.identical, "layout": layout, "names": names, "never": False}
