@@ -32,11 +32,15 @@ def u64(*values: int) -> bytes:
     return struct.pack(f"<{len(values)}Q", *values)
 
 
+def fresh(tensor: torch.Tensor) -> torch.Tensor:
+    """A row-major copy with standard strides (.contiguous() keeps the odd stride of a size-1
+    dimension, which dtype views refuse)."""
+    return torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor.detach())
+
+
 def row_major(tensor: torch.Tensor) -> bytes:
     """The tensor's logical bytes, row-major, as torch lays them out contiguously."""
-    # A fresh 1-D tensor: .contiguous() keeps a size-1 dimension's odd stride, which view refuses.
-    flat = torch.empty(tensor.numel(), dtype=tensor.dtype).copy_(tensor.detach().reshape(-1))
-    return flat.view(torch.uint8).numpy().tobytes()
+    return fresh(tensor).reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
 def content(dtype: str, shape: tuple[int, ...], data: bytes) -> bytes:

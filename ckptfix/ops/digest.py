@@ -186,8 +186,8 @@ def small_range(tensor: TensorInfo) -> int | None:
     """The tensor's offset in its file when it is small and one plain range there (the
     one-piece case of TensorInfo.pieces, decided without building the Piece, which costs
     microseconds a tensor)."""
-    if tensor.nbytes >= SMALL or tensor.spread is not None:
-        return None
+    if not 0 < tensor.nbytes < SMALL or tensor.spread is not None:
+        return None  # an empty tensor reads nothing: its offset may lie anywhere, even past EOF
     if tensor.contiguous or tensor.strides is None:
         return tensor.byte_range[0]
     return None
