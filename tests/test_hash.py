@@ -353,3 +353,9 @@ def test_empty_tensors_read_nothing(tmp_path: Path) -> None:
         torch.save(state, path, _use_new_zipfile_serialization=not legacy)
         assert hash_checkpoint(path).digest == oracle.digest(state)
         assert cli("diff", path, path).code == 0
+
+
+def test_the_record_key_is_the_one_rewrites_write() -> None:
+    from ckptfix.ops import rewrite, tensorset
+
+    assert tensorset.DROPPED_KEY == rewrite.DROPPED_KEY

@@ -13,7 +13,7 @@ import os
 import threading
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckptfix.core.errors import UsageError
 from ckptfix.core.memory import paused_gc
@@ -28,7 +28,6 @@ from ckptfix.ops.digest import (
     content_digests,
     layout_key,
     model_digest,
-    name_bytes,
     run_parallel,
     small_range,
     tensor_digest,
@@ -174,7 +173,7 @@ def _diff(a: TensorSet, b: TensorSet, options: DiffOptions) -> DiffResult:
         sides.append(_Side(tensors, names))
         stripped[label] = prefixes
     left, right = sides
-    common = sorted(left.names.keys() & right.names.keys(), key=name_bytes)
+    common = sorted(left.names.keys() & right.names.keys())
     layout = [
         LayoutChange(name, _layout(left.tensor(name)), _layout(right.tensor(name)))
         for name in common
@@ -198,14 +197,8 @@ def _diff(a: TensorSet, b: TensorSet, options: DiffOptions) -> DiffResult:
     )
     if result.identical:
         digests = {name: tensor_digest(name, outcomes[name].content) for name in common}
-        result = _with_digest(result, model_digest(digests).hex())
+        result = replace(result, digest=model_digest(digests).hex())
     return result
-
-
-def _with_digest(result: DiffResult, digest: str) -> DiffResult:
-    from dataclasses import replace
-
-    return replace(result, digest=digest)
 
 
 def _layout(tensor: TensorInfo) -> tuple[str, tuple[int, ...]]:
@@ -213,7 +206,7 @@ def _layout(tensor: TensorInfo) -> tuple[str, tuple[int, ...]]:
 
 
 def _sorted(names: set[str]) -> tuple[str, ...]:
-    return tuple(sorted(names, key=name_bytes))
+    return tuple(sorted(names))  # code point order, which is the order of the UTF-8 bytes
 
 
 Pairs = dict[tuple[LayoutKey, LayoutKey], tuple[TensorInfo, TensorInfo]]

@@ -10,7 +10,8 @@ tensor's UTF-8 name. The content digest does not depend on the name, so one read
 every name that stands for the same bytes (tied weights, stripped prefixes).
 
 Reading goes through `io.gather.tensor_chunks` (any layout: ranges, strided views, tensors
-over several files). hashlib and os.pread release the GIL, so two threads (this one and a
+over several files), except for small tensors that are one plain range, which are read many
+at a time (`_Batch`). hashlib and os.pread release the GIL, so two threads (this one and a
 helper) hash two tensors at once; each holds one chunk at a time, so memory does not grow
 with the model.
 """

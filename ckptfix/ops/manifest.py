@@ -23,7 +23,6 @@ from ckptfix.ops.digest import (
     content_digests,
     layout_key,
     model_digest,
-    name_bytes,
     tensor_digest,
 )
 from ckptfix.ops.hash import SCHEMA_VERSION
@@ -159,7 +158,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     with paused_gc():
         entries = _entries(document, shown)
         manifest = Manifest(shown, entries, document.get("digest"))
-        _check_digests(manifest, document)
+        _check_digests(manifest)
     return manifest
 
 
@@ -213,7 +212,7 @@ def _is_hex(value: Any) -> bool:
     return isinstance(value, str) and _HEX.fullmatch(value) is not None
 
 
-def _check_digests(manifest: Manifest, document: Mapping[str, Any]) -> None:
+def _check_digests(manifest: Manifest) -> None:
     if manifest.digest is None:
         return
     expected = model_digest({name: entry.digest for name, entry in manifest.entries.items()})
@@ -269,7 +268,7 @@ def _layout(entry: Entry) -> tuple[str, tuple[int, ...]]:
 
 
 def _sorted(names: Any) -> list[str]:
-    return sorted(names, key=name_bytes)
+    return sorted(names)  # code point order, which is the order of the UTF-8 bytes
 
 
 def _with(report: Report, found: list[Finding], check: ManifestCheck) -> Report:

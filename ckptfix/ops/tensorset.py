@@ -16,15 +16,20 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfix import checks
 from ckptfix.checks.tensors import common_wrapper_prefixes
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import CorruptFileError, UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.io.source import ByteSource
+from ckptfix.ops.inspect import report_of
+from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
+from ckptfix.plan.source import choose_source
 
-# The key ckptfix writes the record under (ops.rewrite.DROPPED_KEY; not imported from there,
-# which would load the writers).
+# The key ckptfix writes the record under: ops.rewrite.DROPPED_KEY (a test keeps them equal),
+# not imported from there, which would add the writers' 27 ms to every hash and diff.
 DROPPED_KEY = "ckptfix.dropped"
 _RECORD_FIX = "rewrite it with `ckptfix convert`, or pass --no-alias-record to ignore it"
 
@@ -39,7 +44,7 @@ class TensorSet:
     training_checkpoint: bool = False
     checkpoint: Checkpoint | None = field(default=None, repr=False, compare=False)
 
-    def source(self, label: str) -> Any:
+    def source(self, label: str) -> ByteSource:
         assert self.checkpoint is not None
         return self.checkpoint.source(label)
 
@@ -51,8 +56,6 @@ class TensorSet:
 def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = True) -> TensorSet:
     """The tensor set of a loaded, checked checkpoint; refused (like a rewrite) when the
     files it would read have errors."""
-    from ckptfix.plan.source import choose_source
-
     chosen = choose_source(checkpoint, report, torch=True, prefer_torch=False)
     stored = {tensor.name: tensor for tensor in chosen.tensors}
     aliases: dict[str, str] = {}
@@ -71,10 +74,6 @@ def opened(
     path: str | os.PathLike[str], *, key: str = "auto", alias_record: bool = True
 ) -> Iterator[TensorSet]:
     """Load and check a checkpoint once, yield its tensor set, close it at the end."""
-    from ckptfix import checks
-    from ckptfix.ops.inspect import report_of
-    from ckptfix.ops.load import load
-
     checkpoint = load(path, key=key)
     with checkpoint:
         report = report_of(
