@@ -63,6 +63,10 @@ demo: $(DEMO)
 	@$(BIN)/ckptfix convert demo-out/torch-model -o demo-out/converted-model
 	@echo; echo "\$$ ckptfix inspect demo-out/converted-model --fail-on warning"
 	@$(BIN)/ckptfix inspect demo-out/converted-model --fail-on warning
+	@echo; echo "\$$ ckptfix hash demo-out/converted-model"
+	@$(BIN)/ckptfix hash demo-out/converted-model
+	@echo; echo "\$$ ckptfix diff demo-out/torch-model demo-out/converted-model"
+	@$(BIN)/ckptfix diff demo-out/torch-model demo-out/converted-model; echo "(exit code $$?)"
 
 bench: $(FULL)
 	$(BIN)/python bench/bench.py

@@ -423,6 +423,104 @@ def bench_convert(inputs: dict[str, Path], repeat: int) -> list[str]:
     return rows
 
 
+def resharded(source: Path) -> Path:
+    """The same tensors as `source`, resharded by ckptfix into 500 MB safetensors shards."""
+    target = source.with_name(source.stem + "-resharded")
+    if not target.exists():
+        print(f"building {target} ...", flush=True)
+        command = [*CKPTFIX, "reshard", str(source), "-o", str(target), "--max-shard", "500MB"]
+        subprocess.run(command, stdout=subprocess.DEVNULL, check=True)
+    return target
+
+
+def gbps(size: int, seconds: float) -> str:
+    return f"{size / seconds / 1e9:.2f} GB/s"
+
+
+def bench_hash(inputs: dict[str, Path], repeat: int) -> list[str]:
+    """hash against sha256sum of the same file, warm and cold, and peak RSS by model size."""
+    source = inputs["single"]
+    size = data_size(source)
+    ours_command = [*CKPTFIX, "hash", str(source), "--json"]
+    reference_command = ["sha256sum", str(source)]
+    ours, reference = median(ours_command, repeat), median(reference_command, repeat)
+    cold_ours, cold_reference = cold(ours_command), cold(reference_command)
+    ok = ours.wall <= reference.wall and ours.rss_mib <= 150
+    openssl_command = ["openssl", "dgst", "-sha256", str(source)]
+    openssl = median(openssl_command, repeat) if shutil.which("openssl") else None
+    rows = [
+        f"\nhash of a {size / 1e9:.2f} GB bf16 safetensors file; median of {repeat}, page cache "
+        "warm (cold: one run after dropping it)\n",
+        "| job | wall (warm) | rate (warm) | cold cache | peak RSS | target |",
+        "|---|---|---|---|---|---|",
+        f"| `sha256sum` of the file | {reference.wall:.2f} s | {gbps(size, reference.wall)} | "
+        f"{cold_reference} | {reference.rss_mib:.0f} MiB | |",
+        *(
+            [
+                f"| `openssl dgst -sha256` of the file (one core, SHA-NI) | {openssl.wall:.2f} s | "
+                f"{gbps(size, openssl.wall)} | | {openssl.rss_mib:.0f} MiB | |"
+            ]
+            if openssl
+            else []
+        ),
+        f"| `ckptfix hash --json` (2 threads) | {ours.wall:.2f} s | {gbps(size, ours.wall)} | "
+        f"{cold_ours} | {ours.rss_mib:.0f} MiB | "
+        f"faster than sha256sum, ≤ 150 MiB: {'met' if ok else 'MISSED'} |",
+    ]
+    binary = ensure_bin(source)
+    on_bin = median([*CKPTFIX, "hash", str(binary), "--json"], repeat)
+    rows.append(
+        f"| `ckptfix hash --json` of the same tensors as a `.bin` (torch.save) | "
+        f"{on_bin.wall:.2f} s | {gbps(size, on_bin.wall)} | | {on_bin.rss_mib:.0f} MiB | |"
+    )
+    rows += [
+        "\npeak RSS of `ckptfix hash` by checkpoint size\n",
+        "| checkpoint | wall | peak RSS |",
+    ]
+    rows.append("|---|---|---|")
+    peaks = []
+    for key in ("half", "single", "four"):
+        measure = median([*CKPTFIX, "hash", str(inputs[key]), "--json"], 2)
+        peaks.append(measure.rss_mib)
+        rows.append(
+            f"| {data_size(inputs[key]) / 1e9:.2f} GB | {measure.wall:.2f} s | "
+            f"{measure.rss_mib:.0f} MiB |"
+        )
+    rows.append(
+        f"\n4 GB vs 0.5 GB peak RSS: {peaks[-1] / peaks[0]:.2f}× (≤ 150 MiB and flat: "
+        f"{'met' if max(peaks) <= 150 and peaks[-1] / peaks[0] <= 1.10 else 'MISSED'})"
+    )
+    return rows
+
+
+def bench_diff(inputs: dict[str, Path], repeat: int) -> list[str]:
+    """diff of the same model as a .bin and as resharded safetensors, against hashing both."""
+    binary, folder = ensure_bin(inputs["single"]), resharded(inputs["single"])
+    size = data_size(binary)
+    hash_a = median([*CKPTFIX, "hash", str(binary), "--json"], repeat)
+    hash_b = median([*CKPTFIX, "hash", str(folder), "--json"], repeat)
+    ours = median([*CKPTFIX, "diff", str(binary), str(folder), "--json"], repeat)
+    both = hash_a.wall + hash_b.wall
+    ok = ours.wall <= 1.2 * both and ours.rss_mib <= 150
+    different = median([*CKPTFIX, "diff", str(inputs["single"]), str(inputs["five"])], repeat)
+    values = median([*CKPTFIX, "diff", str(inputs["single"]), str(inputs["five"]), "--values"], 1)
+    return [
+        f"\ndiff of two {size / 1e9:.2f} GB checkpoints; median of {repeat}, page cache warm\n",
+        "| job | wall | peak RSS | vs hashing both | target |",
+        "|---|---|---|---|---|",
+        f"| `ckptfix hash` of the `.bin`, then of the 5-shard safetensors folder | {both:.2f} s "
+        f"({hash_a.wall:.2f} + {hash_b.wall:.2f}) | {max(hash_a.rss_mib, hash_b.rss_mib):.0f} MiB "
+        "| 1.00× | |",
+        f"| `ckptfix diff` of the two (identical: every byte read) | {ours.wall:.2f} s | "
+        f"{ours.rss_mib:.0f} MiB | {ours.wall / both:.2f}× | "
+        f"≤ 1.2×, ≤ 150 MiB: {'met' if ok else 'MISSED'} |",
+        f"| `ckptfix diff` of two different models (every tensor differs) | {different.wall:.2f} s "
+        f"| {different.rss_mib:.0f} MiB | {different.wall / both:.2f}× | |",
+        f"| `ckptfix diff --values` of the same two (every element decoded) | {values.wall:.2f} s "
+        f"| {values.rss_mib:.0f} MiB | {values.wall / both:.2f}× | |",
+    ]
+
+
 def data_size(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -432,16 +530,21 @@ def data_size(path: Path) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--only", choices=["inspect", "reshard", "convert"], default=None)
+    parser.add_argument("--only", choices=["inspect", "reshard", "convert", "hash"], default=None)
     args = parser.parse_args()
     inputs = ensure_inputs()
+    if args.only in (None, "hash"):
+        for row in bench_hash(inputs, args.repeat) + bench_diff(
+            inputs, max(3, args.repeat // 2 + 1)
+        ):
+            print(row, flush=True)
     if args.only in (None, "reshard"):
         for row in bench_reshard(inputs, max(3, args.repeat // 2 + 1)):
             print(row, flush=True)
     if args.only in (None, "convert"):
         for row in bench_convert(inputs, max(3, args.repeat // 2 + 1)):
             print(row, flush=True)
-    if args.only in ("reshard", "convert"):
+    if args.only in ("reshard", "convert", "hash"):
         return
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "

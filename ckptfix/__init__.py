@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     )
     from ckptfix.core.findings import Finding, Severity
     from ckptfix.core.tensor import TensorInfo
+    from ckptfix.ops.diff import DiffResult, diff
+    from ckptfix.ops.hash import HashResult, hash_checkpoint
     from ckptfix.ops.inspect import inspect
     from ckptfix.ops.report import FileSummary, Report
     from ckptfix.ops.rewrite import RewriteResult, convert, dedupe, reshard
@@ -30,8 +32,10 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "CkptfixError": "ckptfix.core.errors",
     "CorruptFileError": "ckptfix.core.errors",
+    "DiffResult": "ckptfix.ops.diff",
     "FileSummary": "ckptfix.ops.report",
     "Finding": "ckptfix.core.findings",
+    "HashResult": "ckptfix.ops.hash",
     "InputNotFoundError": "ckptfix.core.errors",
     "Report": "ckptfix.ops.report",
     "RewriteResult": "ckptfix.ops.rewrite",
@@ -41,6 +45,8 @@ _EXPORTS = {
     "UsageError": "ckptfix.core.errors",
     "convert": "ckptfix.ops.rewrite",
     "dedupe": "ckptfix.ops.rewrite",
+    "diff": "ckptfix.ops.diff",
+    "hash_checkpoint": "ckptfix.ops.hash",
     "inspect": "ckptfix.ops.inspect",
     "reshard": "ckptfix.ops.rewrite",
 }
@@ -48,8 +54,10 @@ _EXPORTS = {
 __all__ = [
     "CkptfixError",
     "CorruptFileError",
+    "DiffResult",
     "FileSummary",
     "Finding",
+    "HashResult",
     "InputNotFoundError",
     "Report",
     "RewriteResult",
@@ -60,6 +68,8 @@ __all__ = [
     "__version__",
     "convert",
     "dedupe",
+    "diff",
+    "hash_checkpoint",
     "inspect",
     "reshard",
 ]

@@ -11,7 +11,7 @@ from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, Case
 from tests.helpers import cli, tree_snapshot
 
 CORPUS = SAFETENSORS_CASES + INDEX_CASES + PICKLE_CASES + ATTACK_CASES
-COMMANDS = ["inspect", "reshard", "convert", "dedupe"]
+COMMANDS = ["inspect", "reshard", "convert", "dedupe", "hash", "diff"]
 
 
 def test_corpus_size() -> None:
@@ -30,11 +30,16 @@ def marker(case: Case) -> str:
 
 @pytest.mark.parametrize("command", COMMANDS)
 @pytest.mark.parametrize("case", CORPUS, ids=lambda case: case.id)
-def test_every_command_refuses(factory: Factory, case: Case, command: str) -> None:
+def test_every_command_refuses(
+    factory: Factory, case: Case, command: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     path = case.build(factory)
     before = tree_snapshot(factory.root)
     out = factory.root / "out"
-    args = [command, path] if command == "inspect" else [command, path, "-o", out]
+    args = [command, path] if command in ("inspect", "hash") else [command, path, "-o", out]
+    if command == "diff":  # a good checkpoint against the bad one
+        good = Factory(tmp_path_factory.mktemp("good")).safetensors("good.safetensors")
+        args = [command, good, path]
     run = cli(*args)
     assert run.code == 1
     assert "Traceback" not in run.stdout + run.stderr

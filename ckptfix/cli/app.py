@@ -176,6 +176,14 @@ def inspect(
         FailOn,
         typer.Option("--fail-on", help="Exit 1 on findings at or above this severity."),
     ] = FailOn.error,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            "--manifest",
+            metavar="M.json",
+            help="Check every tensor against a manifest written by `ckptfix hash --manifest`.",
+        ),
+    ] = None,
 ) -> None:
     """Report problems in checkpoints without changing them.
 
@@ -186,7 +194,13 @@ def inspect(
     # Every PATH is read before anything is printed: a missing one is a usage error (exit 2)
     # with nothing on stdout.
     reports = [
-        ckptfix.inspect(path, max_shard=limit, hash_values=hash_values, scan_values=scan_values)
+        ckptfix.inspect(
+            path,
+            max_shard=limit,
+            hash_values=hash_values,
+            scan_values=scan_values,
+            manifest=manifest,
+        )
         for path in paths
     ]
     _print_reports(reports, chosen, show_tensors=tensors, fail_on=fail_on.value)
@@ -400,14 +414,16 @@ def _show(result: RewriteResult, json_output: bool) -> None:
 
 
 @contextlib.contextmanager
-def _progress(enabled: bool) -> Iterator[Callable[[int, int], None] | None]:
+def _progress(
+    enabled: bool, description: str = "writing"
+) -> Iterator[Callable[[int, int], None] | None]:
     """A rich progress bar (bytes, rate, ETA) on stderr, or nothing when not interactive."""
     if not enabled:
         yield None
         return
     from ckptfix.cli import render
 
-    with render.byte_progress() as advance:
+    with render.byte_progress(description) as advance:
         yield advance
 
 
@@ -433,3 +449,7 @@ def main() -> None:
     from ckptfix.cli.entry import main as run
 
     run()
+
+
+# Commands defined in their own modules register on `app` when imported.
+from ckptfix.cli import app_hash  # noqa: E402, F401

@@ -85,6 +85,11 @@ def _summary(result: Report) -> Table:
     summary.add_row("Bytes", f"{result.total_bytes:,} ({format_size(result.total_bytes)})")
     dtypes = " · ".join(f"{name} {format_size(size)}" for name, size in result.dtypes.items())
     summary.add_row("Dtypes", dtypes or "-")
+    if result.manifest is not None:
+        check = result.manifest
+        digest = f" (sha256 {check.digest[:12]}…)" if check.digest else ""
+        line = f"{check.path}: {check.verified:,} of {check.tensor_count:,} tensors match{digest}"
+        summary.add_row("Manifest", Text(line))
     return summary
 
 
@@ -253,7 +258,7 @@ def _written_notes(written: WriteResult) -> list[Text]:
 
 
 @contextlib.contextmanager
-def byte_progress() -> Iterator[Callable[[int, int], None]]:
+def byte_progress(description: str = "writing") -> Iterator[Callable[[int, int], None]]:
     """A bytes / rate / ETA progress bar on stderr; yields the function that advances it."""
     progress = Progress(
         "[progress.description]{task.description}",
@@ -265,7 +270,7 @@ def byte_progress() -> Iterator[Callable[[int, int], None]]:
         transient=True,
     )
     with progress:
-        task = progress.add_task("writing", total=None)
+        task = progress.add_task(description, total=None)
 
         def update(done: int, total: int) -> None:
             progress.update(task, completed=done, total=total)

@@ -43,6 +43,11 @@ CODES: dict[str, Severity] = {
     "shard-numbering": Severity.WARNING,
     "empty-name": Severity.WARNING,
     "unsupported-format": Severity.ERROR,  # e.g. TorchScript: refused, not guessed at
+    # `inspect --manifest`: the checkpoint is not the one a manifest describes (ops.manifest).
+    "manifest-mismatch": Severity.ERROR,
+    "manifest-missing-tensor": Severity.ERROR,
+    "manifest-extra-tensor": Severity.ERROR,
+    "manifest-unverified": Severity.ERROR,
     "nested-checkpoint": Severity.INFO,
     "wrapper-prefix": Severity.INFO,
     "dtype-mix": Severity.INFO,

@@ -19,16 +19,23 @@ def inspect(
     hash_values: bool = False,
     scan_values: bool = False,
     key: str = "auto",
+    manifest: str | os.PathLike[str] | None = None,
 ) -> Report:
     """Inspect a checkpoint file or model folder without modifying it.
 
-    Tensor data is read only with `hash_values` (duplicate-content) or `scan_values` (non-finite).
+    Tensor data is read only with `hash_values` (duplicate-content), `scan_values`
+    (non-finite) or `manifest` (the tensors it lists, checked against their digests).
     """
     checkpoint = load(path, key=key)
     options = checks.CheckOptions(
         max_shard=max_shard, hash_values=hash_values, scan_values=scan_values
     )
-    return report_of(checkpoint, checks.run(checkpoint, options))
+    report = report_of(checkpoint, checks.run(checkpoint, options))
+    if manifest is not None:
+        from ckptfix.ops.manifest import read_manifest, verified_report
+
+        report = verified_report(checkpoint, report, read_manifest(manifest))
+    return report
 
 
 def report_of(checkpoint: Checkpoint, findings: list[Finding]) -> Report:

@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptfix.core.findings import Finding, Severity
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
+
+if TYPE_CHECKING:
+    from ckptfix.ops.manifest import ManifestCheck
 
 SCHEMA_VERSION = 1
 FAIL_ON_LEVELS = ("error", "warning", "info", "never")
@@ -40,6 +43,7 @@ class Report:
     files: tuple[FileSummary, ...]
     tensors: tuple[TensorInfo, ...]
     findings: tuple[Finding, ...]
+    manifest: ManifestCheck | None = None  # with `inspect --manifest` (ops.manifest)
 
     @property
     def tensor_count(self) -> int:
@@ -114,7 +118,7 @@ class Report:
             "dtypes": self.dtypes,
             "tensors": tensors,
             "findings": [item.to_dict() for item in self.findings],
-        }
+        } | ({"manifest": self.manifest.to_dict()} if self.manifest is not None else {})
 
 
 def _tensor_dicts(tensors: Sequence[TensorInfo]) -> list[dict[str, object]]:

@@ -120,6 +120,15 @@ def open_checkpoint(
     errors. Only safetensors is accepted unless `torch` allows PyTorch files too."""
     checkpoint = load(path, key=key)
     report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
+    return choose_source(checkpoint, report, torch=torch, prefer_torch=prefer_torch)
+
+
+def choose_source(
+    checkpoint: Checkpoint, report: Report, *, torch: bool = False, prefer_torch: bool = False
+) -> RewriteSource:
+    """The checkpoint a rewrite (or a hash) reads from what `load` found: the family chosen,
+    its tensors in source order; refused if it has errors (see open_checkpoint)."""
+    path = checkpoint.path
     if checkpoint.kind != "folder":
         return _single_file(checkpoint, report, torch=torch)
     family = _choose_family(

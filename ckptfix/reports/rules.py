@@ -22,6 +22,23 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "The message names the rule broken. Re-download or re-export the file; a truncated "
         "download is the usual cause.",
     ),
+    "manifest-mismatch": (
+        "Tensors hold other bytes than the manifest (`ckptfix hash --manifest`) records.",
+        "The checkpoint is not the one the manifest describes: find which file changed "
+        "(`ckptfix diff` against a known-good copy) and restore it.",
+    ),
+    "manifest-missing-tensor": (
+        "The manifest lists tensors the checkpoint does not hold.",
+        "Restore the missing shards or tensors, or write a new manifest if the change is intended.",
+    ),
+    "manifest-extra-tensor": (
+        "The checkpoint holds tensors the manifest does not list.",
+        "Remove the extra tensors, or write a new manifest if the change is intended.",
+    ),
+    "manifest-unverified": (
+        "Errors in the checkpoint stopped the check against the manifest.",
+        "Fix the errors `ckptfix inspect` reports first, then check again.",
+    ),
     "lfs-pointer": (
         "A weight file is a Git LFS pointer, not the weights.",
         "Run `git lfs pull` (or `git lfs fetch` + `git lfs checkout`), or download the file itself.",

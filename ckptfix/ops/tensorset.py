@@ -1,0 +1,148 @@
+"""The tensors a checkpoint stands for, by name: what `hash`, `diff` and manifest checks
+compare.
+
+That is the checkpoint a loader would load (the family a rewrite would choose, see
+plan.source), plus every name its `ckptfix.dropped` record says was written once as another
+(`dropped -> kept`: the dropped name stands for the kept tensor's bytes). Names can be
+compared through wrapper prefixes (`module.`, `_orig_mod.`, ...).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptfix import checks
+from ckptfix.checks.tensors import common_wrapper_prefixes
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.errors import CorruptFileError, UsageError
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.core.tensor import TensorInfo
+from ckptfix.io.source import ByteSource
+from ckptfix.ops.inspect import report_of
+from ckptfix.ops.load import load
+from ckptfix.ops.report import Report
+from ckptfix.plan.source import choose_source
+
+# The key ckptfix writes the record under: ops.rewrite.DROPPED_KEY (a test keeps them equal),
+# not imported from there, which would add the writers' 27 ms to every hash and diff.
+DROPPED_KEY = "ckptfix.dropped"
+_RECORD_FIX = "rewrite it with `ckptfix convert`, or pass --no-alias-record to ignore it"
+
+
+@dataclass(frozen=True)
+class TensorSet:
+    """Logical name -> the tensor whose bytes it stands for (aliases share a TensorInfo)."""
+
+    path: str
+    tensors: dict[str, TensorInfo]
+    aliases: dict[str, str] = field(default_factory=dict)  # dropped -> kept, from the record
+    training_checkpoint: bool = False
+    checkpoint: Checkpoint | None = field(default=None, repr=False, compare=False)
+
+    def source(self, label: str) -> ByteSource:
+        assert self.checkpoint is not None
+        return self.checkpoint.source(label)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(tensor.nbytes for tensor in self.tensors.values())
+
+
+def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = True) -> TensorSet:
+    """The tensor set of a loaded, checked checkpoint; refused (like a rewrite) when the
+    files it would read have errors."""
+    chosen = choose_source(checkpoint, report, torch=True, prefer_torch=False)
+    stored = {tensor.name: tensor for tensor in chosen.tensors}
+    aliases: dict[str, str] = {}
+    if alias_record:
+        aliases = _alias_record(chosen.metadata, chosen.index_metadata, checkpoint.path)
+        _check_record(aliases, stored, checkpoint.path)
+    tensors = dict(stored)
+    tensors.update({dropped: stored[kept] for dropped, kept in aliases.items()})
+    return TensorSet(
+        checkpoint.path, tensors, aliases, chosen.training_checkpoint, checkpoint=checkpoint
+    )
+
+
+@contextmanager
+def opened(
+    path: str | os.PathLike[str], *, key: str = "auto", alias_record: bool = True
+) -> Iterator[TensorSet]:
+    """Load and check a checkpoint once, yield its tensor set, close it at the end."""
+    checkpoint = load(path, key=key)
+    with checkpoint:
+        report = report_of(
+            checkpoint, checks.run(checkpoint, checks.CheckOptions(DEFAULT_MAX_SHARD))
+        )
+        yield tensor_set(checkpoint, report, alias_record=alias_record)
+
+
+def _alias_record(
+    metadata: Mapping[str, str], index_metadata: Mapping[str, Any], path: str
+) -> dict[str, str]:
+    """The record from the header metadata (a JSON string) and the index metadata (an
+    object); both when a resharded file carries one and its index the other."""
+    record: dict[str, str] = {}
+    if DROPPED_KEY in metadata:
+        try:
+            parsed = json.loads(metadata[DROPPED_KEY])
+        except ValueError as exc:
+            raise _bad_record(path, "is not JSON") from exc
+        record.update(_string_map(parsed, path))
+    if DROPPED_KEY in index_metadata:
+        record.update(_string_map(index_metadata[DROPPED_KEY], path))
+    return record
+
+
+def _string_map(value: object, path: str) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise _bad_record(path, "is not an object of names")
+    return dict(value)
+
+
+def _check_record(aliases: Mapping[str, str], stored: Mapping[str, TensorInfo], path: str) -> None:
+    """Every dropped name must be absent and every kept name stored: otherwise the record
+    does not describe these files, and no digest would be the right one."""
+    clash = [dropped for dropped in aliases if dropped in stored]
+    if clash:
+        raise _bad_record(path, f"names {clash[0]!r} as dropped, but it is stored")
+    missing = [kept for kept in aliases.values() if kept not in stored]
+    if missing:
+        raise _bad_record(path, f"maps names to {missing[0]!r}, which is not stored")
+
+
+def _bad_record(path: str, what: str) -> CorruptFileError:
+    return CorruptFileError(path, "alias-record", f"the {DROPPED_KEY} record {what}", _RECORD_FIX)
+
+
+def stripped_names(
+    names: Sequence[str], strip: str | None, *, training_checkpoint: bool, side: str
+) -> tuple[dict[str, str], list[str]]:
+    """Compared name -> name, after removing `strip` ("auto": the wrapper prefixes every
+    name carries, see checks.tensors) from the names that start with it; and the prefixes
+    removed. Two names that would become one are a usage error."""
+    if strip == "auto":
+        prefixes = common_wrapper_prefixes(names, training_checkpoint=training_checkpoint)
+    else:
+        prefixes = [strip] if strip else []
+    compared: dict[str, str] = {}
+    for name in names:
+        new = name
+        for prefix in prefixes:
+            if new.startswith(prefix):
+                new = new[len(prefix) :]
+        if new in compared:
+            raise UsageError(
+                "--strip-prefix",
+                f"{name!r} and {compared[new]!r} of {side} would both become {new!r}",
+                "strip a shorter prefix",
+            )
+        compared[new] = name
+    return compared, prefixes
