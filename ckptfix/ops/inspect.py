@@ -19,12 +19,13 @@ def inspect(
     hash_values: bool = False,
     scan_values: bool = False,
     key: str = "auto",
+    zero_weights: str = "master",
 ) -> Report:
     """Inspect a checkpoint file or model folder without modifying it.
 
     Tensor data is read only with `hash_values` (duplicate-content) or `scan_values` (non-finite).
     """
-    checkpoint = load(path, key=key)
+    checkpoint = load(path, key=key, zero_weights=zero_weights)
     options = checks.CheckOptions(
         max_shard=max_shard, hash_values=hash_values, scan_values=scan_values
     )
@@ -51,4 +52,5 @@ def report_of(checkpoint: Checkpoint, findings: list[Finding]) -> Report:
         files=tuple(files),
         tensors=checkpoint.tensors,
         findings=tuple(findings),
+        layout=checkpoint.training.to_dict() if checkpoint.training is not None else None,
     )

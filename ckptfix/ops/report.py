@@ -40,6 +40,8 @@ class Report:
     files: tuple[FileSummary, ...]
     tensors: tuple[TensorInfo, ...]
     findings: tuple[Finding, ...]
+    # A training checkpoint's layout (DCP, DeepSpeed): the JSON's "layout" object.
+    layout: dict[str, object] | None = None
 
     @property
     def tensor_count(self) -> int:
@@ -103,7 +105,7 @@ class Report:
         yield tail
 
     def _document(self, tensors: list[Any]) -> dict[str, object]:
-        return {
+        document = {
             "schema_version": SCHEMA_VERSION,
             "path": self.path,
             "format": self.format,
@@ -115,6 +117,9 @@ class Report:
             "tensors": tensors,
             "findings": [item.to_dict() for item in self.findings],
         }
+        if self.layout is not None:
+            document["layout"] = self.layout
+        return document
 
 
 def _tensor_dicts(tensors: Sequence[TensorInfo]) -> list[dict[str, object]]:

@@ -237,6 +237,7 @@ class ConvertOptions(RewriteOptions):
     keep: str = "first"  # which alias name to keep: first, last or a regex
     clone: bool = False  # write every alias as its own copy
     verify: bool = True
+    zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
 
 
 @dataclass(frozen=True)
@@ -288,10 +289,15 @@ def convert(
         raise UsageError(
             "--dtype", f"unknown dtype {options.dtype!r}", "use bf16, fp16, fp32 or keep"
         )
-    with _opened(src, out, options, key=options.key, torch=True, prefer_torch=True) as (
-        opened,
-        claim,
-    ):
+    with _opened(
+        src,
+        out,
+        options,
+        key=options.key,
+        torch=True,
+        prefer_torch=True,
+        zero_weights=options.zero_weights,
+    ) as (opened, claim):
         choice = SelectOptions(
             exclude=tuple(options.exclude),
             strip_prefix=options.strip_prefix,
@@ -299,6 +305,7 @@ def convert(
             keep=options.keep,
             clone=options.clone,
             dtype=CAST_TARGETS.get(options.dtype),
+            dtypes=opened.dtypes,
         )
         selection = select(opened.tensors, choice, opened.checkpoint.source)
         write = WriteOptions(
