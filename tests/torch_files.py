@@ -155,7 +155,7 @@ class Emit:
     def stop(self) -> bytes:
         return bytes(self.out + b".")
 
-    def tensor(
+    def tensor(  # noqa: PLR0913  (one argument per field of the pickled call)
         self,
         key: str,
         storage_type: str,
