@@ -97,6 +97,21 @@ class FailOn(str, Enum):
     never = "never"
 
 
+class ZeroWeights(str, Enum):
+    master = "master"
+    module = "module"
+
+
+ZeroWeightsOption = Annotated[
+    ZeroWeights,
+    typer.Option(
+        "--zero-weights",
+        help="DeepSpeed: fp32 master weights from the optimizer partitions, or the "
+        "training-dtype module copy (stages 0-2).",
+    ),
+]
+
+
 def _version(value: bool) -> None:
     if value:
         sys.stdout.write(f"ckptfix {ckptfix.__version__}\n")
@@ -155,6 +170,7 @@ def inspect(
         FailOn,
         typer.Option("--fail-on", help="Exit 1 on findings at or above this severity."),
     ] = FailOn.error,
+    zero_weights: ZeroWeightsOption = ZeroWeights.master,
 ) -> None:
     """Report problems in a checkpoint without changing it.
 
@@ -162,7 +178,11 @@ def inspect(
     """
     limit = parse_size(max_shard)
     report = ckptfix.inspect(
-        path, max_shard=limit, hash_values=hash_values, scan_values=scan_values
+        path,
+        max_shard=limit,
+        hash_values=hash_values,
+        scan_values=scan_values,
+        zero_weights=zero_weights.value,
     )
     if json_output:
         _write_chunks(report.json_chunks())
@@ -263,8 +283,9 @@ def convert(
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
+    zero_weights: ZeroWeightsOption = ZeroWeights.master,
 ) -> None:
-    """Convert a PyTorch or safetensors checkpoint into verified safetensors (or torch) shards.
+    """Convert a PyTorch, safetensors, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
 
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
     """
@@ -287,6 +308,7 @@ def convert(
             keep=keep,
             clone=clone,
             verify=not no_verify,
+            zero_weights=zero_weights.value,
         )
         result = run_convert(src, out, options)
     _show(result, json_output)

@@ -184,31 +184,32 @@ class _Loader:
             )
         )
 
-    def tensor(self, entry: TensorEntry, name: str) -> TensorInfo | None:
+    def _file_of(self, entry: TensorEntry, offsets: tuple[int, ...]) -> str:
+        item = self.meta.storage.get((entry.fqn, offsets))
+        return os.path.join(self.root, item.file) if item else os.path.join(self.root, METADATA)
+
+    def _in_range(self, entry: TensorEntry) -> bool:
         for chunk in entry.chunks:
             if out_of_range(entry.size, chunk.offsets, chunk.sizes):
-                item = self.meta.storage.get((entry.fqn, chunk.offsets))
-                files = [os.path.join(self.root, item.file)] if item else None
-                what = f"chunk at {list(chunk.offsets)} of size {list(chunk.sizes)} lies outside {entry.fqn!r} of shape {list(entry.size)}"
-                self._chunk_problem("chunk-out-of-range", entry, what, files)
-                return None
-            if pieces_needed(entry.size, chunk.sizes) > MAX_PIECES_PER_CHUNK:
-                self._chunk_problem(
-                    "chunk-out-of-range",
-                    entry,
-                    f"chunk {list(chunk.offsets)} of {entry.fqn!r} is cut into over {MAX_PIECES_PER_CHUNK} pieces",
-                    None,
+                what = (
+                    f"chunk at {list(chunk.offsets)} of size {list(chunk.sizes)} lies outside "
+                    f"{entry.fqn!r} of shape {list(entry.size)}"
                 )
-                return None
-        placed = self.placed(entry, name)
-        if placed is None or not self._tiles(entry, placed):
-            return None
-        itemsize = DTYPES[entry.dtype].bits // 8
-        pieces = [piece for chunk in placed for piece in chunk_pieces(chunk, entry.size, itemsize)]
-        return _tensor_info(name, entry, pieces, os.path.join(self.root, METADATA))
+            elif pieces_needed(entry.size, chunk.sizes) > MAX_PIECES_PER_CHUNK:
+                what = f"chunk {list(chunk.offsets)} of {entry.fqn!r} is cut into over {MAX_PIECES_PER_CHUNK} pieces"
+            else:
+                continue
+            files = [self._file_of(entry, chunk.offsets)]
+            self._chunk_problem("chunk-out-of-range", entry, what, files)
+            return False
+        return True
 
-    def _tiles(self, entry: TensorEntry, placed: list[Placed]) -> bool:
-        pair = first_overlap(placed)
+    def _tiles(self, entry: TensorEntry) -> bool:
+        """The chunks cover the tensor exactly once (checked on .metadata, before reading)."""
+        boxes = [
+            Placed(self._file_of(entry, c.offsets), 0, c.offsets, c.sizes) for c in entry.chunks
+        ]
+        pair = first_overlap(boxes)
         if pair is not None:
             a, b = pair
             what = f"chunks {list(a.offsets)} and {list(b.offsets)} of {entry.fqn!r} overlap"
@@ -217,11 +218,21 @@ class _Loader:
         covered = sum(chunk_nbytes(entry, chunk) for chunk in entry.chunks)
         total = _numel(entry.size) * DTYPES[entry.dtype].bits // 8
         if covered != total:
-            files = sorted({p.source for p in placed}) or None
+            files = sorted({box.source for box in boxes}) or None
             what = f"the chunks of {entry.fqn!r} cover {covered:,} of its {total:,} bytes"
             self._chunk_problem("chunk-gap", entry, what, files)
             return False
         return True
+
+    def tensor(self, entry: TensorEntry, name: str) -> TensorInfo | None:
+        if not self._in_range(entry) or not self._tiles(entry):
+            return None
+        placed = self.placed(entry, name)
+        if placed is None:
+            return None
+        itemsize = DTYPES[entry.dtype].bits // 8
+        pieces = [piece for chunk in placed for piece in chunk_pieces(chunk, entry.size, itemsize)]
+        return _tensor_info(name, entry, pieces, os.path.join(self.root, METADATA))
 
 
 def _numel(shape: tuple[int, ...]) -> int:
