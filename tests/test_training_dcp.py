@@ -13,10 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 from ckptfix.ops.load import load
+from tests import training_fixtures as fixtures
 from tests.helpers import cli
-from tests.training_fixtures import dcp_saved  # noqa: F401  (a session fixture)
 
 pytestmark = pytest.mark.slow
+dcp_saved = fixtures.dcp_saved  # fixtures shared by the training tests
 
 
 def _bytes(tensor: torch.Tensor) -> bytes:
@@ -48,7 +49,7 @@ def _torch_reading(folder: Path, tmp_path: Path) -> dict[str, Any]:
 
 
 def test_torch_save_format_converts_to_what_dcp_to_torch_save_reads(
-    dcp_saved: Path,  # noqa: F811
+    dcp_saved: Path,
     tmp_path: Path,
 ) -> None:
     oracle = _torch_reading(dcp_saved / "torch_save", tmp_path)["model"]
@@ -60,7 +61,7 @@ def test_torch_save_format_converts_to_what_dcp_to_torch_save_reads(
 
 
 def test_safetensors_format_converts_to_the_gathered_tensors(
-    dcp_saved: Path,  # noqa: F811
+    dcp_saved: Path,
     tmp_path: Path,
 ) -> None:
     # torch 2.13's own FileSystemReader cannot read this format back (it torch.loads the
@@ -72,7 +73,7 @@ def test_safetensors_format_converts_to_the_gathered_tensors(
 
 
 def test_flat_app_state_takes_the_top_level_tensors(
-    dcp_saved: Path,  # noqa: F811
+    dcp_saved: Path,
     tmp_path: Path,
 ) -> None:
     oracle = _torch_reading(dcp_saved / "flat", tmp_path)
@@ -82,7 +83,7 @@ def test_flat_app_state_takes_the_top_level_tensors(
     assert_same(_written(tmp_path / "out"), model)
 
 
-def test_inspect_reports_the_layout_and_what_is_left_out(dcp_saved: Path) -> None:  # noqa: F811
+def test_inspect_reports_the_layout_and_what_is_left_out(dcp_saved: Path) -> None:
     for serialization in ("torch_save", "safetensors"):
         run = cli("inspect", dcp_saved / serialization, "--json")
         assert run.code == 0, run.stderr
@@ -105,14 +106,14 @@ def test_inspect_reports_the_layout_and_what_is_left_out(dcp_saved: Path) -> Non
         assert not [f for f in report["findings"] if f["severity"] == "error"]
 
 
-def test_human_report_names_the_layout(dcp_saved: Path) -> None:  # noqa: F811
+def test_human_report_names_the_layout(dcp_saved: Path) -> None:
     run = cli("inspect", dcp_saved / "torch_save")
     assert run.code == 0
     assert "torch.distributed.checkpoint · 2 rank(s) · torch_save chunks" in run.stdout
     assert "training-state" in run.stdout
 
 
-def test_chunks_become_ranges_or_row_pieces(dcp_saved: Path) -> None:  # noqa: F811
+def test_chunks_become_ranges_or_row_pieces(dcp_saved: Path) -> None:
     with load(dcp_saved / "torch_save") as checkpoint:
         tensors = {t.name: t for t in checkpoint.tensors}
         sources = set(checkpoint.sources)
@@ -136,7 +137,7 @@ def test_chunks_become_ranges_or_row_pieces(dcp_saved: Path) -> None:  # noqa: F
     assert all(p.source.endswith(".distcp") for t in tensors.values() for p in t.pieces)
 
 
-def test_key_picks_another_part_of_the_app_state(dcp_saved: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_key_picks_another_part_of_the_app_state(dcp_saved: Path, tmp_path: Path) -> None:
     run = cli("convert", dcp_saved / "torch_save", "-o", tmp_path / "o", "--key", "optim", "--json")
     assert run.code == 0, run.stderr
     written = _written(tmp_path / "o")
@@ -154,7 +155,7 @@ def test_key_picks_another_part_of_the_app_state(dcp_saved: Path, tmp_path: Path
     assert not (tmp_path / "x").exists()
 
 
-def test_convert_options_work_on_dcp(dcp_saved: Path, tmp_path: Path) -> None:  # noqa: F811
+def test_convert_options_work_on_dcp(dcp_saved: Path, tmp_path: Path) -> None:
     reference = torch.load(dcp_saved / "reference.pt", weights_only=True)
     out = tmp_path / "out"
     run = cli(
@@ -176,7 +177,7 @@ def test_convert_options_work_on_dcp(dcp_saved: Path, tmp_path: Path) -> None:  
     assert dry.json()["written"] is None and not (tmp_path / "dry").exists()
 
 
-def test_inspect_of_training_folders_imports_no_torch(dcp_saved: Path) -> None:  # noqa: F811
+def test_inspect_of_training_folders_imports_no_torch(dcp_saved: Path) -> None:
     probe = (
         "import sys, ckptfix\n"
         "report = ckptfix.inspect(sys.argv[1])\n"

@@ -17,7 +17,13 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _written_by(kind: str, out: Path) -> Path:
+_WRITTEN: dict[str, Path] = {}  # each kind once per session, whichever module asks first
+
+
+def _written_by(kind: str, factory: pytest.TempPathFactory) -> Path:
+    if kind in _WRITTEN:
+        return _WRITTEN[kind]
+    out = factory.mktemp(kind) / "saved"
     env = {**os.environ, "DS_BUILD_OPS": "0", "PYTHONWARNINGS": "ignore"}
     done = subprocess.run(
         [sys.executable, "-m", "tests.training_frameworks", kind, str(out)],
@@ -29,6 +35,7 @@ def _written_by(kind: str, out: Path) -> Path:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-4000:]
+    _WRITTEN[kind] = out
     return out
 
 
@@ -36,13 +43,13 @@ def _written_by(kind: str, out: Path) -> Path:
 def dcp_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """torch_save/, safetensors/ (nested app state), flat/ (model at the top level) and
     reference.pt (the model's full tensors, gathered by the ranks)."""
-    return _written_by("dcp", tmp_path_factory.mktemp("dcp") / "saved")
+    return _written_by("dcp", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def zero_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """zero{1,2,3}_{fp32,bf16}/: DeepSpeed checkpoints (latest, tag folder, zero_to_fp32.py)."""
-    return _written_by("zero", tmp_path_factory.mktemp("zero") / "saved")
+    return _written_by("zero", tmp_path_factory)
 
 
 @pytest.fixture

@@ -110,7 +110,7 @@ class _Loader:
         self.sources: dict[str, LocalFile] = {}
         self.readers: dict[str, ChunkReader] = {}
         self.missing: dict[str, set[str]] = defaultdict(set)
-        self.truncated: set[str] = set()
+        self.sizes: dict[str, int] = {}  # of the rank files that could be opened
 
     def open_rank_files(self) -> None:
         """Open every rank file `.metadata` names; a missing or short one is a finding."""
@@ -129,8 +129,8 @@ class _Loader:
                 self.errors[path] = exc
                 continue
             self.readers[path] = ChunkReader(source)
+            self.sizes[path] = size
             if size < end:
-                self.truncated.add(path)
                 self.findings.append(
                     finding(
                         "truncated-rank-file",
@@ -157,15 +157,18 @@ class _Loader:
                 return None
             path = os.path.join(self.root, item.file)
             if path not in self.readers:
-                self.missing[path].add(name)
+                if path not in self.errors:  # else unreadable, and reported as such
+                    self.missing[path].add(name)
                 return None
-            if path in self.truncated or path in self.errors:
-                return None
+            if item.offset + item.length > self.sizes[path]:
+                return None  # past the end of a truncated rank file: reported once, above
             try:
                 offset = self.readers[path].locate(entry, chunk, item)
             except CkptfixError as exc:
                 if exc.code is None:
                     raise
+                if path in self.errors:  # the file's record holds its first error
+                    self.findings.append(finding(exc.code, exc.detail(), file=path))
                 self.errors.setdefault(path, exc)
                 return None
             found.append(Placed(path, offset, chunk.offsets, chunk.sizes))
