@@ -25,15 +25,19 @@ def _written_by(kind: str, factory: pytest.TempPathFactory) -> Path:
         return _WRITTEN[kind]
     out = factory.mktemp(kind) / "saved"
     env = {**os.environ, "DS_BUILD_OPS": "0", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.training_frameworks", kind, str(out)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    for _ in range(2):  # a second try with a fresh port: gloo rendezvous can race
+        shutil.rmtree(out, ignore_errors=True)
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.training_frameworks", kind, str(out)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            check=False,
+        )
+        if done.returncode == 0:
+            break
     assert done.returncode == 0, done.stderr[-4000:]
     _WRITTEN[kind] = out
     return out
