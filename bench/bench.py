@@ -429,11 +429,25 @@ def data_size(path: Path) -> int:
     return sum(item.stat().st_size for item in path.iterdir())
 
 
+def bench_training(kind: str, repeat: int) -> None:
+    """Training checkpoints (DCP, ZeRO): bench/training.py."""
+    import training
+
+    job = training.bench_dcp if kind == "dcp" else training.bench_zero
+    for row in job(repeat):
+        print(row, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--only", choices=["inspect", "reshard", "convert"], default=None)
+    parser.add_argument(
+        "--only", choices=["inspect", "reshard", "convert", "dcp", "zero"], default=None
+    )
     args = parser.parse_args()
+    if args.only in ("dcp", "zero"):
+        bench_training(args.only, max(3, args.repeat // 2 + 1))
+        return
     inputs = ensure_inputs()
     if args.only in (None, "reshard"):
         for row in bench_reshard(inputs, max(3, args.repeat // 2 + 1)):
@@ -443,6 +457,9 @@ def main() -> None:
             print(row, flush=True)
     if args.only in ("reshard", "convert"):
         return
+    if args.only is None:
+        bench_training("dcp", 3)
+        bench_training("zero", 3)
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
         f"{inputs['five'].name} ({data_size(inputs['five']) / 1e9:.2f} GB), "

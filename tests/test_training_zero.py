@@ -147,3 +147,17 @@ def test_buffers_are_written_in_fp32_like_zero_to_fp32(zero_saved: Path) -> None
         embed = tensors["embed.weight"]
         assert all("optim_states" in piece.source for piece in embed.pieces)
         assert sum(piece.nbytes for piece in embed.pieces) == 13 * 6 * 4
+
+
+def test_a_trainer_folder_with_weights_stays_a_hugging_face_folder(
+    zero_saved: Path, tmp_path: Path
+) -> None:
+    import shutil
+
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "checkpoint-2"
+    shutil.copytree(zero_saved / "zero2_fp32", folder)
+    save_file({"w": torch.zeros(2)}, folder / "model.safetensors", {"format": "pt"})
+    assert cli("inspect", folder, "--json").json()["format"] == "folder"
+    assert cli("inspect", folder / "global_step2", "--json").json()["format"] == "deepspeed"

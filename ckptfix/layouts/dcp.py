@@ -15,7 +15,12 @@ from collections import defaultdict
 
 from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.core.dtypes import DTYPES
-from ckptfix.core.errors import CkptfixError, CorruptFileError, UnsupportedFormatError
+from ckptfix.core.errors import (
+    CkptfixError,
+    CorruptFileError,
+    DuplicateNameError,
+    UnsupportedFormatError,
+)
 from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.tensor import Piece, TensorInfo
 from ckptfix.core.training import TrainingLayout
@@ -260,6 +265,20 @@ def _tensor_info(name: str, entry: TensorEntry, pieces: list[Piece], empty: str)
     )
 
 
+def _refuse_duplicates(model: dict[str, str], path: str) -> None:
+    """Two key paths joined into one name (('a.b',) and ('a', 'b')) would lose a tensor."""
+    seen: dict[str, str] = {}
+    for fqn, name in model.items():
+        if name in seen:
+            raise DuplicateNameError(
+                path,
+                "duplicate-name",
+                f"{seen[name]!r} and {fqn!r} would both be named {name!r}; one would be lost",
+                "pass --key to pick a part of the app state where names are unique",
+            )
+        seen[name] = fqn
+
+
 def _left_out(meta: DcpMetadata, model: dict[str, str]) -> dict[str, object]:
     """What is not the model: other tensors (optimizer state...) and non-tensor items."""
     others = [entry for fqn, entry in meta.tensors.items() if fqn not in model]
@@ -330,6 +349,7 @@ def load_dcp(root: str, names: list[str], options: ReadOptions) -> Checkpoint:
             root, FORMAT, (record,), sources={meta_path: meta_source}, training=layout
         )
     key, model = choose_model(meta, options.key, root)
+    _refuse_duplicates(model, meta_path)
     loader = _Loader(root, meta)
     loader.open_rank_files()
     tensors = [

@@ -27,6 +27,7 @@ from ckptfix.layouts.zero_model import master, module
 _MODEL = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
 _OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 _DIGITS = re.compile(r"(\d+)$")
+_HF_WEIGHTS = re.compile(r"^(?:.*\.safetensors|pytorch_model.*\.bin)$")
 MAX_TAG_BYTES = 4096
 
 
@@ -46,6 +47,8 @@ def is_deepspeed_folder(root: str, names: list[str]) -> bool:
         return True
     if "latest" not in names or not os.path.isfile(os.path.join(root, "latest")):
         return False
+    if any(_HF_WEIGHTS.match(name) for name in names):
+        return False  # a Hugging Face Trainer checkpoint: its weights are the model (the tag folder can be passed)
     tag = _read_tag(root)
     tagged = bool(tag) and plain_file_name(tag) and os.path.isdir(os.path.join(root, str(tag)))
     return tagged or "zero_to_fp32.py" in names
