@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 from ckptfix.core.tensor import Piece, TensorInfo, tiling_problem
 from ckptfix.io.gather import tensor_bytes
 from ckptfix.io.source import LocalFile
-from ckptfix.layouts.chunks import Placed, chunk_pieces, first_overlap, pieces_needed
+from ckptfix.layouts.chunks import (
+    Placed,
+    TooManyChunks,
+    chunk_pieces,
+    first_overlap,
+    pieces_needed,
+)
 from ckptfix.layouts.zero_weights import ReconstructionError, Segment, stage3, stage12
 
 
@@ -59,6 +65,46 @@ def test_a_dim0_chunk_is_one_range_and_a_column_chunk_one_piece_of_rows() -> Non
     assert rows == [Piece("f", 100, 16, at=24)]
     columns = chunk_pieces(Placed("f", 100, (0, 1), (5, 2)), (5, 4), 2)
     assert columns == [Piece("f", 100, 4, at=2, count=5, source_step=4, tensor_step=8)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 6), st.integers(1, 3), st.integers(0, 6), st.integers(1, 3)),
+        min_size=0,
+        max_size=8,
+    )
+)
+def test_overlap_check_agrees_with_comparing_every_pair(
+    boxes: list[tuple[int, int, int, int]],
+) -> None:
+    placed = [Placed(str(i), 0, (a, c), (b, d)) for i, (a, b, c, d) in enumerate(boxes)]
+
+    def meet(x: Placed, y: Placed) -> bool:
+        return all(
+            xo < yo + ys and yo < xo + xs
+            for xo, xs, yo, ys in zip(x.offsets, x.sizes, y.offsets, y.sizes, strict=True)
+        )
+
+    expected = any(meet(x, y) for x, y in itertools.combinations(placed, 2))
+    found = first_overlap(placed)
+    assert (found is not None) == expected
+    if found is not None:
+        assert meet(*found) and found[0] is not found[1]
+
+
+def test_many_chunks_are_checked_in_bounded_time() -> None:
+    import time
+
+    row = [Placed("r", 0, (0, i), (1, 1)) for i in range(200_000)]  # a 1 x 200,000 tensor
+    grid = [Placed("g", 0, (i, j), (1, 1)) for i in range(400) for j in range(400)]
+    start = time.perf_counter()
+    assert first_overlap(row) is None
+    assert first_overlap(grid) is None
+    assert time.perf_counter() - start < 10
+    scattered = [Placed("s", 0, (i, i), (100_000, 1)) for i in range(100_000)]  # staircase
+    with pytest.raises(TooManyChunks):
+        first_overlap(scattered)
 
 
 def test_overlaps_are_found() -> None:

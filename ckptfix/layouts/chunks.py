@@ -17,6 +17,7 @@ from ckptfix.core.dtypes import numel_of
 from ckptfix.core.tensor import Piece
 
 MAX_PIECES_PER_CHUNK = 1 << 16
+MAX_PIECES = 4_000_000  # per checkpoint: a 1,000-rank run of 1,000 tensors needs a quarter
 
 
 def _strides(shape: tuple[int, ...]) -> list[int]:
@@ -82,25 +83,49 @@ def chunk_pieces(placed: Placed, shape: tuple[int, ...], itemsize: int) -> list[
     return pieces
 
 
-def _intersect(a: Placed, b: Placed) -> bool:
-    return all(
-        oa < ob + sb and ob < oa + sa
-        for oa, sa, ob, sb in zip(a.offsets, a.sizes, b.offsets, b.sizes, strict=True)
-    )
+MAX_OVERLAP_VISITS = 20_000_000  # box visits of the overlap check: far above any real layout
+
+
+class TooManyChunks(Exception):
+    """The chunks of one tensor are too many, and too scattered, to check in bounded time."""
 
 
 def first_overlap(chunks: list[Placed]) -> tuple[Placed, Placed] | None:
-    """Two non-empty chunks that share an element, or None (a sweep along dimension 0)."""
-    boxes = sorted(
-        (c for c in chunks if numel_of(c.sizes)),
-        key=lambda c: c.offsets[0] if c.offsets else 0,
-    )
+    """Two non-empty chunks that share an element, or None.
+
+    Slabs: along dimension d, between consecutive chunk edges, the chunks present all overlap
+    in d, so two of them overlap if and only if their extents in the later dimensions do;
+    the last dimension is intervals sorted by start. A grid of chunks (what sharding makes)
+    costs one visit per chunk per dimension; scattered layouts are bounded by
+    MAX_OVERLAP_VISITS (TooManyChunks).
+    """
+    boxes = [chunk for chunk in chunks if numel_of(chunk.sizes)]
+    if len(boxes) < 2:
+        return None
+    if not boxes[0].offsets:  # 0-d: any two non-empty chunks are the one element twice
+        return boxes[0], boxes[1]
+    return _overlap(boxes, 0, [MAX_OVERLAP_VISITS])
+
+
+def _overlap(boxes: list[Placed], dim: int, budget: list[int]) -> tuple[Placed, Placed] | None:
+    budget[0] -= len(boxes)
+    if budget[0] < 0:
+        raise TooManyChunks
+    if dim == len(boxes[0].offsets) - 1:
+        ordered = sorted(boxes, key=lambda box: box.offsets[dim])
+        for first, second in itertools.pairwise(ordered):
+            if second.offsets[dim] < first.offsets[dim] + first.sizes[dim]:
+                return first, second
+        return None
+    edges = sorted({e for b in boxes for e in (b.offsets[dim], b.offsets[dim] + b.sizes[dim])})
+    ordered = sorted(boxes, key=lambda box: box.offsets[dim])
     active: list[Placed] = []
-    for box in boxes:
-        start = box.offsets[0] if box.offsets else 0
-        active = [a for a in active if not a.offsets or a.offsets[0] + a.sizes[0] > start]
-        for other in active:
-            if _intersect(box, other):
-                return other, box
-        active.append(box)
+    start = 0
+    for low in edges[:-1]:
+        while start < len(ordered) and ordered[start].offsets[dim] <= low:
+            active.append(ordered[start])
+            start += 1
+        active = [box for box in active if box.offsets[dim] + box.sizes[dim] > low]
+        if len(active) > 1 and (found := _overlap(active, dim + 1, budget)) is not None:
+            return found
     return None

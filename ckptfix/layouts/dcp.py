@@ -30,8 +30,10 @@ from ckptfix.formats.dcp_chunks import ChunkReader, chunk_nbytes
 from ckptfix.formats.tensor_dict import STATE_DICT_KEYS
 from ckptfix.io.source import LocalFile
 from ckptfix.layouts.chunks import (
+    MAX_PIECES,
     MAX_PIECES_PER_CHUNK,
     Placed,
+    TooManyChunks,
     chunk_pieces,
     first_overlap,
     out_of_range,
@@ -116,6 +118,7 @@ class _Loader:
         self.readers: dict[str, ChunkReader] = {}
         self.missing: dict[str, set[str]] = defaultdict(set)
         self.sizes: dict[str, int] = {}  # of the rank files that could be opened
+        self.pieces = 0
 
     def open_rank_files(self) -> None:
         """Open every rank file `.metadata` names; a missing or short one is a finding."""
@@ -217,7 +220,12 @@ class _Loader:
         boxes = [
             Placed(self._file_of(entry, c.offsets), 0, c.offsets, c.sizes) for c in entry.chunks
         ]
-        pair = first_overlap(boxes)
+        try:
+            pair = first_overlap(boxes)
+        except TooManyChunks:
+            what = f"the {len(boxes):,} chunks of {entry.fqn!r} are too scattered to check"
+            self._chunk_problem("chunk-overlap", entry, what, None)
+            return False
         if pair is not None:
             a, b = pair
             what = f"chunks {list(a.offsets)} and {list(b.offsets)} of {entry.fqn!r} overlap"
@@ -239,6 +247,11 @@ class _Loader:
         if placed is None:
             return None
         itemsize = DTYPES[entry.dtype].bits // 8
+        self.pieces += sum(pieces_needed(entry.size, chunk.sizes) for chunk in placed)
+        if self.pieces > MAX_PIECES:
+            what = f"the chunks of the checkpoint make over {MAX_PIECES:,} pieces"
+            self._chunk_problem("chunk-out-of-range", entry, what, None)
+            return None
         pieces = [piece for chunk in placed for piece in chunk_pieces(chunk, entry.size, itemsize)]
         return _tensor_info(name, entry, pieces, os.path.join(self.root, METADATA))
 
