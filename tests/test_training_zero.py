@@ -22,7 +22,7 @@ from tests.training_frameworks import ZERO_CONFIGS
 
 pytestmark = pytest.mark.slow
 zero_saved = fixtures.zero_saved  # fixtures shared by the training tests
-NAMES = [f"zero{stage}_{dtype}" for stage, dtype in ZERO_CONFIGS]
+NAMES = [f"zero{stage}_{dtype}" for stage, dtype in ZERO_CONFIGS if stage]  # zero_to_fp32's
 
 
 def _oracle(folder: Path) -> dict[str, torch.Tensor]:
@@ -92,6 +92,21 @@ def test_module_weights_are_the_training_dtype_copy(
         assert _bytes(got) == _bytes(tensor), key
     if name.endswith("bf16"):
         assert written["body.weight"].dtype == torch.bfloat16
+
+
+def test_stage0_weights_are_the_module(zero_saved: Path, tmp_path: Path) -> None:
+    """Stage 0 keeps no partitions (zero_to_fp32.py cannot read it): `module` is the model."""
+    module = torch.load(
+        zero_saved / "zero0_fp32" / "global_step2" / "mp_rank_00_model_states.pt",
+        weights_only=False,
+    )["module"]
+    written, dropped = _converted(zero_saved / "zero0_fp32", tmp_path / "out")
+    assert dropped == {"head.weight": "embed.weight"}
+    for key, tensor in module.items():
+        got = written[dropped.get(key, key)]
+        assert (got.dtype, got.shape, _bytes(got)) == (tensor.dtype, tensor.shape, _bytes(tensor))
+    layout = cli("inspect", zero_saved / "zero0_fp32", "--json").json()["layout"]
+    assert (layout["stage"], layout["weights"]) == (0, "module")
 
 
 def test_stage3_has_no_module_weights(zero_saved: Path, tmp_path: Path) -> None:

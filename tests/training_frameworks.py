@@ -15,7 +15,15 @@ import sys
 from typing import Any
 
 WORLD = 2
-ZERO_CONFIGS = [(1, "fp32"), (1, "bf16"), (2, "fp32"), (2, "bf16"), (3, "fp32"), (3, "bf16")]
+ZERO_CONFIGS = [
+    (0, "fp32"),
+    (1, "fp32"),
+    (1, "bf16"),
+    (2, "fp32"),
+    (2, "bf16"),
+    (3, "fp32"),
+    (3, "bf16"),
+]
 
 
 def free_port() -> int:

@@ -132,7 +132,7 @@ def load_deepspeed(root: str, names: list[str], weights: str) -> Checkpoint:
         tag=tag,
         step=found.step if found.step is not None else (int(digits.group(1)) if digits else None),
         stage=found.stage,
-        weights=weights,
+        weights=found.weights,
         left_out_tensors=found.left_out_tensors,
         left_out_bytes=found.left_out_bytes,
         left_out_parts=parts,

@@ -27,6 +27,7 @@ class Assembled:
     step: int | None = None
     left_out_tensors: int = 0
     left_out_bytes: int = 0
+    weights: str = "master"
 
 
 def _missing(path: str, what: str) -> Finding:
@@ -165,6 +166,10 @@ class _Master:
 def master(
     tag_dir: str, models: dict[int | None, str], optims: dict[int, str], reader: Reader
 ) -> Assembled:
+    if not optims and None in models:  # stage 0 keeps no partitions: `module` is the weights
+        states = reader.read(models[None], read_model_states)
+        if states is not None and not states.stage:
+            return _from_module(states, optims)
     found = Assembled()
     build = _Master(tag_dir, reader, found)
     optim = build.optimizer(optims)
@@ -194,10 +199,12 @@ def module(
             "module: a ZeRO-3 checkpoint keeps no full weights in `module` (only placeholders)",
             "use --zero-weights master",
         )
-    found = Assembled()
     states = reader.read(models[None], read_model_states)
-    if states is None:
-        return found
+    return Assembled() if states is None else _from_module(states, optims)
+
+
+def _from_module(states: ModelStates, optims: dict[int, str]) -> Assembled:
+    found = Assembled(weights="module")
     found.stage, found.world, found.step = states.stage, states.dp_world_size, states.global_steps
     found.tensors = [view_tensor(name, view, states.label) for name, view in states.module.items()]
     found.left_out_bytes = sum(os.path.getsize(path) for path in optims.values())
