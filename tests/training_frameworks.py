@@ -145,8 +145,11 @@ def _save_zero(rank: int, out: str, port: int) -> None:
         if dtype == "bf16":
             config["bf16"] = {"enabled": True}
         model = _zero_model()
-        params = [p for p in model.parameters() if p.requires_grad]
-        engine, *_ = deepspeed.initialize(model=model, model_parameters=params, config=config)
+        groups = [  # two parameter groups, as weight-decay splits make them
+            {"params": [model.embed.weight, model.body.weight]},
+            {"params": [model.body.bias], "weight_decay": 0.0},
+        ]
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=groups, config=config)
         for _ in range(2):
             loss = engine(torch.randint(0, 13, (2, 3)))
             engine.backward(loss)
