@@ -91,7 +91,7 @@ def _files(tag_dir: str) -> tuple[dict[int | None, str], dict[int, str]]:
             if int(match.group(3)):
                 raise _parallel(tag_dir, name)
             optims[int(match.group(2))] = path
-        elif name.startswith("layer_") and name.endswith("model_states.pt"):
+        elif name.startswith(("layer_", "expert_")) and name.endswith("model_states.pt"):
             raise _parallel(tag_dir, name)
     return models, optims
 
@@ -99,8 +99,8 @@ def _files(tag_dir: str) -> tuple[dict[int | None, str], dict[int, str]]:
 def _parallel(tag_dir: str, name: str) -> UnsupportedFormatError:
     return UnsupportedFormatError(
         tag_dir,
-        f"{name} belongs to a tensor- or pipeline-parallel checkpoint, which zero_to_fp32.py "
-        "does not merge either",
+        f"{name} belongs to a tensor-, pipeline- or expert-parallel checkpoint, whose parts "
+        "ckptfix does not merge",
         "convert it with DeepSpeed's ds_to_universal.py first",
     )
 
