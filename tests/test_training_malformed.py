@@ -251,3 +251,21 @@ def test_hostile_optimizer_states(zero_saved: Path, copy_of: Copy, tmp_path: Pat
     states = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     states.write_bytes(_hostile_zip())
     _refused(folder, tmp_path, "unsafe-pickle", states)
+
+
+@pytest.mark.parametrize(
+    "name", ["mp_rank_01_model_states.pt", "expert_0_mp_rank_00_model_states.pt"]
+)
+def test_parallel_parts_are_refused_not_dropped(
+    zero_saved: Path, copy_of: Copy, tmp_path: Path, name: str
+) -> None:
+    folder = copy_of(zero_saved / "zero2_fp32")
+    tag = folder / "global_step2"
+    (tag / name).write_bytes((tag / "mp_rank_00_model_states.pt").read_bytes())
+    run = cli("convert", folder, "-o", tmp_path / "never")
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: {tag}: {name} belongs to a tensor-, pipeline- or expert-parallel checkpoint, "
+        "whose parts ckptfix does not merge (convert it with DeepSpeed's ds_to_universal.py first)"
+    ]
+    assert not (tmp_path / "never").exists()
