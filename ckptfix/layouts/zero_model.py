@@ -167,9 +167,9 @@ def master(
     tag_dir: str, models: dict[int | None, str], optims: dict[int, str], reader: Reader
 ) -> Assembled:
     if not optims and None in models:  # stage 0 keeps no partitions: `module` is the weights
-        states = reader.read(models[None], read_model_states)
-        if states is not None and not states.stage:
-            return _from_module(states, optims)
+        saved = reader.read(models[None], read_model_states)
+        if saved is not None and not saved.stage:
+            return _from_module(saved, optims)
     found = Assembled()
     build = _Master(tag_dir, reader, found)
     optim = build.optimizer(optims)
