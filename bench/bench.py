@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -527,37 +528,55 @@ def data_size(path: Path) -> int:
     return sum(item.stat().st_size for item in path.iterdir())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--only", choices=["inspect", "reshard", "convert", "hash"], default=None)
-    args = parser.parse_args()
-    inputs = ensure_inputs()
-    if args.only in (None, "hash"):
-        for row in bench_hash(inputs, args.repeat) + bench_diff(
-            inputs, max(3, args.repeat // 2 + 1)
-        ):
-            print(row, flush=True)
-    if args.only in (None, "reshard"):
-        for row in bench_reshard(inputs, max(3, args.repeat // 2 + 1)):
-            print(row, flush=True)
-    if args.only in (None, "convert"):
-        for row in bench_convert(inputs, max(3, args.repeat // 2 + 1)):
-            print(row, flush=True)
-    if args.only in ("reshard", "convert", "hash"):
-        return
+def bench_training(kind: str, repeat: int) -> None:
+    """Training checkpoints (DCP, ZeRO): bench/training.py."""
+    import training
+
+    job = training.bench_dcp if kind == "dcp" else training.bench_zero
+    for row in job(repeat):
+        print(row, flush=True)
+
+
+def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
         f"{inputs['five'].name} ({data_size(inputs['five']) / 1e9:.2f} GB), "
-        f"{inputs['many'].name}; {args.repeat} runs each, median wall, max peak RSS\n"
+        f"{inputs['many'].name}; {repeat} runs each, median wall, max peak RSS\n"
     )
     print(
         "| job | ckptfix wall (median) | cold cache | ckptfix peak RSS "
         "| safe_open listing (wall / RSS) | ratio | target | |"
     )
     print("|---|---|---|---|---|---|---|---|")
-    for row in bench_inspect(inputs, args.repeat):
+    for row in bench_inspect(inputs, repeat):
         print(row, flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--repeat", type=int, default=5)
+    jobs = ["hash", "reshard", "convert", "dcp", "zero", "inspect"]
+    parser.add_argument("--only", choices=jobs, default=None)
+    args = parser.parse_args()
+    writes = max(3, args.repeat // 2 + 1)
+    runs: dict[str, Callable[[], object]] = {
+        "hash": lambda: [
+            print(row, flush=True)
+            for row in bench_hash(ensure_inputs(), args.repeat)
+            + bench_diff(ensure_inputs(), writes)
+        ],
+        "reshard": lambda: [
+            print(row, flush=True) for row in bench_reshard(ensure_inputs(), writes)
+        ],
+        "convert": lambda: [
+            print(row, flush=True) for row in bench_convert(ensure_inputs(), writes)
+        ],
+        "dcp": lambda: bench_training("dcp", writes),
+        "zero": lambda: bench_training("zero", writes),
+        "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
+    }
+    for job in [args.only] if args.only else jobs:
+        runs[job]()
 
 
 if __name__ == "__main__":

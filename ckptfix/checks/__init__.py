@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ckptfix.checks import config, folder, tensors, values
+from ckptfix.checks import config, folder, tensors, training, values
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, finding
 from ckptfix.formats import FORMATS
@@ -27,6 +27,7 @@ def run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
             found += FORMATS.named(record.read.format).checks(record.read)
     if checkpoint.kind == "folder":
         found += folder.folder_findings(checkpoint)
+    found += training.training_findings(checkpoint)
     all_tensors = checkpoint.tensors
     nested = any(
         isinstance(record.read, PickleFile) and record.read.nested_key is not None

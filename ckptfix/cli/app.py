@@ -98,6 +98,21 @@ class FailOn(str, Enum):
     never = "never"
 
 
+class ZeroWeights(str, Enum):
+    master = "master"
+    module = "module"
+
+
+ZeroWeightsOption = Annotated[
+    ZeroWeights,
+    typer.Option(
+        "--zero-weights",
+        help="DeepSpeed: fp32 master weights from the optimizer partitions, or the "
+        "training-dtype module copy (stages 0-2).",
+    ),
+]
+
+
 def _version(value: bool) -> None:
     if value:
         sys.stdout.write(f"ckptfix {ckptfix.__version__}\n")
@@ -149,6 +164,24 @@ class ReportFormat(str, Enum):
     junit = "junit"
 
 
+FormatOption = Annotated[
+    ReportFormat | None,
+    typer.Option(
+        "--format",
+        help="text (default), json, github (workflow commands), gitlab (Code Quality), "
+        "sarif or junit.",
+    ),
+]
+ManifestOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--manifest",
+        metavar="M.json",
+        help="Check every tensor against a manifest written by `ckptfix hash --manifest`.",
+    ),
+]
+
+
 @app.command()
 def inspect(
     paths: Annotated[
@@ -156,14 +189,7 @@ def inspect(
         typer.Argument(metavar="PATH...", help="Checkpoint files or model folders (one or more)."),
     ],
     json_output: Annotated[bool, typer.Option("--json", help="Short for --format json.")] = False,
-    output_format: Annotated[
-        ReportFormat | None,
-        typer.Option(
-            "--format",
-            help="text (default), json, github (workflow commands), gitlab (Code Quality), "
-            "sarif or junit.",
-        ),
-    ] = None,
+    output_format: FormatOption = None,
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor.")] = False,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     hash_values: Annotated[
@@ -176,19 +202,15 @@ def inspect(
         FailOn,
         typer.Option("--fail-on", help="Exit 1 on findings at or above this severity."),
     ] = FailOn.error,
-    manifest: Annotated[
-        Path | None,
-        typer.Option(
-            "--manifest",
-            metavar="M.json",
-            help="Check every tensor against a manifest written by `ckptfix hash --manifest`.",
-        ),
-    ] = None,
+    manifest: ManifestOption = None,
+    zero_weights: ZeroWeightsOption = ZeroWeights.master,
 ) -> None:
     """Report problems in checkpoints without changing them.
 
     Example: ckptfix inspect ./my-model --fail-on warning
     """
+    from ckptfix.formats.base import ReadOptions
+
     chosen = _report_format(json_output, output_format)
     limit = parse_size(max_shard)
     # Every PATH is read before anything is printed: a missing one is a usage error (exit 2)
@@ -200,6 +222,7 @@ def inspect(
             hash_values=hash_values,
             scan_values=scan_values,
             manifest=manifest,
+            read=ReadOptions(zero_weights=zero_weights.value),
         )
         for path in paths
     ]
@@ -337,8 +360,9 @@ def convert(
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
+    zero_weights: ZeroWeightsOption = ZeroWeights.master,
 ) -> None:
-    """Convert a PyTorch or safetensors checkpoint into verified safetensors (or torch) shards.
+    """Convert a PyTorch, safetensors, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
 
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
     """
@@ -361,6 +385,7 @@ def convert(
             keep=keep,
             clone=clone,
             verify=not no_verify,
+            zero_weights=zero_weights.value,
         )
         result = run_convert(src, out, options)
     _show(result, json_output)

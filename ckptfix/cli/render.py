@@ -78,6 +78,8 @@ def _summary(result: Report) -> Table:
     summary.add_column()
     summary.add_row("Path", Text(result.path))
     summary.add_row("Format", result.format)
+    if result.layout is not None:
+        summary.add_row("Layout", _layout(result.layout))
     file_kinds = ", ".join(f"{count} {fmt}" for fmt, count in sorted(formats.items()))
     summary.add_row("Files", f"{len(result.files)} ({file_kinds})" if result.files else "0")
     summary.add_row("Tensors", f"{result.tensor_count:,}")
@@ -91,6 +93,31 @@ def _summary(result: Report) -> Table:
         line = f"{check.path}: {check.verified:,} of {check.tensor_count:,} tensors match{digest}"
         summary.add_row("Manifest", Text(line))
     return summary
+
+
+def _layout(layout: dict[str, object]) -> str:
+    """`DeepSpeed ZeRO-3 · 2 ranks · tag global_step2 (step 2) · fp32 master weights`."""
+    framework = {"dcp": "torch.distributed.checkpoint", "deepspeed": "DeepSpeed"}
+    parts = [framework.get(str(layout["framework"]), str(layout["framework"]))]
+    if layout.get("stage") is not None:
+        parts[0] += f" ZeRO-{layout['stage']}"
+    if layout.get("world_size") is not None:
+        parts.append(f"{layout['world_size']} rank(s)")
+    if layout.get("serialization"):
+        parts.append(f"{layout['serialization']} chunks")
+    if layout.get("tag"):
+        parts.append(f"tag {layout['tag']}")
+    if layout.get("step") is not None:
+        parts.append(f"step {layout['step']}")
+    if layout.get("model_key"):
+        parts.append(f"model part {layout['model_key']!r}")
+    if layout.get("weights"):
+        parts.append(f"{layout['weights']} weights")
+    left = layout.get("left_out")
+    if isinstance(left, dict) and (left.get("tensor_bytes") or left.get("other_bytes")):
+        total = int(left.get("tensor_bytes", 0)) + int(left.get("other_bytes", 0))
+        parts.append(f"{format_size(total)} of training state left out")
+    return " · ".join(parts)
 
 
 def _tensor_table(result: Report) -> Table:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.core.training import TrainingLayout
 from ckptfix.formats.base import FileRead
 from ckptfix.formats.index import ShardIndex
 from ckptfix.io.source import ByteSource
@@ -61,13 +62,15 @@ class Checkpoint:
     """A checkpoint file or folder as read: files, indexes, config, and every tensor."""
 
     path: str
-    kind: str  # "folder", or the format of a single file
+    kind: str  # "folder", "dcp", "deepspeed", or the format of a single file
     files: tuple[FileRecord, ...]
     indexes: tuple[IndexRecord, ...] = ()
     config: ConfigRecord | None = None
     layout: Any = None  # the folder layout that organised it (layouts.huggingface.FolderLayout)
     sources: dict[str, ByteSource] = field(default_factory=dict, repr=False, compare=False)
     exists: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
+    # A training checkpoint folder (DCP, DeepSpeed): its layout, findings and what is left out.
+    training: TrainingLayout | None = None
 
     @property
     def tensors(self) -> tuple[TensorInfo, ...]:

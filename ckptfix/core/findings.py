@@ -51,6 +51,14 @@ CODES: dict[str, Severity] = {
     "nested-checkpoint": Severity.INFO,
     "wrapper-prefix": Severity.INFO,
     "dtype-mix": Severity.INFO,
+    # Training checkpoints (torch.distributed.checkpoint, DeepSpeed ZeRO).
+    "missing-rank-file": Severity.ERROR,
+    "truncated-rank-file": Severity.ERROR,
+    "chunk-gap": Severity.ERROR,
+    "chunk-overlap": Severity.ERROR,
+    "chunk-out-of-range": Severity.ERROR,
+    "tag-missing": Severity.ERROR,
+    "training-state": Severity.INFO,
 }
 
 

@@ -22,9 +22,11 @@ SNIFF_BYTES = 1024  # enough for every format's magic, the tar header's included
 
 @dataclass(frozen=True)
 class ReadOptions:
-    """What the caller asks of a reader: where a training checkpoint keeps its tensors."""
+    """What the caller asks of a reader: where a training checkpoint keeps its tensors, and
+    which weights of a DeepSpeed checkpoint (fp32 "master" ones or the "module" copy)."""
 
     key: str = "auto"
+    zero_weights: str = "master"
 
 
 @dataclass(frozen=True)

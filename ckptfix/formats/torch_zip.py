@@ -20,7 +20,13 @@ from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.pickle_scan import MAX_PICKLE_BYTES
 from ckptfix.formats.pickled import pickle_checks, pickle_file
 from ckptfix.formats.tensor_dict import PickleCheckpoint, Storage
-from ckptfix.formats.unpickler import REEXPORT, StorageRef, unpickle
+from ckptfix.formats.unpickler import (
+    REEXPORT,
+    TORCH_ALLOWLIST,
+    Allowlist,
+    StorageRef,
+    unpickle,
+)
 from ckptfix.io.source import ByteSource, open_stream
 
 MAX_ENTRIES = 4_000_000  # a 1,000,000-tensor checkpoint has about as many storages
@@ -127,8 +133,9 @@ def _read_pickle(source: ByteSource, info: zipfile.ZipInfo, file_size: int, disp
     return data
 
 
-def read_zip(source: ByteSource) -> PickleCheckpoint:
-    """The unpickled object of a torch zip file, with its storages located."""
+def read_zip(source: ByteSource, allowed: Allowlist = TORCH_ALLOWLIST) -> PickleCheckpoint:
+    """The unpickled object of a torch zip file, with its storages located (`allowed`: a
+    format's own allowlist, e.g. DeepSpeed's stubs on top of the torch one)."""
     display, file_size = source.label, source.size
     infos = _open_archive(source, display)
     root = _check_directory(infos, display)
@@ -159,7 +166,7 @@ def read_zip(source: ByteSource) -> PickleCheckpoint:
         refs[key] = StorageRef(key, dtype, nbytes)
         return refs[key]
 
-    obj = unpickle(data, display, resolve)
+    obj = unpickle(data, display, resolve, allowed)
     return PickleCheckpoint(obj, storages, "torch-zip")
 
 

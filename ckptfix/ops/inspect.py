@@ -8,6 +8,7 @@ from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.formats.base import ReadOptions
 from ckptfix.ops.load import load
 from ckptfix.ops.report import FileSummary, Report
 
@@ -18,15 +19,15 @@ def inspect(
     max_shard: int = DEFAULT_MAX_SHARD,
     hash_values: bool = False,
     scan_values: bool = False,
-    key: str = "auto",
     manifest: str | os.PathLike[str] | None = None,
+    read: ReadOptions | None = None,
 ) -> Report:
     """Inspect a checkpoint file or model folder without modifying it.
 
     Tensor data is read only with `hash_values` (duplicate-content), `scan_values`
     (non-finite) or `manifest` (the tensors it lists, checked against their digests).
     """
-    checkpoint = load(path, key=key)
+    checkpoint = load(path, read)
     options = checks.CheckOptions(
         max_shard=max_shard, hash_values=hash_values, scan_values=scan_values
     )
@@ -58,4 +59,5 @@ def report_of(checkpoint: Checkpoint, findings: list[Finding]) -> Report:
         files=tuple(files),
         tensors=checkpoint.tensors,
         findings=tuple(findings),
+        layout=checkpoint.training.to_dict() if checkpoint.training is not None else None,
     )

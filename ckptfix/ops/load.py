@@ -10,14 +10,24 @@ from ckptfix.formats import ReadOptions
 from ckptfix.layouts.huggingface import load_file, load_folder
 
 
-def load(path: str | os.PathLike[str], *, key: str = "auto") -> Checkpoint:
-    """Read a checkpoint file or model folder: every file once, tensor data untouched."""
+def load(path: str | os.PathLike[str], options: ReadOptions | None = None) -> Checkpoint:
+    """Read a checkpoint file or model folder: every file once, tensor data untouched.
+
+    A torch.distributed.checkpoint or DeepSpeed folder is read as the model it holds
+    (`options.key` picks the part of a DCP app state; `options.zero_weights` DeepSpeed's
+    master or module weights)."""
     shown = os.fspath(path)
     if not os.path.exists(shown):
         raise InputNotFoundError(shown, "no such file or directory", "check the path")
-    options = ReadOptions(key=key)
+    options = options or ReadOptions()
     if os.path.isdir(shown):
-        return load_folder(shown, options)
+        from ckptfix.layouts.training import load_training
+
+        training = load_training(shown, options, options.zero_weights)
+        return training if training is not None else load_folder(shown, options)
     if os.path.isfile(shown):
+        from ckptfix.layouts.training import refuse_part
+
+        refuse_part(shown)
         return load_file(shown, options)
     raise UsageError(shown, "not a regular file or folder", "pass a checkpoint file or folder")

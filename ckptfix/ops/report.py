@@ -44,6 +44,8 @@ class Report:
     tensors: tuple[TensorInfo, ...]
     findings: tuple[Finding, ...]
     manifest: ManifestCheck | None = None  # with `inspect --manifest` (ops.manifest)
+    # A training checkpoint's layout (DCP, DeepSpeed): the JSON's "layout" object.
+    layout: dict[str, object] | None = None
 
     @property
     def tensor_count(self) -> int:
@@ -107,7 +109,7 @@ class Report:
         yield tail
 
     def _document(self, tensors: list[Any]) -> dict[str, object]:
-        return {
+        document = {
             "schema_version": SCHEMA_VERSION,
             "path": self.path,
             "format": self.format,
@@ -118,7 +120,12 @@ class Report:
             "dtypes": self.dtypes,
             "tensors": tensors,
             "findings": [item.to_dict() for item in self.findings],
-        } | ({"manifest": self.manifest.to_dict()} if self.manifest is not None else {})
+        }
+        if self.layout is not None:
+            document["layout"] = self.layout
+        if self.manifest is not None:
+            document["manifest"] = self.manifest.to_dict()
+        return document
 
 
 def _tensor_dicts(tensors: Sequence[TensorInfo]) -> list[dict[str, object]]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.formats.base import ReadOptions
 from ckptfix.ops.report import Report
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
 from ckptfix.plan.shards import ShardPlan, metadata_per_shard, plan_shards
@@ -237,6 +238,7 @@ class ConvertOptions(RewriteOptions):
     keep: str = "first"  # which alias name to keep: first, last or a regex
     clone: bool = False  # write every alias as its own copy
     verify: bool = True
+    zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
 
 
 @dataclass(frozen=True)
@@ -288,10 +290,14 @@ def convert(
         raise UsageError(
             "--dtype", f"unknown dtype {options.dtype!r}", "use bf16, fp16, fp32 or keep"
         )
-    with _opened(src, out, options, key=options.key, torch=True, prefer_torch=True) as (
-        opened,
-        claim,
-    ):
+    with _opened(
+        src,
+        out,
+        options,
+        read=ReadOptions(key=options.key, zero_weights=options.zero_weights),
+        torch=True,
+        prefer_torch=True,
+    ) as (opened, claim):
         choice = SelectOptions(
             exclude=tuple(options.exclude),
             strip_prefix=options.strip_prefix,
@@ -299,6 +305,7 @@ def convert(
             keep=options.keep,
             clone=options.clone,
             dtype=CAST_TARGETS.get(options.dtype),
+            dtypes=opened.dtypes,
         )
         selection = select(opened.tensors, choice, opened.checkpoint.source)
         write = WriteOptions(

@@ -22,6 +22,7 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import CorruptFileError, UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.formats.base import ReadOptions
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
@@ -74,7 +75,7 @@ def opened(
     path: str | os.PathLike[str], *, key: str = "auto", alias_record: bool = True
 ) -> Iterator[TensorSet]:
     """Load and check a checkpoint once, yield its tensor set, close it at the end."""
-    checkpoint = load(path, key=key)
+    checkpoint = load(path, ReadOptions(key=key))
     with checkpoint:
         report = report_of(
             checkpoint, checks.run(checkpoint, checks.CheckOptions(DEFAULT_MAX_SHARD))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from ckptfix.checks.tensors import common_wrapper_prefixes
@@ -101,6 +101,7 @@ class SelectOptions:
     clone: bool = False  # write every alias as its own copy
     by_content: bool = False  # merge separately stored tensors with equal bytes too
     dtype: str | None = None  # cast floating tensors to this dtype
+    dtypes: Mapping[str, str] = field(default_factory=dict)  # else this tensor's dtype
 
 
 def select(
@@ -131,7 +132,8 @@ def select(
             dropped_bytes += tensor.nbytes
             continue
         floating = DTYPES[tensor.dtype].is_floating
-        target = options.dtype if options.dtype and floating else tensor.dtype
+        target = (options.dtype or options.dtypes.get(tensor.name)) if floating else None
+        target = target or tensor.dtype
         out.append(OutTensor(name, tensor, target))
     return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes)
 

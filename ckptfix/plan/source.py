@@ -12,6 +12,7 @@ from ckptfix.core.errors import CkptfixError, UnsupportedFormatError, UsageError
 from ckptfix.core.findings import Severity
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.formats.base import ReadOptions
 from ckptfix.layouts.names import Family
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
@@ -43,6 +44,8 @@ class RewriteSource:
     checkpoint: Checkpoint = field(repr=False, compare=False)
     # Why each left-out entry is left out; nested special files are named by relative path.
     left_out_reasons: dict[str, str] = field(default_factory=dict)
+    # Output dtype of a tensor unless --dtype says otherwise (a training layout's choice).
+    dtypes: dict[str, str] = field(default_factory=dict)
 
     @property
     def training_checkpoint(self) -> bool:
@@ -112,13 +115,14 @@ def open_checkpoint(
     path: str,
     *,
     max_shard: int = DEFAULT_MAX_SHARD,
-    key: str = "auto",
+    read: ReadOptions | None = None,
     torch: bool = False,
     prefer_torch: bool = False,
 ) -> RewriteSource:
     """Load a checkpoint file or model folder once, check it, and refuse it if it has
-    errors. Only safetensors is accepted unless `torch` allows PyTorch files too."""
-    checkpoint = load(path, key=key)
+    errors. Only safetensors is accepted unless `torch` allows PyTorch files too (and
+    training checkpoint folders, which hold PyTorch data)."""
+    checkpoint = load(path, read)
     report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
     return choose_source(checkpoint, report, torch=torch, prefer_torch=prefer_torch)
 
@@ -129,6 +133,8 @@ def choose_source(
     """The checkpoint a rewrite (or a hash) reads from what `load` found: the family chosen,
     its tensors in source order; refused if it has errors (see open_checkpoint)."""
     path = checkpoint.path
+    if checkpoint.training is not None:
+        return _training_source(checkpoint, report, torch=torch)
     if checkpoint.kind != "folder":
         return _single_file(checkpoint, report, torch=torch)
     family = _choose_family(
@@ -180,6 +186,32 @@ def _single_file(checkpoint: Checkpoint, report: Report, *, torch: bool) -> Rewr
         left_out=(),
         report=report,
         checkpoint=checkpoint,
+    )
+
+
+def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> RewriteSource:
+    """A DCP or DeepSpeed folder: the model's tensors in the model's order, nothing else of
+    the folder copied (its other files are training state)."""
+    assert checkpoint.training is not None
+    if not torch:
+        raise UnsupportedFormatError(
+            checkpoint.path,
+            f"folder is a {checkpoint.kind} training checkpoint, not safetensors",
+            "use `ckptfix convert`",
+        )
+    refuse_if_errors(report)
+    return RewriteSource(
+        path=checkpoint.path,
+        is_folder=True,
+        tensors=checkpoint.tensors,
+        metadata={},
+        index_metadata={},
+        source_files=tuple(record.label for record in checkpoint.files),
+        extra_files=(),
+        left_out=(),
+        report=report,
+        checkpoint=checkpoint,
+        dtypes=dict(checkpoint.training.dtypes),
     )
 
 

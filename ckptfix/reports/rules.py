@@ -22,6 +22,34 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "The message names the rule broken. Re-download or re-export the file; a truncated "
         "download is the usual cause.",
     ),
+    "missing-rank-file": (
+        "A training checkpoint's metadata names a rank file that is not in the folder.",
+        "Copy every rank file the checkpoint was saved with into the folder.",
+    ),
+    "truncated-rank-file": (
+        "A rank file of a training checkpoint ends before the bytes its metadata points to.",
+        "Copy the rank file again; a truncated copy or download is the usual cause.",
+    ),
+    "chunk-gap": (
+        "The chunks saved by the ranks leave part of a tensor uncovered.",
+        "The checkpoint is incomplete or its metadata was edited: save it again.",
+    ),
+    "chunk-overlap": (
+        "Two chunks saved by the ranks cover the same part of a tensor.",
+        "The checkpoint's metadata is inconsistent: save it again.",
+    ),
+    "chunk-out-of-range": (
+        "A chunk's offsets or sizes reach outside its tensor.",
+        "The checkpoint's metadata is inconsistent: save it again.",
+    ),
+    "tag-missing": (
+        "A DeepSpeed folder's `latest` names a tag folder that does not exist.",
+        "Pass the tag folder itself, or fix `latest` to name one that exists.",
+    ),
+    "training-state": (
+        "A training checkpoint holds optimizer or training state besides the model.",
+        "Nothing to fix: `ckptfix convert` writes the model only and reports what it left out.",
+    ),
     "manifest-mismatch": (
         "Tensors hold other bytes than the manifest (`ckptfix hash --manifest`) records.",
         "The checkpoint is not the one the manifest describes: find which file changed "

@@ -1,0 +1,55 @@
+"""What a training checkpoint folder (torch.distributed.checkpoint, DeepSpeed ZeRO) is, beyond
+its tensors: the facts inspect shows, what was left out, and the problems found reading it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ckptfix.core.findings import Finding
+
+
+@dataclass(frozen=True)
+class TrainingLayout:
+    """The layout of a training checkpoint: set on `Checkpoint.training` by its loader."""
+
+    framework: str  # "dcp" or "deepspeed"
+    world_size: int | None = None
+    serialization: str | None = None  # DCP: "torch_save" or "safetensors"
+    tag: str | None = None  # DeepSpeed: the tag folder, e.g. "global_step1000"
+    step: int | None = None
+    stage: int | None = None  # DeepSpeed: the ZeRO stage
+    weights: str | None = None  # DeepSpeed: "master" (fp32 partitions) or "module"
+    model_key: str | None = None  # DCP: the part of the app state taken as the model
+    left_out_tensors: int = 0  # tensors that are not the model's (optimizer state, ...)
+    left_out_bytes: int = 0
+    left_out_parts: tuple[str, ...] = ()  # e.g. ("optim", "train_state")
+    other_items: int = 0  # non-tensor items (pickled objects), never read
+    other_bytes: int = 0
+    findings: tuple[Finding, ...] = field(default=(), compare=False)
+    # Output dtype a tensor is written in unless --dtype says otherwise (DeepSpeed master
+    # weights: floating buffers in fp32, as zero_to_fp32.py writes them).
+    dtypes: dict[str, str] = field(default_factory=dict, compare=False)
+
+    def to_dict(self) -> dict[str, object]:
+        """The `"layout"` object of the JSON report."""
+        document: dict[str, object] = {
+            "framework": self.framework,
+            "world_size": self.world_size,
+        }
+        optional = {
+            "serialization": self.serialization,
+            "tag": self.tag,
+            "step": self.step,
+            "stage": self.stage,
+            "weights": self.weights,
+            "model_key": self.model_key,
+        }
+        document.update({key: value for key, value in optional.items() if value is not None})
+        document["left_out"] = {
+            "tensors": self.left_out_tensors,
+            "tensor_bytes": self.left_out_bytes,
+            "parts": list(self.left_out_parts),
+            "other_items": self.other_items,
+            "other_bytes": self.other_bytes,
+        }
+        return document

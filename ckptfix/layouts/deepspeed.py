@@ -1,0 +1,157 @@
+"""DeepSpeed checkpoint folders: `latest` naming a tag folder (or the tag folder itself) with
+`*_model_states.pt` and `[bf16_]zero_pp_rank_R_mp_rank_00_optim_states.pt`.
+
+By default the weights are the fp32 master weights, reconstructed from the optimizer
+partitions as `zero_to_fp32.py` does (layouts.zero_weights), plus frozen parameters,
+buffers (floating ones written in fp32, as zero_to_fp32.py does) and `shared_params` aliases,
+each a few byte ranges of the rank files. `--zero-weights module` takes the training-dtype
+copy in `module` instead (stages 0-2). Problems are data: a tag pointing nowhere, a missing
+or unreadable rank file, partitions that disagree with the shapes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import replace
+
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.errors import UnsupportedFormatError
+from ckptfix.core.findings import finding
+from ckptfix.core.training import TrainingLayout
+from ckptfix.formats.dcp import plain_file_name
+from ckptfix.formats.zero import FORMAT
+from ckptfix.layouts.deepspeed_files import Reader
+from ckptfix.layouts.zero_model import master, module
+
+_MODEL = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
+_OPTIM = re.compile(r"^(bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_DIGITS = re.compile(r"(\d+)$")
+_HF_WEIGHTS = re.compile(r"^(?:.*\.safetensors|pytorch_model.*\.bin)$")
+MAX_TAG_BYTES = 4096
+
+
+def _read_tag(root: str) -> str | None:
+    try:
+        with open(os.path.join(root, "latest"), "rb") as handle:
+            raw = handle.read(MAX_TAG_BYTES + 1)
+    except OSError:
+        return None
+    if len(raw) > MAX_TAG_BYTES:
+        return None
+    return raw.decode("utf-8", "replace").strip()
+
+
+def is_deepspeed_folder(root: str, names: list[str]) -> bool:
+    if any(_MODEL.match(name) or _OPTIM.match(name) for name in names):
+        return True
+    if "latest" not in names or not os.path.isfile(os.path.join(root, "latest")):
+        return False
+    if any(_HF_WEIGHTS.match(name) for name in names):
+        return False  # a Hugging Face Trainer checkpoint: its weights are the model (the tag folder can be passed)
+    tag = _read_tag(root)
+    tagged = bool(tag) and plain_file_name(tag) and os.path.isdir(os.path.join(root, str(tag)))
+    return tagged or "zero_to_fp32.py" in names
+
+
+def _tag_missing(root: str, tag: str | None) -> Checkpoint:
+    others = sorted(
+        name
+        for name in os.listdir(root)
+        if os.path.isdir(os.path.join(root, name))
+        and any(_MODEL.match(n) for n in os.listdir(os.path.join(root, name)))
+    )
+    listed = f"; tag folders present: {', '.join(others[:5])}" if others else ""
+    problem = finding(
+        "tag-missing",
+        f"`latest` names the tag {tag!r}, but there is no such folder{listed} (pass a tag "
+        "folder itself, or fix `latest`)",
+        file=os.path.join(root, "latest"),
+    )
+    layout = TrainingLayout("deepspeed", tag=tag, findings=(problem,))
+    return Checkpoint(root, FORMAT, (), training=layout)
+
+
+def _rank(match: re.Match[str], group: int) -> int:
+    return int(match.group(group))
+
+
+def _files(tag_dir: str) -> tuple[dict[int | None, str], dict[int, str]]:
+    """Model-states files (by rank; None for `mp_rank_00_model_states.pt`) and optimizer
+    files by rank. Tensor- or pipeline-parallel checkpoints are refused."""
+    models: dict[int | None, str] = {}
+    optims: dict[int, str] = {}
+    for name in sorted(os.listdir(tag_dir)):
+        path = os.path.join(tag_dir, name)
+        if match := _MODEL.match(name):
+            if int(match.group(2)):
+                raise _parallel(tag_dir, name)
+            models[int(match.group(1)) if match.group(1) else None] = path
+        elif match := _OPTIM.match(name):
+            if int(match.group(3)):
+                raise _parallel(tag_dir, name)
+            optims[int(match.group(2))] = path
+        elif name.startswith(("layer_", "expert_")) and name.endswith("model_states.pt"):
+            raise _parallel(tag_dir, name)
+    return models, optims
+
+
+def _parallel(tag_dir: str, name: str) -> UnsupportedFormatError:
+    return UnsupportedFormatError(
+        tag_dir,
+        f"{name} belongs to a tensor-, pipeline- or expert-parallel checkpoint, whose parts "
+        "ckptfix does not merge",
+        "convert it with DeepSpeed's ds_to_universal.py first",
+    )
+
+
+def _locate(root: str, names: list[str]) -> tuple[str | None, str | None]:
+    """(tag, tag folder): `latest` and the folder it names, or the folder itself."""
+    if any(_MODEL.match(name) or _OPTIM.match(name) for name in names):
+        return os.path.basename(os.path.normpath(root)), root
+    tag = _read_tag(root)
+    if not tag or not plain_file_name(tag) or not os.path.isdir(os.path.join(root, tag)):
+        return tag, None
+    return tag, os.path.join(root, tag)
+
+
+def load_deepspeed(root: str, names: list[str], weights: str) -> Checkpoint:
+    """The model of a DeepSpeed checkpoint: master weights, or `module` with weights="module"."""
+    tag, tag_dir = _locate(root, names)
+    if tag_dir is None:
+        return _tag_missing(root, tag)
+    models, optims = _files(tag_dir)
+    reader = Reader()
+    build = master if weights == "master" else module
+    found = build(tag_dir, models, optims, reader)
+    digits = _DIGITS.search(tag or "")
+    parts = ("optimizer states",) if found.left_out_bytes else ()
+    layout = TrainingLayout(
+        "deepspeed",
+        world_size=found.world,
+        tag=tag,
+        step=found.step if found.step is not None else (int(digits.group(1)) if digits else None),
+        stage=found.stage,
+        weights=found.weights,
+        left_out_tensors=found.left_out_tensors,
+        left_out_bytes=found.left_out_bytes,
+        left_out_parts=parts,
+        findings=tuple(found.findings),
+        dtypes=found.dtypes,
+    )
+    records = list(reader.records.values())
+    holder = next(
+        (i for i, r in enumerate(records) if r.read and _MODEL.match(os.path.basename(r.label))),
+        None,
+    )
+    if holder is not None:
+        read = records[holder].read
+        assert read is not None
+        records[holder] = replace(records[holder], read=replace(read, tensors=tuple(found.tensors)))
+    return Checkpoint(
+        path=root,
+        kind=FORMAT,
+        files=tuple(records),
+        sources=dict(reader.sources),
+        training=layout,
+    )

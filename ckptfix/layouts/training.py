@@ -1,0 +1,43 @@
+"""Which training-checkpoint layout a folder is, if any: torch.distributed.checkpoint
+(`.metadata`, `*.distcp`) or DeepSpeed (`latest` + tag folder, or a tag folder of
+`*_model_states.pt`). Everything else is a Hugging Face model folder."""
+
+from __future__ import annotations
+
+import os
+
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.errors import UsageError
+from ckptfix.formats.base import ReadOptions
+from ckptfix.formats.dcp import RANK_SUFFIX
+
+ZERO_WEIGHTS = ("master", "module")
+
+
+def load_training(root: str, options: ReadOptions, zero_weights: str) -> Checkpoint | None:
+    """The Checkpoint of a training folder, or None when the folder is not one."""
+    if zero_weights not in ZERO_WEIGHTS:
+        raise UsageError(
+            "--zero-weights", f"unknown choice {zero_weights!r}", "use master or module"
+        )
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return None  # the Hugging Face loader reports it
+    from ckptfix.layouts import dcp, deepspeed
+
+    if dcp.is_dcp_folder(root, names):
+        return dcp.load_dcp(root, names, options)
+    if deepspeed.is_deepspeed_folder(root, names):
+        return deepspeed.load_deepspeed(root, names, zero_weights)
+    return None
+
+
+def refuse_part(path: str) -> None:
+    """A file that is only one part of a training checkpoint is refused, with the fix."""
+    if path.endswith(RANK_SUFFIX) or os.path.basename(path) == ".metadata":
+        raise UsageError(
+            path,
+            "file is one part of a torch.distributed.checkpoint folder",
+            "pass the folder that holds .metadata and the .distcp files",
+        )

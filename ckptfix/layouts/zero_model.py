@@ -1,0 +1,211 @@
+"""The model a DeepSpeed tag folder holds, as descriptors: the fp32 master weights (from the
+optimizer partitions, as zero_to_fp32.py builds them) or the `module` copy."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import UsageError
+from ckptfix.core.findings import Finding, finding
+from ckptfix.core.tensor import TensorInfo
+from ckptfix.formats.zero import ModelStates, OptimStates, read_model_states, read_optim_states
+from ckptfix.layouts.deepspeed_files import Reader, segment, spread_tensor, view_tensor
+from ckptfix.layouts.zero_weights import ReconstructionError, concatenated, stage3, stage12
+
+
+@dataclass
+class Assembled:
+    """What the loader reports: tensors in the model's order and the layout's facts."""
+
+    tensors: list[TensorInfo] = field(default_factory=list)
+    dtypes: dict[str, str] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    stage: int | None = None
+    world: int | None = None
+    step: int | None = None
+    left_out_tensors: int = 0
+    left_out_bytes: int = 0
+    weights: str = "master"
+
+
+def _missing(path: str, what: str) -> Finding:
+    return finding(
+        "missing-rank-file",
+        f"{what} is missing (copy it from the training run's output)",
+        file=path,
+    )
+
+
+def _optim_name(optims: dict[int, str], rank: int) -> str:
+    bf16 = any(os.path.basename(p).startswith("bf16_") for p in optims.values())
+    return f"{'bf16_' if bf16 else ''}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+class _Master:
+    """Builds the master weights of one tag folder."""
+
+    def __init__(self, tag_dir: str, reader: Reader, found: Assembled) -> None:
+        self.tag_dir, self.reader, self.out = tag_dir, reader, found
+        self.tensors: dict[str, TensorInfo] = {}
+
+    def optimizer(self, optims: dict[int, str]) -> list[OptimStates] | None:
+        """Every rank's partitions, or None when one is missing or unreadable."""
+        read = {rank: self.reader.read(path, read_optim_states) for rank, path in optims.items()}
+        first = next((states for states in read.values() if states is not None), None)
+        if first is None:
+            if not optims:
+                path = os.path.join(self.tag_dir, _optim_name(optims, 0))
+                self.out.findings.append(
+                    _missing(path, "the optimizer states (fp32 master weights)")
+                )
+            return None
+        self.out.stage, self.out.world = first.stage, first.partition_count
+        for rank in range(first.partition_count):
+            if rank not in optims:
+                path = os.path.join(self.tag_dir, _optim_name(optims, rank))
+                self.out.findings.append(_missing(path, f"rank {rank}'s optimizer partition"))
+        self.out.left_out_tensors = sum(s.other_tensors for s in read.values() if s)
+        self.out.left_out_bytes = sum(s.other_bytes for s in read.values() if s)
+        ranks = [read.get(rank) for rank in range(first.partition_count)]
+        complete = [states for states in ranks if states is not None]
+        return complete if len(complete) == len(ranks) else None
+
+    def model_states(self, models: dict[int | None, str]) -> list[ModelStates] | None:
+        """Rank 0's model states (stages 0-2: the only file), or every rank's (stage 3)."""
+        stage3_files = self.out.stage == 3 or (None not in models and models)
+        wanted: list[int | None] = list(range(self.out.world or 1)) if stage3_files else [None]
+        states = []
+        for rank in wanted:
+            name = "mp_rank_00_model_states.pt"
+            if rank is not None:
+                name = f"zero_pp_rank_{rank}_{name}"
+            if rank not in models:
+                self.out.findings.append(_missing(os.path.join(self.tag_dir, name), "model states"))
+                return None
+            states.append(self.reader.read(models[rank], read_model_states))
+        complete = [s for s in states if s is not None]
+        return complete if len(complete) == len(states) else None
+
+    def add(self, tensor: TensorInfo) -> None:
+        self.tensors[tensor.name] = tensor
+
+    def buffers(self, first: ModelStates) -> None:
+        for name in first.buffer_names:
+            view = first.module.get(name)
+            if view is None:
+                continue
+            self.add(view_tensor(name, view, first.label))
+            if DTYPES[view.dtype].is_floating and view.dtype != "F32":
+                self.out.dtypes[name] = "F32"  # zero_to_fp32.py writes buffers .float()
+
+    def frozen(self, states: list[ModelStates]) -> None:
+        first = states[0]
+        for name, shape in first.frozen_shapes.items():
+            if self.out.stage != 3:
+                if (view := first.frozen_fragments.get(name)) is not None:
+                    self.add(view_tensor(name, view, first.label))
+                continue
+            views = [s.frozen_fragments.get(name) for s in states]
+            segments = [segment(v, s.label) for v, s in zip(views, states, strict=True) if v]
+            try:
+                pieces = concatenated(segments, shape)
+            except ReconstructionError as exc:
+                self._broken(f"{name!r}: {exc}")
+                continue
+            self.add(spread_tensor(name, views[0].dtype if views[0] else "F32", shape, pieces))
+
+    def _broken(self, what: str) -> None:
+        self.out.findings.append(
+            finding(
+                "corrupt-file",
+                f"the partitions do not hold the model the shapes describe: {what} "
+                "(rule zero-partitions; copy the rank files again, or save again)",
+                file=self.tag_dir,
+            )
+        )
+
+    def trainable(self, states: list[ModelStates], optim: list[OptimStates]) -> None:
+        shapes = states[0].param_shapes
+        try:
+            if self.out.stage == 3:
+                merged = {name: shape for group in shapes for name, shape in group.items()}
+                ranks = [[segment(v, o.label) for v in o.groups] for o in optim]
+                weights = stage3(ranks, merged)
+            else:
+                groups = [
+                    [segment(o.groups[g], o.label) for o in optim]
+                    for g in range(len(optim[0].groups))
+                ]
+                weights = stage12(groups, shapes, optim[0].alignment_paddings, len(optim))
+        except (ReconstructionError, IndexError) as exc:
+            self._broken(str(exc))
+            return
+        dtype = optim[0].groups[0].dtype if optim[0].groups else "F32"
+        for group in shapes:
+            for name, shape in group.items():
+                self.add(spread_tensor(name, dtype, shape, weights[name]))
+
+    def unrecorded(self, first: ModelStates) -> None:
+        """Stages 1-2: module tensors DeepSpeed recorded nowhere else (stage 1 keeps no
+        frozen_param_shapes), taken as saved so that no parameter is lost."""
+        trained = {name for group in first.param_shapes for name in group}
+        for name, view in first.module.items():
+            if name not in self.tensors and name not in trained and name not in first.shared_params:
+                self.add(view_tensor(name, view, first.label))
+
+    def aliases(self, first: ModelStates) -> None:
+        for alias, source in first.shared_params.items():
+            if source in self.tensors:
+                self.add(replace(self.tensors[source], name=alias))
+                if source in self.out.dtypes:
+                    self.out.dtypes[alias] = self.out.dtypes[source]
+
+
+def master(
+    tag_dir: str, models: dict[int | None, str], optims: dict[int, str], reader: Reader
+) -> Assembled:
+    if not optims and None in models:  # stage 0 keeps no partitions: `module` is the weights
+        saved = reader.read(models[None], read_model_states)
+        if saved is not None and not saved.stage:
+            return _from_module(saved, optims)
+    found = Assembled()
+    build = _Master(tag_dir, reader, found)
+    optim = build.optimizer(optims)
+    states = build.model_states(models)
+    if states is None:
+        return found
+    found.step = states[0].global_steps
+    build.buffers(states[0])
+    build.frozen(states)
+    if optim is not None:
+        build.trainable(states, optim)
+        if found.stage in (1, 2):
+            build.unrecorded(states[0])
+    build.aliases(states[0])
+    order = {name: index for index, name in enumerate(states[0].module)}
+    found.tensors = sorted(build.tensors.values(), key=lambda t: order.get(t.name, len(order)))
+    return found
+
+
+def module(
+    tag_dir: str, models: dict[int | None, str], optims: dict[int, str], reader: Reader
+) -> Assembled:
+    """`--zero-weights module`: the training-dtype weights in `module` (stages 0-2)."""
+    if None not in models:
+        raise UsageError(
+            "--zero-weights",
+            "module: a ZeRO-3 checkpoint keeps no full weights in `module` (only placeholders)",
+            "use --zero-weights master",
+        )
+    states = reader.read(models[None], read_model_states)
+    return Assembled() if states is None else _from_module(states, optims)
+
+
+def _from_module(states: ModelStates, optims: dict[int, str]) -> Assembled:
+    found = Assembled(weights="module")
+    found.stage, found.world, found.step = states.stage, states.dp_world_size, states.global_steps
+    found.tensors = [view_tensor(name, view, states.label) for name, view in states.module.items()]
+    found.left_out_bytes = sum(os.path.getsize(path) for path in optims.values())
+    return found
