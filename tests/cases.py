@@ -271,15 +271,20 @@ SAFETENSORS_CASES = [
 
 
 def _folder_with_index(document: bytes | dict[str, object]) -> Callable[[Factory], Path]:
+    """A broken index of the folder's only checkpoint: one numbered shard. (Beside a single
+    `model.safetensors`, an index is never read by loaders, so it would not block a rewrite.)"""
+
     def build(f: Factory) -> Path:
-        f.safetensors("m/model.safetensors")
+        f.safetensors(f"m/{_SHARD}")
         text = document if isinstance(document, bytes) else json.dumps(document).encode()
+        text = text.replace(b'"model.safetensors"', f'"{_SHARD}"'.encode())
         f.path("m/model.safetensors.index.json").write_bytes(text)
         return f.root / "m"
 
     return build
 
 
+_SHARD = "model-00001-of-00001.safetensors"
 _OK_MAP = {"weight": "model.safetensors"}
 INDEX_CASES = [
     Case("index-not-json", _folder_with_index(b'{"weight_map": '), "index-not-json"),

@@ -131,14 +131,20 @@ def test_index_total_size_not_integer(factory: Factory) -> None:
     assert "not an integer" in only(ckptfix.inspect(folder), "index-total-size").message
 
 
-def test_orphan_stale_single_file(factory: Factory) -> None:
+def test_single_file_beside_shards_is_what_transformers_loads(factory: Factory) -> None:
+    """transformers loads model.safetensors when it exists, never the index beside it: the
+    report describes that file and says the shards are shadowed (not that it is an orphan)."""
     folder = factory.sharded("m", [SHARD1, SHARD2])
     factory.safetensors("m/model.safetensors", SHARD1 + SHARD2)
     report = ckptfix.inspect(folder)
-    item = only(report, "orphan-file")
-    assert item.file == str(folder / "model.safetensors")
+    item = only(report, "shadowed-shards")
+    assert item.file == str(folder / "model.safetensors.index.json")
+    assert "transformers loads model.safetensors and never reads the index" in item.message
+    assert "orphan-file" not in codes(report)
     assert "duplicate-name" not in codes(report)
     assert "mixed-formats" not in codes(report)
+    assert {t.file for t in report.tensors} == {str(folder / "model.safetensors")}
+    assert report.to_dict()["checkpoint"]["files"] == ["model.safetensors"]
 
 
 def test_duplicate_name_across_shards(factory: Factory) -> None:

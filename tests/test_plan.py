@@ -7,7 +7,7 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptfix.plan.shards import pack, plan_shards
+from ckptfix.plan.shards import output_name, pack, plan_shards
 
 
 def names(groups: list[list[tuple[str, int]]]) -> list[list[str]]:
@@ -53,8 +53,27 @@ def test_names_and_index() -> None:
         "c": "model-00002-of-00002.safetensors",
     }
     assert plan.total_size == 15
-    one = plan_shards([("a", 5)], 10, stem="pytorch_model", ext="bin")
+    one = plan_shards([("a", 5)], 10, output_name("model", None, "bin"))
     assert [shard.file for shard in one.shards] == ["pytorch_model.bin"]
+
+
+def test_family_names_are_kept() -> None:
+    """The stem and variant of the input family, as transformers and diffusers name them."""
+    two = [("a", 5), ("b", 5)]
+    plan = plan_shards(two, 5, output_name("diffusion_pytorch_model", "fp16", "safetensors"))
+    assert [shard.file for shard in plan.shards] == [
+        "diffusion_pytorch_model.fp16-00001-of-00002.safetensors",
+        "diffusion_pytorch_model.fp16-00002-of-00002.safetensors",
+    ]
+    assert plan.index_file == "diffusion_pytorch_model.safetensors.index.fp16.json"
+    assert plan_shards(two, 10, output_name("model", "fp16", "bin")).shards[0].file == (
+        "pytorch_model.fp16.bin"
+    )
+    assert plan_shards(two, 10, output_name("pytorch_model", None, "safetensors")).shards[
+        0
+    ].file == ("model.safetensors")
+    adapter = plan_shards(two, 10, output_name("adapter_model", None, "bin"))
+    assert adapter.shards[0].file == "adapter_model.bin"
 
 
 @given(st.lists(st.integers(0, 100), max_size=40), st.integers(1, 60))

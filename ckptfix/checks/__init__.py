@@ -28,10 +28,10 @@ def run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
     if checkpoint.kind == "folder":
         found += folder.folder_findings(checkpoint)
     found += training.training_findings(checkpoint)
-    all_tensors = checkpoint.tensors
+    all_tensors = checkpoint.model_tensors
     nested = any(
         isinstance(record.read, PickleFile) and record.read.nested_key is not None
-        for record in checkpoint.files
+        for record in checkpoint.chosen_files
     )
     found += tensors.wrapper_prefix_findings(all_tensors, training_checkpoint=nested)
     found += tensors.tensor_findings(all_tensors, options.max_shard)

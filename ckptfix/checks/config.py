@@ -85,7 +85,7 @@ def tied_config_findings(
 def config_findings(checkpoint: Checkpoint, *, hashed: bool) -> list[Finding]:
     """`tie_word_embeddings` against the stored names (and, with --hash, their bytes)."""
     assert checkpoint.config is not None and checkpoint.config.config is not None
-    tensors = checkpoint.tensors
+    tensors = checkpoint.model_tensors
     by_name = {tensor.name: tensor for tensor in tensors}
 
     def same_bytes(first: str, second: str) -> bool | None:

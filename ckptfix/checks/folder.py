@@ -7,7 +7,7 @@ import itertools
 import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, finding, name_list
@@ -263,6 +263,7 @@ def folder_findings(checkpoint: Checkpoint) -> list[Finding]:
                 _read(checkpoint, [os.path.join(root, name) for name in family.files]).values()
             )
     found += mixed_format_findings(layout.families)
+    found += _choice_findings(checkpoint)
     if not checkpoint.files and not checkpoint.indexes:
         found.append(
             finding(
@@ -273,6 +274,35 @@ def folder_findings(checkpoint: Checkpoint) -> list[Finding]:
             )
         )
     return found
+
+
+def _choice_findings(checkpoint: Checkpoint) -> list[Finding]:
+    """Several separate checkpoints side by side; a single file that hides its family's
+    shards from the loader."""
+    choice = checkpoint.choice
+    if choice is None:
+        return []
+    if len(choice.separate) > 1:
+        return [
+            finding(
+                "several-checkpoints",
+                f"folder holds {len(choice.separate)} separate checkpoints "
+                f"({name_list(list(choice.separate))}), not one model in several files; "
+                "nothing merges them (inspect or convert one file at a time)",
+                file=checkpoint.path,
+            )
+        ]
+    family = choice.family
+    if family is None or family.index is None or choice.index is not None:
+        return []
+    return [
+        finding(
+            "shadowed-shards",
+            f"{choice.files[0]} and {family.index} both exist: {choice.loader} loads "
+            f"{choice.files[0]} and never reads the index or its shards (delete the stale one)",
+            file=os.path.join(checkpoint.path, family.index),
+        )
+    ]
 
 
 def _read(checkpoint: Checkpoint, labels: Iterable[str]) -> dict[str, FileRead]:
@@ -298,7 +328,11 @@ def _index_family(checkpoint: Checkpoint, family: Family, index: ShardIndex) -> 
         record = checkpoint.record(label)
         if record is not None and record.read is not None:
             read[shard] = record.read
-    found = index_findings(family, index, index_diff(family, index, read, exists), display)
+    diff = index_diff(family, index, read, exists)
+    chosen = checkpoint.choice.files if checkpoint.choice is not None else ()
+    if chosen and checkpoint.choice.index is None:  # the single file a loader reads instead
+        diff = replace(diff, orphans=[name for name in diff.orphans if name not in chosen])
+    found = index_findings(family, index, diff, display)
     found += duplicate_name_findings(read.values())
     found += shard_numbering_findings(family, index.shard_names, index.path)
     return found

@@ -7,6 +7,7 @@ folder with one broken shard is still described in full.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +72,22 @@ class Checkpoint:
     exists: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
     # A training checkpoint folder (DCP, DeepSpeed): its layout, findings and what is left out.
     training: TrainingLayout | None = None
+    # A Hugging Face folder: the checkpoint its loader would load (layouts.choice.Choice).
+    choice: Any = None
+
+    @property
+    def chosen_files(self) -> tuple[FileRecord, ...]:
+        """The files of the checkpoint a loader would load: in a folder, its chosen family
+        (every file when several separate checkpoints stand side by side)."""
+        if self.choice is None or not self.choice.files:
+            return self.files
+        wanted = {os.path.join(self.path, name) for name in self.choice.files}
+        return tuple(record for record in self.files if record.label in wanted)
+
+    @property
+    def model_tensors(self) -> tuple[TensorInfo, ...]:
+        """The tensors of the checkpoint a loader would load (see chosen_files)."""
+        return tuple(tensor for record in self.chosen_files for tensor in record.tensors)
 
     @property
     def tensors(self) -> tuple[TensorInfo, ...]:

@@ -37,6 +37,10 @@ CODES: dict[str, Severity] = {
     "duplicate-content": Severity.WARNING,
     "non-finite": Severity.WARNING,
     "tied-config-mismatch": Severity.WARNING,
+    # A folder: separate loose checkpoints side by side (never merged), and a single file
+    # that its loader reads instead of the shards its index names.
+    "several-checkpoints": Severity.WARNING,
+    "shadowed-shards": Severity.WARNING,
     # Beyond the first table of codes: shard file names whose N-of-M numbering is inconsistent or
     # that have no index, a folder with no weight file at all, and tensors with an empty name (SECURITY.md: warn on them).
     "no-weights": Severity.ERROR,

@@ -16,6 +16,7 @@ from ckptfix.core.errors import CkptfixError, CorruptFileError
 from ckptfix.formats import ReadOptions, read_file, sniffed_name
 from ckptfix.formats.index import read_index, read_small_file
 from ckptfix.io.source import LocalFile
+from ckptfix.layouts.choice import choose
 from ckptfix.layouts.names import Family, FolderLayout, scan_folder
 
 MAX_CONFIG_SIZE = 16 * 2**20
@@ -112,6 +113,11 @@ def load_folder(root: str, options: ReadOptions) -> Checkpoint:
     for family in layout.families:  # a loose file an index lists belongs to that checkpoint
         if family.stem == "loose":
             family.files = [name for name in family.files if name not in indexed]
+    shards = {
+        os.path.basename(record.label): record.index.shard_names
+        for record in indexes
+        if record.index is not None
+    }
     return Checkpoint(
         path=root,
         kind="folder",
@@ -121,6 +127,7 @@ def load_folder(root: str, options: ReadOptions) -> Checkpoint:
         layout=layout,
         sources=dict(reader.sources),
         exists=exists,
+        choice=choose(layout, shards),
     )
 
 

@@ -57,7 +57,8 @@ def report_of(checkpoint: Checkpoint, findings: list[Finding]) -> Report:
         path=checkpoint.path,
         format=checkpoint.kind,
         files=tuple(files),
-        tensors=checkpoint.tensors,
+        tensors=checkpoint.model_tensors,
         findings=tuple(findings),
         layout=checkpoint.training.to_dict() if checkpoint.training is not None else None,
+        checkpoint=checkpoint.choice.to_dict() if checkpoint.choice is not None else None,
     )

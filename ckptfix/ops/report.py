@@ -46,6 +46,9 @@ class Report:
     manifest: ManifestCheck | None = None  # with `inspect --manifest` (ops.manifest)
     # A training checkpoint's layout (DCP, DeepSpeed): the JSON's "layout" object.
     layout: dict[str, object] | None = None
+    # A folder: the checkpoint its loader would load (the JSON's "checkpoint" object); the
+    # tensors and totals are that checkpoint's.
+    checkpoint: dict[str, object] | None = None
 
     @property
     def tensor_count(self) -> int:
@@ -123,6 +126,8 @@ class Report:
         }
         if self.layout is not None:
             document["layout"] = self.layout
+        if self.checkpoint is not None:
+            document["checkpoint"] = self.checkpoint
         if self.manifest is not None:
             document["manifest"] = self.manifest.to_dict()
         return document

@@ -14,7 +14,7 @@ from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.formats.base import ReadOptions
 from ckptfix.ops.report import Report
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
-from ckptfix.plan.shards import ShardPlan, metadata_per_shard, plan_shards
+from ckptfix.plan.shards import ShardPlan, metadata_per_shard, output_name, plan_shards
 from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.extras import copy_extra
@@ -116,10 +116,10 @@ class WriteOptions:
 
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
     """Shards for a selection, and what happens to the folder's other entries."""
-    torch = options.to == "torch"
-    stem, ext = ("pytorch_model", "bin") if torch else ("model", "safetensors")
+    ext = "bin" if options.to == "torch" else "safetensors"
     sizes = [(t.name, t.nbytes) for t in selection.tensors]
-    plan = plan_shards(sizes, options.max_shard, stem=stem, ext=ext)
+    name = output_name(source.stem, source.variant, ext)
+    plan = plan_shards(sizes, options.max_shard, name)
     outputs = {shard.file for shard in plan.shards} | (
         {plan.index_file} if plan.index_file else set()
     )
@@ -296,7 +296,6 @@ def convert(
         options,
         read=ReadOptions(key=options.key, zero_weights=options.zero_weights),
         torch=True,
-        prefer_torch=True,
     ) as (opened, claim):
         choice = SelectOptions(
             exclude=tuple(options.exclude),

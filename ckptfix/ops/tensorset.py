@@ -57,7 +57,7 @@ class TensorSet:
 def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = True) -> TensorSet:
     """The tensor set of a loaded, checked checkpoint; refused (like a rewrite) when the
     files it would read have errors."""
-    chosen = choose_source(checkpoint, report, torch=True, prefer_torch=False)
+    chosen = choose_source(checkpoint, report, torch=True)
     stored = {tensor.name: tensor for tensor in chosen.tensors}
     aliases: dict[str, str] = {}
     if alias_record:

@@ -78,15 +78,39 @@ def metadata_per_shard(
     return [metadata] + [rest] * (count - 1), "first shard"
 
 
-def shard_file_name(stem: str, ext: str, number: int, count: int) -> str:
-    """Hugging Face naming: one shard is `model.safetensors`, else `model-00001-of-00003...`."""
-    if count == 1:
-        return f"{stem}.{ext}"
-    return f"{stem}-{number:05d}-of-{count:05d}.{ext}"
+@dataclass(frozen=True)
+class OutputName:
+    """How output files are named: the family's stem, its variant, the extension. Hugging
+    Face naming: one shard is `model.safetensors`, else `model-00001-of-00003.safetensors`
+    with `model.safetensors.index.json`; a variant goes after the stem
+    (`model.fp16-00001-of-00002.safetensors`) and at the end of the index name
+    (`model.safetensors.index.fp16.json`), as transformers and diffusers write them."""
+
+    stem: str = "model"
+    ext: str = "safetensors"
+    variant: str | None = None
+
+    def shard(self, number: int, count: int) -> str:
+        base = f"{self.stem}.{self.variant}" if self.variant else self.stem
+        if count == 1:
+            return f"{base}.{self.ext}"
+        return f"{base}-{number:05d}-of-{count:05d}.{self.ext}"
+
+    def index(self) -> str:
+        variant = f".{self.variant}" if self.variant else ""
+        return f"{self.stem}.{self.ext}.index{variant}.json"
 
 
-def index_file_name(stem: str, ext: str) -> str:
-    return f"{stem}.{ext}.index.json"
+# The stem of the same family in the other format: transformers names its .bin files
+# `pytorch_model*`, its safetensors `model*`; the other families keep their stem.
+_TORCH_STEMS = {"model": "pytorch_model"}
+_SAFETENSORS_STEMS = {"pytorch_model": "model"}
+
+
+def output_name(stem: str, variant: str | None, ext: str) -> OutputName:
+    """The names a family's rewrite gets in `ext` ("safetensors" or "bin")."""
+    table = _TORCH_STEMS if ext == "bin" else _SAFETENSORS_STEMS
+    return OutputName(table.get(stem, stem), ext, variant)
 
 
 def pack(sizes: Sequence[tuple[str, int]], max_shard: int) -> list[list[tuple[str, int]]]:
@@ -117,18 +141,15 @@ def pack(sizes: Sequence[tuple[str, int]], max_shard: int) -> list[list[tuple[st
 
 
 def plan_shards(
-    sizes: Sequence[tuple[str, int]],
-    max_shard: int,
-    *,
-    stem: str = "model",
-    ext: str = "safetensors",
+    sizes: Sequence[tuple[str, int]], max_shard: int, name: OutputName | None = None
 ) -> ShardPlan:
     """Plan output shards for tensors given as (name, bytes) in source order."""
+    name = name or OutputName()
     groups = pack(sizes, max_shard)
     count = len(groups)
     shards = tuple(
         PlannedShard(
-            file=shard_file_name(stem, ext, number, count),
+            file=name.shard(number, count),
             tensors=tuple(name for name, _ in group),
             nbytes=sum(size for _, size in group),
         )
@@ -138,6 +159,6 @@ def plan_shards(
     return ShardPlan(
         max_shard=max_shard,
         shards=shards,
-        index_file=index_file_name(stem, ext) if count > 1 else None,
+        index_file=name.index() if count > 1 else None,
         oversized=oversized,
     )

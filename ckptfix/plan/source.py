@@ -13,7 +13,8 @@ from ckptfix.core.findings import Severity
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
-from ckptfix.layouts.names import Family
+from ckptfix.layouts.choice import Choice
+from ckptfix.layouts.names import parse_weight_name
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
@@ -46,6 +47,9 @@ class RewriteSource:
     left_out_reasons: dict[str, str] = field(default_factory=dict)
     # Output dtype of a tensor unless --dtype says otherwise (a training layout's choice).
     dtypes: dict[str, str] = field(default_factory=dict)
+    # The family's name, kept by the output: `diffusion_pytorch_model`, variant `fp16`.
+    stem: str = "model"
+    variant: str | None = None
 
     @property
     def training_checkpoint(self) -> bool:
@@ -71,35 +75,6 @@ def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
     raise InputRefusedError(first.file, first.message + more)
 
 
-TORCH_EXTS = ("bin", "torch")
-
-
-def _choose_family(
-    families: tuple[Family, ...], root: str, *, torch: bool, prefer_torch: bool
-) -> Family:
-    exts = ("safetensors", *TORCH_EXTS) if torch else ("safetensors",)
-    candidates = [f for f in families if f.ext in exts and (f.files or f.index)]
-    order = [("pytorch_model", "bin"), ("model", "safetensors")]
-    for stem, ext in order if prefer_torch else reversed(order):
-        preferred = [f for f in candidates if (f.stem, f.ext) == (stem, ext) and f.variant is None]
-        if preferred:
-            return preferred[0]
-    if len(candidates) == 1:
-        return candidates[0]
-    if not candidates:
-        raise UnsupportedFormatError(
-            root,
-            "folder holds no safetensors checkpoint",
-            "use `ckptfix convert` for PyTorch files",
-        )
-    labels = ", ".join(family.label for family in candidates)
-    raise UsageError(
-        root,
-        f"folder holds several safetensors checkpoints ({labels})",
-        "pass one file, or move the others out",
-    )
-
-
 def _merged_metadata(checkpoint: Checkpoint, paths: list[str]) -> dict[str, str]:
     """String metadata of the safetensors sources (torch files have none): the first
     file's value wins."""
@@ -117,19 +92,16 @@ def open_checkpoint(
     max_shard: int = DEFAULT_MAX_SHARD,
     read: ReadOptions | None = None,
     torch: bool = False,
-    prefer_torch: bool = False,
 ) -> RewriteSource:
     """Load a checkpoint file or model folder once, check it, and refuse it if it has
     errors. Only safetensors is accepted unless `torch` allows PyTorch files too (and
     training checkpoint folders, which hold PyTorch data)."""
     checkpoint = load(path, read)
     report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
-    return choose_source(checkpoint, report, torch=torch, prefer_torch=prefer_torch)
+    return choose_source(checkpoint, report, torch=torch)
 
 
-def choose_source(
-    checkpoint: Checkpoint, report: Report, *, torch: bool = False, prefer_torch: bool = False
-) -> RewriteSource:
+def choose_source(checkpoint: Checkpoint, report: Report, *, torch: bool = False) -> RewriteSource:
     """The checkpoint a rewrite (or a hash) reads from what `load` found: the family chosen,
     its tensors in source order; refused if it has errors (see open_checkpoint)."""
     path = checkpoint.path
@@ -137,20 +109,20 @@ def choose_source(
         return _training_source(checkpoint, report, torch=torch)
     if checkpoint.kind != "folder":
         return _single_file(checkpoint, report, torch=torch)
-    family = _choose_family(
-        checkpoint.layout.families, path, torch=torch, prefer_torch=prefer_torch
-    )
-    names, index_metadata = _family_files(checkpoint, family)
+    choice = _checked_choice(checkpoint, torch=torch)
+    family = choice.family
+    assert family is not None  # _checked_choice refuses a folder without one
+    names, index_metadata = _family_files(checkpoint, choice)
     files = [os.path.join(path, name) for name in names]
     # Errors in other weight families do not stop a rewrite that leaves them out.
-    index_file = {os.path.join(path, family.index)} if family.index else set()
+    index_file = {os.path.join(path, choice.index)} if choice.index else set()
     refuse_if_errors(report, set(files) | index_file | {path})
     order = {file: position for position, file in enumerate(files)}
     tensors = sorted(
         (tensor for tensor in checkpoint.tensors if tensor.file in order),
         key=lambda tensor: (order[tensor.file], tensor.byte_range),
     )
-    ours = set(names) | ({family.index} if family.index else set())
+    ours = set(names) | ({choice.index} if choice.index else set())
     extra, reasons = _other_entries(checkpoint, ours)
     left_out = sorted(reasons)
     return RewriteSource(
@@ -165,7 +137,35 @@ def choose_source(
         report=report,
         checkpoint=checkpoint,
         left_out_reasons={name: reasons[name] for name in left_out},
+        stem=family.stem if family.stem != "loose" else "model",
+        variant=family.variant,
     )
+
+
+def _checked_choice(checkpoint: Checkpoint, *, torch: bool) -> Choice:
+    """The folder's checkpoint as its loader would choose it; refused when there are several
+    separate ones, or when it is PyTorch and a safetensors-only command asked."""
+    choice: Choice = checkpoint.choice
+    path = checkpoint.path
+    if len(choice.separate) > 1:
+        listed = ", ".join(choice.separate[:3]) + (" ..." if len(choice.separate) > 3 else "")
+        raise UsageError(
+            path,
+            f"folder holds {len(choice.separate)} separate checkpoints ({listed}), which are "
+            "never merged",
+            f"pass the one to use, e.g. {os.path.join(path, choice.separate[0])}",
+        )
+    if choice.family is None:
+        raise UnsupportedFormatError(
+            path, "folder holds no checkpoint", "check the path, or download the weights"
+        )
+    if not torch and choice.family.ext != "safetensors":
+        raise UnsupportedFormatError(
+            path,
+            f"the folder's checkpoint is {choice.label}, not safetensors",
+            "use `ckptfix convert`",
+        )
+    return choice
 
 
 def _single_file(checkpoint: Checkpoint, report: Report, *, torch: bool) -> RewriteSource:
@@ -186,7 +186,17 @@ def _single_file(checkpoint: Checkpoint, report: Report, *, torch: bool) -> Rewr
         left_out=(),
         report=report,
         checkpoint=checkpoint,
+        **_file_name(checkpoint.path),
     )
+
+
+def _file_name(path: str) -> dict[str, Any]:
+    """A file named as a family's (`diffusion_pytorch_model.fp16.safetensors`) keeps its
+    stem and variant in the output; any other name becomes `model`."""
+    parsed = parse_weight_name(os.path.basename(path))
+    if parsed is None:
+        return {}
+    return {"stem": parsed.stem, "variant": parsed.variant}
 
 
 def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> RewriteSource:
@@ -215,11 +225,11 @@ def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> 
     )
 
 
-def _family_files(checkpoint: Checkpoint, family: Family) -> tuple[list[str], dict[str, Any]]:
-    """The chosen family's files (from its index when it has one) and index metadata."""
-    if family.index is None:
-        return sorted(family.files), {}
-    label = os.path.join(checkpoint.path, family.index)
+def _family_files(checkpoint: Checkpoint, choice: Choice) -> tuple[list[str], dict[str, Any]]:
+    """The chosen checkpoint's files (from its index when it has one) and index metadata."""
+    if choice.index is None:
+        return list(choice.files), {}
+    label = os.path.join(checkpoint.path, choice.index)
     record = next(record for record in checkpoint.indexes if record.label == label)
     if record.index is None:  # refused below by its corrupt-file finding
         return [], {}

@@ -50,6 +50,14 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "A training checkpoint holds optimizer or training state besides the model.",
         "Nothing to fix: `ckptfix convert` writes the model only and reports what it left out.",
     ),
+    "several-checkpoints": (
+        "A folder holds several separate checkpoint files (loose files with other names).",
+        "They are not one model: inspect or convert one file at a time, or move the others out.",
+    ),
+    "shadowed-shards": (
+        "A family's single file and its shard index both exist; the loader reads the single file.",
+        "Delete whichever is stale: the single file, or the index and its shards.",
+    ),
     "manifest-mismatch": (
         "Tensors hold other bytes than the manifest (`ckptfix hash --manifest`) records.",
         "The checkpoint is not the one the manifest describes: find which file changed "
