@@ -14,6 +14,7 @@ from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.sizes import format_size
 from ckptfix.formats.base import FileRead
 from ckptfix.formats.index import ShardIndex
+from ckptfix.layouts.diffusers import no_weights_message
 from ckptfix.layouts.huggingface import family_key
 from ckptfix.layouts.names import Family, parse_weight_name
 
@@ -265,14 +266,7 @@ def folder_findings(checkpoint: Checkpoint) -> list[Finding]:
     found += mixed_format_findings(layout.families)
     found += _choice_findings(checkpoint)
     if not checkpoint.files and not checkpoint.indexes:
-        found.append(
-            finding(
-                "no-weights",
-                "folder holds no weight file (*.safetensors, *.bin, *.pt, ...) and no shard index "
-                "(check the path, or download the weights)",
-                file=root,
-            )
-        )
+        found.append(finding("no-weights", no_weights_message(root), file=root))
     return found
 
 

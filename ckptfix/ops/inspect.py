@@ -9,6 +9,7 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.formats.base import ReadOptions
+from ckptfix.layouts.diffusers import components
 from ckptfix.ops.load import load
 from ckptfix.ops.report import FileSummary, Report
 
@@ -27,16 +28,46 @@ def inspect(
     Tensor data is read only with `hash_values` (duplicate-content), `scan_values`
     (non-finite) or `manifest` (the tensors it lists, checked against their digests).
     """
-    checkpoint = load(path, read)
     options = checks.CheckOptions(
         max_shard=max_shard, hash_values=hash_values, scan_values=scan_values
     )
-    report = report_of(checkpoint, checks.run(checkpoint, options))
-    if manifest is not None:
-        from ckptfix.ops.manifest import read_manifest, verified_report
+    parts = components(os.fspath(path)) if os.path.isdir(path) else []
+    if parts and manifest is None:
+        return _pipeline_report(os.fspath(path), parts, options, read)
+    with load(path, read) as checkpoint:
+        report = report_of(checkpoint, checks.run(checkpoint, options))
+        if manifest is not None:
+            from ckptfix.ops.manifest import read_manifest, verified_report
 
-        report = verified_report(checkpoint, report, read_manifest(manifest))
+            report = verified_report(checkpoint, report, read_manifest(manifest))
     return report
+
+
+def _pipeline_report(
+    root: str, parts: list[str], options: checks.CheckOptions, read: ReadOptions | None
+) -> Report:
+    """A diffusers pipeline: each component (named by model_index.json) inspected as the
+    model folder it is, and reported together."""
+    reports = []
+    for part in parts:
+        with load(os.path.join(root, part), read) as checkpoint:
+            reports.append(report_of(checkpoint, checks.run(checkpoint, options)))
+    findings = sorted(
+        (item for report in reports for item in report.findings),
+        key=lambda item: -item.severity.rank,
+    )
+    return Report(
+        path=root,
+        format="diffusers-pipeline",
+        files=tuple(item for report in reports for item in report.files),
+        tensors=tuple(tensor for report in reports for tensor in report.tensors),
+        findings=tuple(findings),
+        checkpoint={
+            "components": {
+                part: report.checkpoint for part, report in zip(parts, reports, strict=True)
+            }
+        },
+    )
 
 
 def report_of(checkpoint: Checkpoint, findings: list[Finding]) -> Report:

@@ -23,6 +23,7 @@ def load(path: str | os.PathLike[str], options: ReadOptions | None = None) -> Ch
     if os.path.isdir(shown):
         from ckptfix.layouts.training import load_training
 
+        _refuse_hub_repository(shown)
         training = load_training(shown, options, options.zero_weights)
         return training if training is not None else load_folder(shown, options)
     if os.path.isfile(shown):
@@ -31,3 +32,17 @@ def load(path: str | os.PathLike[str], options: ReadOptions | None = None) -> Ch
         refuse_part(shown)
         return load_file(shown, options)
     raise UsageError(shown, "not a regular file or folder", "pass a checkpoint file or folder")
+
+
+def _refuse_hub_repository(path: str) -> None:
+    """A Hugging Face cache repository (`models--org--name`) holds snapshots, not weights."""
+    from ckptfix.layouts.hub import repo_root, snapshots
+
+    if repo_root(path):
+        revisions = snapshots(path)
+        example = os.path.join(path, "snapshots", revisions[0] if revisions else "<revision>")
+        raise UsageError(
+            path,
+            "is a Hugging Face cache repository (blobs/, refs/, snapshots/), not a model folder",
+            f"pass one of its snapshots, e.g. {example}",
+        )

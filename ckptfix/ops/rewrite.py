@@ -65,6 +65,21 @@ def _nearest_folder(path: str) -> str:
     return path
 
 
+def _refuse_hub_snapshot(source: str) -> None:
+    """A Hugging Face cache snapshot's files are links into the repository's blobs/: files
+    written in their place would leave the cache's bookkeeping wrong and its blobs orphaned."""
+    from ckptfix.layouts.hub import snapshot_of
+
+    repo = snapshot_of(source)
+    if repo is not None:
+        raise UsageError(
+            source,
+            f"is a snapshot of the Hugging Face cache ({os.path.basename(repo)}): its files are "
+            "links into the cache's blobs/, which a rewrite in place would orphan",
+            "write the result elsewhere with -o OUT (what the links point to is copied)",
+        )
+
+
 def _claim(
     source: str,
     out: str | os.PathLike[str] | None,
@@ -86,6 +101,7 @@ def _claim(
             raise UsageError("--in-place", "takes no -o folder other than SRC", "drop -o")
         if not os.path.isdir(source):
             raise UsageError(source, "--in-place needs a model folder", "use -o OUT for a file")
+        _refuse_hub_snapshot(source)
         target = source
     elif out is None:
         raise UsageError("-o", "an output folder is required", "pass -o OUT, or --in-place")

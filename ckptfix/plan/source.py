@@ -14,6 +14,7 @@ from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
 from ckptfix.layouts.choice import Choice
+from ckptfix.layouts.diffusers import no_weights_message
 from ckptfix.layouts.names import parse_weight_name
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
@@ -156,9 +157,7 @@ def _checked_choice(checkpoint: Checkpoint, *, torch: bool) -> Choice:
             f"pass the one to use, e.g. {os.path.join(path, choice.separate[0])}",
         )
     if choice.family is None:
-        raise UnsupportedFormatError(
-            path, "folder holds no checkpoint", "check the path, or download the weights"
-        )
+        raise InputRefusedError(path, no_weights_message(path))
     if not torch and choice.family.ext != "safetensors":
         raise UnsupportedFormatError(
             path,
