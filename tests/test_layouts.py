@@ -234,7 +234,6 @@ def test_a_pipeline_root_is_inspected_as_its_components(factory: Factory) -> Non
     assert document["format"] == "diffusers-pipeline"
     assert document["tensor_count"] == 4
     assert sorted(document["checkpoint"]["components"]) == [
-        "scheduler",
         "text_encoder",
         "unet",
         "vae",
