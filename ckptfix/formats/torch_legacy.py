@@ -72,7 +72,9 @@ class _Pickles:
     def next(self, what: str) -> Any:
         data, walk = self._window(what)
         self.position += len(data)
-        return unpickle(data, self.display, self.resolve, walk=walk)
+        from ckptfix.formats.benign import PLAIN_ALLOWLIST
+
+        return unpickle(data, self.display, self.resolve, PLAIN_ALLOWLIST, walk=walk)
 
 
 def _header(pickles: _Pickles, display: str) -> None:

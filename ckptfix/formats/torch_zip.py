@@ -184,7 +184,9 @@ class TorchZipFormat:
         return head.startswith(b"PK\x03\x04")
 
     def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
-        return pickle_file(read_zip(source), source, self.name, options)
+        from ckptfix.formats.benign import PLAIN_ALLOWLIST
+
+        return pickle_file(read_zip(source, PLAIN_ALLOWLIST), source, self.name, options)
 
     def checks(self, file: FileRead) -> list[Finding]:
         return pickle_checks(file)

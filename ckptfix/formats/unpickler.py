@@ -23,11 +23,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptfix.core.dtypes import TORCH_DTYPES, TORCH_STORAGES
-from ckptfix.core.errors import CorruptFileError, UnsafePickleError
+from ckptfix.core.errors import CorruptFileError, UnsafePickleError, UnsupportedFormatError
 from ckptfix.core.memory import paused_gc
 from ckptfix.formats.pickle_scan import PickleRejected, ScanResult, scan
 
 REFUSED_FIX = "only load it if you trust its origin; ckptfix never executes pickles"
+MODEL_FIX = (
+    "in a trusted environment, load it and save model.state_dict() instead; ckptfix never "
+    "executes pickles"
+)
+# Classes that appear when a whole nn.Module is pickled rather than its state dict.
+_MODEL_MODULES = ("torch.nn.", "__main__.", "torch.fx.", "transformers.", "diffusers.")
 REEXPORT = "re-export the checkpoint"
 
 _brief = reprlib.Repr()
@@ -146,6 +152,8 @@ def _tensor(
 ) -> TensorRef:
     if not isinstance(storage, StorageRef):
         raise PickleRejected("bad-tensor", "tensor is not built on a storage")
+    if isinstance(dtype, Unsupported):
+        raise PickleUnsupported(f"a tensor of {dtype.name}")
     if dtype is None:
         dtype = storage.dtype
     elif isinstance(dtype, DtypeMark):
@@ -157,6 +165,21 @@ def _tensor(
     if type(offset) is not int:
         raise PickleRejected("bad-tensor", f"tensor storage offset is {brief(offset)}")
     return TensorRef(storage, str(dtype), offset, _ints(size, "shape"), _ints(stride, "stride"))
+
+
+class PickleUnsupported(PickleRejected):
+    """A tensor of a dtype or layout ckptfix does not read (complex128, sparse, quantized):
+    not a hostile file, and reported as unsupported, not as unsafe."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__("unsupported-tensor", what)
+
+
+@dataclass(frozen=True)
+class Unsupported(Inert):
+    """What an unsupported torch dtype or storage class unpickles to."""
+
+    name: str
 
 
 class Builder(Inert):
@@ -245,6 +268,8 @@ class _Unpickler(pickle.Unpickler):
             raise _Unsafe(f"{module}.{name}") from None
 
     def persistent_load(self, pid: Any) -> StorageRef:
+        if type(pid) is tuple and len(pid) > 1 and isinstance(pid[1], Unsupported):
+            raise PickleUnsupported(f"a tensor of {pid[1].name}")
         if (
             type(pid) is not tuple
             or len(pid) not in (5, 6)
@@ -272,10 +297,16 @@ def refuse_unsafe(names: collections.Counter[str], allowed: Allowlist, path: str
     }
     if refused:
         listed = ", ".join(f"{name} ×{count}" for name, count in sorted(refused.items()))
+        whole_model = any(name.startswith(_MODEL_MODULES) for name in refused)
         raise UnsafePickleError(
             path,
-            f"pickle references globals outside the allowlist: {listed[:300]}; it was not loaded",
-            REFUSED_FIX,
+            f"pickle references globals outside the allowlist: {listed[:300]}; it was not loaded"
+            + (
+                "; it holds a whole model object (torch.save(model)), not a state dict"
+                if whole_model
+                else ""
+            ),
+            MODEL_FIX if whole_model else REFUSED_FIX,
         )
 
 
@@ -313,6 +344,13 @@ def unpickle(
     try:
         with paused_gc():
             return _Unpickler(data[: walk.end], allowed, resolve).load()
+    except PickleUnsupported as exc:
+        raise UnsupportedFormatError(
+            path,
+            f"file holds {exc.what}, a dtype or layout ckptfix does not read",
+            "ckptfix reads dense tensors of the safetensors dtypes; convert this one in a "
+            "trusted environment (e.g. to a supported dtype, or .to_dense())",
+        ) from None
     except _Unsafe as exc:
         raise UnsafePickleError(
             path,
