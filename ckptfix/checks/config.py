@@ -7,6 +7,7 @@ from typing import Any
 
 from ckptfix.checks import values
 from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.checks.tie_defaults import UNTIED_BY_DEFAULT
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.tensor import TensorInfo
 
@@ -21,12 +22,16 @@ _EMBEDDING_SUFFIXES = (
 _HEAD_NAMES = ("lm_head.weight", "embed_out.weight")
 
 
-def _tie_setting(config: Mapping[str, Any]) -> tuple[bool, bool]:
-    """(tie, explicit): transformers ties by default when the key is absent."""
-    for scope in (config, config.get("text_config")):
-        if isinstance(scope, Mapping) and "tie_word_embeddings" in scope:
-            return bool(scope["tie_word_embeddings"]), True
-    return True, False
+def _tie_setting(config: Mapping[str, Any]) -> tuple[bool, bool, str]:
+    """(tie, explicit, model type) as transformers reads it: a composite model (Llava) ties
+    by its text config, and a key left unset takes its config class's default, which is
+    False for llama, mistral, qwen2 and many more, True otherwise."""
+    text = config.get("text_config")
+    scope = text if isinstance(text, Mapping) else config
+    model_type = str(scope.get("model_type") or config.get("model_type") or "")
+    if "tie_word_embeddings" in scope:
+        return bool(scope["tie_word_embeddings"]), True, model_type
+    return model_type not in UNTIED_BY_DEFAULT, False, model_type
 
 
 def tied_config_findings(
@@ -43,17 +48,18 @@ def tied_config_findings(
     head = min((t.name for t in tensors if t.name.endswith(_HEAD_NAMES)), default=None)
     if embedding is None:
         return []
-    tie, explicit = _tie_setting(config)
+    tie, explicit, model_type = _tie_setting(config)
     said = (
         "sets tie_word_embeddings=" + ("true" if tie else "false")
         if explicit
-        else "leaves tie_word_embeddings unset (transformers defaults to true)"
+        else f"leaves tie_word_embeddings unset (transformers defaults to {str(tie).lower()} "
+        f"for model_type {model_type or 'unset'})"
     )
     if not tie and head is None:
         return [
             finding(
                 "tied-config-mismatch",
-                f"config.json sets tie_word_embeddings=false but no output head (lm_head.weight) is "
+                f"config.json {said} but no output head (lm_head.weight) is "
                 f"stored, only {embedding!r}; the head would be randomly initialised (set it to true, "
                 "or store the head)",
                 file=config_path,

@@ -59,6 +59,10 @@ class IndexDiff:
     orphans: list[str]  # files of the family that the index does not reference
     declared_total: object  # metadata.total_size as written (None when absent)
     actual_total: int | None  # bytes of the indexed tensors (None while a shard is unreadable)
+    # The same, storage shared by tied tensors of a .bin counted once, as huggingface_hub
+    # and transformers count it when they write a .bin index.
+    shared_total: int | None = None
+    present_total: int = 0  # bytes of the indexed tensors found (a lower bound)
 
 
 def index_diff(
@@ -87,18 +91,43 @@ def index_diff(
         ]
         if names:
             unlisted[weight_file.label] = names
-    actual = None
-    if all(shard in read for shard in by_shard):
-        wanted = {shard: set(names) for shard, names in by_shard.items()}
-        actual = sum(
-            tensor.nbytes
-            for shard, names in wanted.items()
-            for tensor in read[shard].tensors
-            if tensor.name in names
-        )
+    present, shared = _indexed_bytes(by_shard, read)
+    complete = all(shard in read for shard in by_shard)
     orphans = [name for name in family.files if name not in by_shard]
     declared = index.metadata.get("total_size")
-    return IndexDiff(missing_files, missing_tensors, unlisted, orphans, declared, actual)
+    return IndexDiff(
+        missing_files,
+        missing_tensors,
+        unlisted,
+        orphans,
+        declared,
+        present if complete else None,
+        shared if complete else None,
+        present,
+    )
+
+
+def _indexed_bytes(
+    by_shard: Mapping[str, list[str]], read: Mapping[str, FileRead]
+) -> tuple[int, int]:
+    """(bytes of the indexed tensors found, the same with each storage of a .bin counted
+    once at its full size, as huggingface_hub and transformers count a .bin index)."""
+    present = shared = 0
+    for shard, names in by_shard.items():
+        if shard not in read:
+            continue
+        wanted, seen = set(names), set()
+        sizes = getattr(read[shard], "storages", {})
+        for tensor in read[shard].tensors:
+            if tensor.name not in wanted:
+                continue
+            present += tensor.nbytes
+            if tensor.storage is None:
+                shared += tensor.nbytes
+            elif tensor.storage not in seen:
+                seen.add(tensor.storage)
+                shared += sizes.get(tensor.storage, tensor.nbytes)
+    return present, shared
 
 
 def index_findings(
@@ -161,8 +190,20 @@ def _total_size_findings(index: ShardIndex, diff: IndexDiff) -> list[Finding]:
             )
         ]
     actual = diff.actual_total
-    if actual is None or declared == actual:
-        return []  # cannot know the true total while a shard is missing or unreadable
+    if actual is None:  # a shard is missing or unreadable: what is present is a lower bound
+        if declared >= diff.present_total:
+            return []
+        return [
+            finding(
+                "index-total-size",
+                f"metadata.total_size is {declared} but the indexed tensors present already take "
+                f"{diff.present_total} bytes, and a shard is missing; the index is stale "
+                "(regenerate it)",
+                file=index.path,
+            )
+        ]
+    if declared in (actual, diff.shared_total):
+        return []
     return [
         finding(
             "index-total-size",

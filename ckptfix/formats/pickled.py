@@ -66,7 +66,23 @@ def pickle_checks(file: FileRead) -> list[Finding]:
     found += _non_contiguous(file)
     found += _wasted_storage(file)
     found += _nested(file)
+    found += _empty_names(file)
     return found
+
+
+def _empty_names(file: PickleFile) -> list[Finding]:
+    empty = sum(1 for tensor in file.tensors if tensor.name == "")
+    if not empty:
+        return []
+    return [
+        finding(
+            "empty-name",
+            f"{empty} tensor(s) have an empty name, which loaders cannot address "
+            "(rename them at export)",
+            file=file.label,
+            tensors=[""],
+        )
+    ]
 
 
 def _overlap(first: tuple[int, int], second: tuple[int, int]) -> bool:
