@@ -6,8 +6,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ckptfix.checks import values
-from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.checks.tie_defaults import UNTIED_BY_DEFAULT
+from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.tensor import TensorInfo
 
