@@ -300,35 +300,72 @@ def test_clone_and_keep(tmp_path: Path) -> None:
     assert bad.code == 2 and bad.error_lines[0].startswith("error: --keep: '(' is not a regular")
 
 
-def test_dedupe_by_content(tmp_path: Path) -> None:
+def _copies_folder(tmp_path: Path, config: dict[str, object] | None) -> Path:
+    """A model whose lm_head and two LayerNorms hold equal bytes as separate tensors."""
     import torch
     from safetensors.torch import save_file
 
-    source = tmp_path / "copies.safetensors"
-    same = random_tensor(torch.float32, (4, 4), 7)
+    folder = tmp_path / "copies"
+    folder.mkdir()
+    embed = random_tensor(torch.float32, (4, 4), 7)
     save_file(
         {
-            "a": same.clone(),
-            "b": same.clone(),
-            "c": random_tensor(torch.float32, (4, 4), 8),
-            "d": same.clone().to(torch.float16),
+            "model.embed_tokens.weight": embed.clone(),
+            "lm_head.weight": embed.clone(),
+            "model.layers.0.norm.weight": torch.ones(4),
+            "model.layers.1.norm.weight": torch.ones(4),
+            "model.other": random_tensor(torch.float32, (4, 4), 8),
+            "model.half": embed.clone().to(torch.float16),
         },
-        str(source),
+        str(folder / "model.safetensors"),
     )
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_dedupe_by_content_merges_only_the_declared_tie(tmp_path: Path) -> None:
+    source = _copies_folder(tmp_path, {"model_type": "gpt2", "tie_word_embeddings": True})
     out = tmp_path / "out"
     dry = cli("dedupe", source, "-o", out, "--by-content", "--dry-run", "--json")
     assert dry.code == 0 and not out.exists()
-    assert dry.json()["plan"]["dropped"] == {"b": "a"}
-    assert dry.json()["plan"]["dropped_bytes"] == 64
-    assert dry.json()["plan"]["total_size"] == 64 * 2 + 32
+    plan = dry.json()["plan"]
+    assert plan["dropped"] == {"lm_head.weight": "model.embed_tokens.weight"}
+    assert plan["dropped_bytes"] == 64
+    assert plan["kept_equal"] == [["model.layers.0.norm.weight", "model.layers.1.norm.weight"]]
     human = cli("dedupe", source, "-o", out, "--by-content", "--dry-run")
-    assert "dropped (stored once, as the kept name): b → a" in human.stdout
-    assert "1 name(s) dropped: 64 B not written again" in human.stdout
+    assert "dropped (stored once, as the kept name): lm_head.weight → model.embed" in human.stdout
+    assert "kept (equal bytes, not a declared tie; a loader needs each): " in human.stdout
     assert cli("dedupe", source, "-o", out, "--by-content").code == 0
     written = load_model_file(out)
-    assert sorted(written) == ["a", "c", "d"]
+    assert "lm_head.weight" not in written and "model.layers.1.norm.weight" in written
     with safe_open(str(out / "model.safetensors"), "pt") as handle:
-        assert json.loads((handle.metadata() or {})[DROPPED_KEY]) == {"b": "a"}
+        recorded = json.loads((handle.metadata() or {})[DROPPED_KEY])
+    assert recorded == {"lm_head.weight": "model.embed_tokens.weight"}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"model_type": "llama"},  # untied by its class's default
+        {"model_type": "gpt2", "tie_word_embeddings": False},
+        None,  # no config: nothing is known to be tied
+    ],
+)
+def test_dedupe_by_content_keeps_every_untied_name(
+    tmp_path: Path, config: dict[str, object] | None
+) -> None:
+    source = _copies_folder(tmp_path, config)
+    out = tmp_path / "out"
+    run = cli("dedupe", source, "-o", out, "--by-content", "--json")
+    assert run.code == 0
+    assert run.json()["plan"]["dropped"] == {}
+    groups = {frozenset(group) for group in run.json()["plan"]["kept_equal"]}
+    assert groups == {
+        frozenset({"lm_head.weight", "model.embed_tokens.weight"}),
+        frozenset({"model.layers.0.norm.weight", "model.layers.1.norm.weight"}),
+    }
+    assert sorted(load_model_file(out)) == sorted(load_model_file(source))
 
 
 def test_sharded_bin_folder_to_safetensors(tmp_path: Path) -> None:

@@ -34,6 +34,16 @@ def _tie_setting(config: Mapping[str, Any]) -> tuple[bool, bool, str]:
     return model_type not in UNTIED_BY_DEFAULT, False, model_type
 
 
+def declared_ties(config: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
+    """{head: embedding} when config.json ties them (explicitly or by its model type's
+    default) and both are stored: transformers fills the head from the embedding."""
+    embedding = min((n for n in names if n.endswith(_EMBEDDING_SUFFIXES)), default=None)
+    head = min((n for n in names if n.endswith(_HEAD_NAMES)), default=None)
+    if embedding is None or head is None or not _tie_setting(config)[0]:
+        return {}
+    return {head: embedding}
+
+
 def tied_config_findings(
     config: Mapping[str, Any],
     config_path: str,

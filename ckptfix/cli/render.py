@@ -237,6 +237,11 @@ def _names_notes(plan: ShardPlan) -> list[Text]:
                 "written again"
             )
         )
+    if plan.kept_equal:
+        groups = [" = ".join(group) for group in plan.kept_equal]
+        lines.append(
+            Text(f"kept (equal bytes, not a declared tie; a loader needs each): {_listed(groups)}")
+        )
     if plan.renamed:
         old_name, new_name = next(iter(plan.renamed.items()))
         lines.append(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))

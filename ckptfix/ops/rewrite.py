@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ckptfix.checks.config import declared_ties
+from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
 from ckptfix.ops.report import Report
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
@@ -152,6 +155,7 @@ def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) ->
         renamed=dict(selection.renamed),
         dropped_bytes=selection.dropped_bytes,
         excluded=selection.excluded,
+        kept_equal=selection.kept_equal,
     )
 
 
@@ -333,6 +337,14 @@ def convert(
         return _write(opened, selection, claim, write)
 
 
+def _config_ties(checkpoint: Checkpoint, tensors: Sequence[TensorInfo]) -> dict[str, str]:
+    """{head: embedding} for the tie config.json declares; {} without a readable config."""
+    record = checkpoint.config
+    if record is None or record.config is None:
+        return {}
+    return declared_ties(record.config, [t.name for t in tensors])
+
+
 def dedupe(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str] | None,
@@ -342,7 +354,10 @@ def dedupe(
     options = options or DedupeOptions()
     with _opened(src, out, options, torch=True) as (opened, claim):
         choice = SelectOptions(
-            keep=options.keep, clone=options.clone, by_content=options.by_content
+            keep=options.keep,
+            clone=options.clone,
+            by_content=options.by_content,
+            ties=_config_ties(opened.checkpoint, opened.tensors),
         )
         selection = select(opened.tensors, choice, opened.checkpoint.source)
         write = WriteOptions(options.max_shard, dry_run=options.dry_run, progress=options.progress)

@@ -54,6 +54,7 @@ class Selection:
     renamed: dict[str, str] = field(default_factory=dict)  # source name -> output name
     excluded: tuple[str, ...] = ()
     dropped_bytes: int = 0
+    kept_equal: tuple[tuple[str, ...], ...] = ()  # equal bytes, each name kept (by_content)
 
 
 def _keeper(names: Sequence[str], keep: str) -> str:
@@ -101,6 +102,9 @@ class SelectOptions:
     clone: bool = False  # write every alias as its own copy
     by_content: bool = False  # merge separately stored tensors with equal bytes too
     dtype: str | None = None  # cast floating tensors to this dtype
+    # by_content merges only these: {head: embedding} ties config.json declares. Other equal
+    # tensors are kept (a loader needs every name) and reported.
+    ties: dict[str, str] = field(default_factory=dict)
     dtypes: Mapping[str, str] = field(default_factory=dict)  # else this tensor's dtype
 
 
@@ -111,6 +115,7 @@ def select(
 ) -> Selection:
     """Decide names and dtypes; `sources` gives the bytes `by_content` compares."""
     check_keep(options.keep)
+    kept_equal: tuple[tuple[str, ...], ...] = ()
     excluded_by = _exclusion(options.exclude)
     excluded = tuple(t.name for t in tensors if excluded_by(t.name))
     excluded_names = set(excluded)
@@ -123,7 +128,11 @@ def select(
         if sources is None:
             raise ValueError("by_content needs the sources to read tensor bytes from")
         remaining = [t for t in kept if renamed.get(t.name, t.name) not in dropped]
-        dropped.update(_same_content(remaining, options.keep, renamed, sources))
+        groups = _equal_groups(remaining, renamed, sources)
+        ties = {renamed.get(h, h): renamed.get(e, e) for h, e in options.ties.items()}
+        merged = _declared_ties(groups, ties)
+        dropped.update(merged)
+        kept_equal = tuple(tuple(g) for g in groups if not set(g) & set(merged))
     out = []
     dropped_bytes = 0
     for tensor in kept:
@@ -135,7 +144,7 @@ def select(
         target = (options.dtype or options.dtypes.get(tensor.name)) if floating else None
         target = target or tensor.dtype
         out.append(OutTensor(name, tensor, target))
-    return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes)
+    return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes, kept_equal)
 
 
 def _prefixes(names: Sequence[str], options: SelectOptions) -> list[str]:
@@ -178,17 +187,24 @@ def _aliases(tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]) 
     return _drop_all_but_one(groups.values(), keep)
 
 
-def _same_content(
-    tensors: Sequence[TensorInfo],
-    keep: str,
-    renamed: dict[str, str],
-    sources: Callable[[str], ByteSource],
-) -> dict[str, str]:
-    """Separately stored tensors with equal dtype, shape and bytes (see values.content_groups:
-    only tensors whose dtype and shape collide are read and hashed)."""
+def _equal_groups(
+    tensors: Sequence[TensorInfo], renamed: dict[str, str], sources: Callable[[str], ByteSource]
+) -> list[list[str]]:
+    """Output names of separately stored tensors with equal dtype, shape and bytes (see
+    values.content_groups: only tensors whose dtype and shape collide are read)."""
     groups = content_groups(tensors, sources)
-    names = [[renamed.get(t.name, t.name) for t in group] for group in groups]
-    return _drop_all_but_one(names, keep)
+    return [[renamed.get(t.name, t.name) for t in group] for group in groups]
+
+
+def _declared_ties(groups: Sequence[list[str]], ties: dict[str, str]) -> dict[str, str]:
+    """The heads dropped for their embedding: only where config.json declares the tie and
+    the two hold equal bytes. A loader expects every other name, equal or not."""
+    merged = {}
+    for names in groups:
+        for head, embedding in ties.items():
+            if head in names and embedding in names:
+                merged[head] = embedding
+    return merged
 
 
 def _drop_all_but_one(groups: Iterable[list[str]], keep: str) -> dict[str, str]:

@@ -33,6 +33,7 @@ class ShardPlan:
     dropped_bytes: int = 0  # what writing every dropped name as its own copy would add
     excluded: tuple[str, ...] = ()  # left out by --exclude
     metadata_scope: str = "every shard"  # or "first shard", when it is large (see below)
+    kept_equal: tuple[tuple[str, ...], ...] = ()  # equal bytes, each name kept (by_content)
     left_out_reasons: dict[str, str] = field(default_factory=dict)  # left-out name -> why
 
     @property
@@ -57,6 +58,7 @@ class ShardPlan:
             "copied_files": list(self.copied_files),
             "left_out": list(self.left_out),
             "metadata_scope": self.metadata_scope,
+            "kept_equal": [list(group) for group in self.kept_equal],
             "left_out_reasons": dict(self.left_out_reasons),
         }
 
