@@ -194,8 +194,8 @@ def test_lightning_key_and_prefix(tmp_path: Path) -> None:
     for name, tensor in weights.items():
         assert_same(written[name.removeprefix("model.")], tensor, name)
     bad = cli("convert", source, "-o", tmp_path / "bad", "--key", "ema")
-    assert bad.code == 1
-    assert bad.error_lines[0].startswith(f"error: {source}: no tensor dictionary at key 'ema'")
+    assert bad.code == 2
+    assert bad.error_lines[0].startswith(f"error: --key: {source} has no tensor dictionary")
     assert not (tmp_path / "bad").exists()
 
 

@@ -13,6 +13,7 @@ from ckptfix.core.sizes import format_size, parse_size
         ("5GiB", 5 * 2**30),
         ("123", 123),
         ("1KB", 1000),
+        ("10kB", 10_000),  # the SI symbol
         ("1KiB", 1024),
         ("2MB", 2 * 10**6),
         ("3MiB", 3 * 2**20),

@@ -7,13 +7,14 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from typer.core import TyperGroup
 
 import ckptfix
+from ckptfix.cli.help import PlainUsage, WholeSummaries
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.signals import command_signals
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD_TEXT, parse_size
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from ckptfix.ops.rewrite import RewriteResult
 
 
-class _Group(TyperGroup):
+class _Group(WholeSummaries):
     """Runs a command and maps every failure to one stderr line and an exit code (README, "Exit codes")."""
 
     def main(  # type: ignore[override]
@@ -89,6 +90,7 @@ app = typer.Typer(
     rich_markup_mode=None,
     help="Find and fix what is wrong with model checkpoints.",
 )
+command = partial(app.command, cls=PlainUsage)
 
 
 class FailOn(str, Enum):
@@ -182,7 +184,7 @@ ManifestOption = Annotated[
 ]
 
 
-@app.command()
+@command()
 def inspect(
     paths: Annotated[
         list[Path],
@@ -207,6 +209,7 @@ def inspect(
 ) -> None:
     """Report problems in checkpoints without changing them.
 
+    \b
     Example: ckptfix inspect ./my-model --fail-on warning
     """
     from ckptfix.formats.base import ReadOptions
@@ -272,7 +275,7 @@ def _print_reports(
         sys.stdout.buffer.flush()
 
 
-@app.command()
+@command()
 def reshard(
     src: Annotated[Path, typer.Argument(metavar="SRC", help="safetensors file or model folder.")],
     out: Annotated[
@@ -291,6 +294,7 @@ def reshard(
 ) -> None:
     """Rewrite a checkpoint into verified shards of at most --max-shard bytes.
 
+    \b
     Example: ckptfix reshard ./my-model -o ./my-model-2gb --max-shard 2GB
     """
     from ckptfix.ops.rewrite import ReshardOptions
@@ -329,7 +333,7 @@ CloneOption = Annotated[
 ]
 
 
-@app.command()
+@command()
 def convert(
     src: Annotated[Path, typer.Argument(metavar="SRC", help="Checkpoint file or model folder.")],
     out: OutOption = None,
@@ -364,6 +368,7 @@ def convert(
 ) -> None:
     """Convert a PyTorch, safetensors, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
 
+    \b
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
     """
     from ckptfix.ops.rewrite import ConvertOptions
@@ -391,7 +396,7 @@ def convert(
     _show(result, json_output)
 
 
-@app.command()
+@command()
 def dedupe(
     src: Annotated[Path, typer.Argument(metavar="SRC", help="Checkpoint file or model folder.")],
     out: OutOption = None,
@@ -408,6 +413,7 @@ def dedupe(
 ) -> None:
     """Write shared (and, with --by-content, identical) tensors once, as safetensors.
 
+    \b
     Example: ckptfix dedupe ./model -o ./model-dedup --by-content
     """
     from ckptfix.ops.rewrite import DedupeOptions

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ckptfix.cli.app import JsonOption, _progress, _write_json, app
+from ckptfix.cli.app import JsonOption, _progress, _write_json, command
 
 NoAliasRecordOption = Annotated[
     bool,
@@ -20,7 +20,7 @@ NoAliasRecordOption = Annotated[
 ]
 
 
-@app.command("hash")
+@command("hash")
 def hash_command(
     path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint file or model folder.")],
     json_output: JsonOption = False,
@@ -36,6 +36,7 @@ def hash_command(
     """Fingerprint a checkpoint: a SHA-256 digest per tensor and one for the model, the same
     whatever the format, sharding, tensor order or metadata.
 
+    \b
     Example: ckptfix hash ./my-model --manifest my-model.manifest.json
     """
     from ckptfix.ops.hash import HashOptions, hash_checkpoint
@@ -62,7 +63,7 @@ class DiffFailOn(str, Enum):
     never = "never"
 
 
-@app.command()
+@command()
 def diff(
     a: Annotated[Path, typer.Argument(metavar="A", help="Checkpoint file or model folder.")],
     b: Annotated[Path, typer.Argument(metavar="B", help="Checkpoint file or model folder.")],
@@ -88,6 +89,7 @@ def diff(
 ) -> None:
     """Compare two checkpoints tensor by tensor, whatever their formats and sharding.
 
+    \b
     Example: ckptfix diff pytorch_model.bin ./converted-model
     """
     from ckptfix.ops.diff import DiffOptions

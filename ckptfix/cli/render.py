@@ -34,11 +34,15 @@ _MARK = {Severity.ERROR: "✗", Severity.WARNING: "!", Severity.INFO: "i"}
 _LEFT_OUT = {"other weight file": "other weight files"}  # plan reason -> heading
 
 
+# Piped output is never wrapped: a file name split over two lines cannot be grepped or
+# copied. Tables and lines take the width they need.
+_PIPED_WIDTH = 1_000_000
+
+
 def _console() -> Console:
-    # Wide enough that paths and messages wrap less when stdout is not a terminal.
     console = Console(highlight=False, soft_wrap=False)
     if not console.is_terminal:
-        console = Console(highlight=False, width=120)
+        console = Console(highlight=False, width=_PIPED_WIDTH, soft_wrap=True)
     return console
 
 
@@ -242,6 +246,8 @@ def _names_notes(plan: ShardPlan) -> list[Text]:
         lines.append(
             Text(f"kept (equal bytes, not a declared tie; a loader needs each): {_listed(groups)}")
         )
+    for edit in plan.config_edits:
+        lines.append(Text(f"{edit.file}: {edit.key} {edit.old} → {edit.new} (set for the cast)"))
     if plan.renamed:
         old_name, new_name = next(iter(plan.renamed.items()))
         lines.append(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))

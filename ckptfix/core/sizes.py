@@ -10,6 +10,7 @@ from ckptfix.core.errors import UsageError
 _UNITS: dict[str, int] = {
     "": 1,
     "B": 1,
+    "kB": 10**3,  # the SI symbol
     "KB": 10**3,
     "MB": 10**6,
     "GB": 10**9,

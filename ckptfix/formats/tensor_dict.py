@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
-from ckptfix.core.errors import CorruptFileError, DuplicateNameError, UnsupportedFormatError
+from ckptfix.core.errors import (
+    CorruptFileError,
+    DuplicateNameError,
+    UnsupportedFormatError,
+    UsageError,
+)
 from ckptfix.formats.unpickler import REEXPORT, TensorRef, brief
 
 # An expanded (stride-0) tensor may claim far more elements than it stores; refuse ones
@@ -244,9 +249,9 @@ def _choose(candidates: Mapping[str, dict[Any, Any]], key: str, display: str) ->
     if key != "auto":
         if key not in candidates:
             listed = ", ".join(sorted(k or "(top level)" for k in candidates))
-            raise UnsupportedFormatError(
-                display,
-                f"no tensor dictionary at key {key!r}",
+            raise UsageError(
+                "--key",
+                f"{display} has no tensor dictionary at key {key!r}",
                 f"keys with tensors: {listed[:120]}",
             )
         return key

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -11,11 +12,14 @@ from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import UsageError
+from ckptfix.core.errors import CorruptFileError, SourceChangedError, UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
+from ckptfix.formats.index import read_small_file
+from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.ops.report import Report
+from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
 from ckptfix.plan.shards import ShardPlan, metadata_per_shard, output_name, plan_shards
 from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
@@ -131,6 +135,7 @@ class WriteOptions:
     dry_run: bool = False
     verify: bool = True
     progress: Progress | None = None
+    config_dtype: str | None = None  # a cast's torch name, set in config.json (config_dtype.py)
 
 
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
@@ -156,7 +161,44 @@ def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) ->
         dropped_bytes=selection.dropped_bytes,
         excluded=selection.excluded,
         kept_equal=selection.kept_equal,
+        config_edits=_config_edits(source, copied, options.config_dtype),
     )
+
+
+def _config_edits(
+    source: RewriteSource, copied: Sequence[str], dtype: str | None
+) -> tuple[ConfigEdit, ...]:
+    """The dtype values a cast changes in the config.json that is carried to the output."""
+    record = source.checkpoint.config
+    if dtype is None or "config.json" not in copied or record is None or record.config is None:
+        return ()
+    return retype(_config_text(record.label), dtype)[1]
+
+
+def _config_text(path: str) -> str:
+    try:
+        return read_small_file(path, path, MAX_CONFIG_SIZE, "config").decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptFileError(
+            path, "config-not-json", "config.json is not UTF-8", "save it as UTF-8 JSON"
+        ) from exc
+
+
+def _retype_config(staging: str, plan: ShardPlan) -> None:
+    """Set the cast dtype in the copied config.json, as planned: a new file, fsynced."""
+    if not plan.config_edits:
+        return
+    path = os.path.join(staging, "config.json")
+    text, edits = retype(_config_text(path), plan.config_edits[0].new)
+    if edits != plan.config_edits:
+        raise SourceChangedError(path)
+    temporary = path + ".ckptfix-tmp"
+    with open(temporary, "x", encoding="utf-8", newline="") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))
+    os.replace(temporary, path)
 
 
 def _metadata(
@@ -164,7 +206,8 @@ def _metadata(
 ) -> tuple[dict[str, str], dict[str, Any]]:
     """Header metadata ("format" added) and index metadata, with the dropped -> kept record
     where loaders and people can find it."""
-    metadata = {**source.metadata, "format": "pt"}
+    metadata = dict(source.metadata)
+    metadata.setdefault("format", "pt")  # an existing "np" or "mlx" is kept
     index_metadata = dict(source.index_metadata)
     if selection.dropped:
         if plan.index_file is None:
@@ -228,6 +271,7 @@ def _stage_and_commit(
             written += copy_extra(
                 source.path, plan.copied_files, staging.path, link=options.in_place
             )
+            _retype_config(staging.path, plan)
         staging.commit()
     target = claim.out
     kept = set(plan.copied_files) if options.in_place else set()  # carried over: not replaced
@@ -333,6 +377,7 @@ def convert(
             dry_run=options.dry_run,
             verify=options.verify,
             progress=options.progress,
+            config_dtype=TARGET_NAMES.get(CAST_TARGETS.get(options.dtype, "")),
         )
         return _write(opened, selection, claim, write)
 

@@ -150,7 +150,16 @@ def select(
 def _prefixes(names: Sequence[str], options: SelectOptions) -> list[str]:
     if options.strip_prefix == "auto":
         return common_wrapper_prefixes(names, training_checkpoint=options.training_checkpoint)
-    return [options.strip_prefix] if options.strip_prefix else []
+    if not options.strip_prefix:
+        return []
+    if not any(name.startswith(options.strip_prefix) for name in names):
+        examples = ", ".join(repr(name) for name in names[:3])
+        raise UsageError(
+            "--strip-prefix",
+            f"no tensor name starts with {options.strip_prefix!r}",
+            f"names look like {examples}; use auto to find the wrapper prefix",
+        )
+    return [options.strip_prefix]
 
 
 def _renames(tensors: Sequence[TensorInfo], options: SelectOptions) -> dict[str, str]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ckptfix.plan.config_dtype import ConfigEdit
+
 
 @dataclass(frozen=True)
 class PlannedShard:
@@ -35,6 +37,7 @@ class ShardPlan:
     metadata_scope: str = "every shard"  # or "first shard", when it is large (see below)
     kept_equal: tuple[tuple[str, ...], ...] = ()  # equal bytes, each name kept (by_content)
     left_out_reasons: dict[str, str] = field(default_factory=dict)  # left-out name -> why
+    config_edits: tuple[ConfigEdit, ...] = ()  # dtype values a cast sets in config.json
 
     @property
     def total_size(self) -> int:
@@ -60,6 +63,7 @@ class ShardPlan:
             "metadata_scope": self.metadata_scope,
             "kept_equal": [list(group) for group in self.kept_equal],
             "left_out_reasons": dict(self.left_out_reasons),
+            "config_edits": [edit.to_dict() for edit in self.config_edits],
         }
 
 

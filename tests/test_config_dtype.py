@@ -1,0 +1,136 @@
+"""convert --dtype sets the dtype config.json names, keeping every other byte (issue 10.9)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from ckptfix.plan.config_dtype import ConfigEdit, retype
+from tests.helpers import cli
+
+ORIGINAL = """{
+  "architectures": ["LlamaForCausalLM"],
+  "note": "\\"dtype\\": \\"float32\\" in a string stays",
+  "torch_dtype":   "float32",
+  "text_config": {"dtype": "float16", "hidden_size": 8, "list": ["dtype", "float32"]},
+  "vision_config": {"torch_dtype": "auto"},
+  "quantization_config": {"bnb_4bit_compute_dtype": "float32"},
+  "d\\u0074ype": "float32"
+}
+"""
+
+
+def test_only_dtype_values_change_and_every_other_byte_stays() -> None:
+    text, edits = retype(ORIGINAL, "bfloat16")
+    want = (
+        ORIGINAL.replace('"torch_dtype":   "float32"', '"torch_dtype":   "bfloat16"')
+        .replace('{"dtype": "float16"', '{"dtype": "bfloat16"')
+        .replace('"d\\u0074ype": "float32"', '"d\\u0074ype": "bfloat16"')
+    )
+    assert text == want
+    assert edits == (
+        ConfigEdit("config.json", "torch_dtype", "float32", "bfloat16"),
+        ConfigEdit("config.json", "text_config.dtype", "float16", "bfloat16"),
+        ConfigEdit("config.json", "dtype", "float32", "bfloat16"),
+    )
+
+
+def test_a_config_already_in_the_target_dtype_is_left_alone() -> None:
+    text = '{"torch_dtype": "bfloat16", "dtype": "auto"}'
+    assert retype(text, "bfloat16") == (text, ())
+
+
+_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.sampled_from(["float32", "float16", "auto"]),
+    lambda inner: (
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["dtype", "torch_dtype", "a", "b\\"]), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+def _expected(value: Any, key: str | None = None) -> Any:
+    if isinstance(value, dict):
+        return {k: _expected(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expected(v) for v in value]
+    floating = value in ("float32", "float16")
+    return "bfloat16" if key in ("dtype", "torch_dtype") and floating else value
+
+
+@given(
+    st.dictionaries(st.text(max_size=4) | st.just("dtype"), _values, max_size=4), st.integers(0, 3)
+)
+def test_any_json_is_retyped_as_parsing_says(config: dict[str, Any], indent: int) -> None:
+    text = json.dumps(config, indent=indent or None, ensure_ascii=indent % 2 == 0)
+    retyped, edits = retype(text, "bfloat16")
+    assert json.loads(retyped) == _expected(config)
+    assert len(edits) == retyped.count('"bfloat16"')
+    if not edits:
+        assert retyped == text
+
+
+def _folder(tmp_path: Path) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_file({"w": torch.ones(4, 4), "steps": torch.arange(3)}, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(ORIGINAL)
+    return folder
+
+
+def test_convert_dtype_sets_config_json_and_says_so(tmp_path: Path) -> None:
+    source = _folder(tmp_path)
+    out = tmp_path / "out"
+    dry = cli("convert", source, "-o", out, "--dtype", "bf16", "--dry-run", "--json")
+    assert dry.code == 0 and not out.exists()
+    edits = dry.json()["plan"]["config_edits"]
+    assert [(e["key"], e["old"], e["new"]) for e in edits] == [
+        ("torch_dtype", "float32", "bfloat16"),
+        ("text_config.dtype", "float16", "bfloat16"),
+        ("dtype", "float32", "bfloat16"),
+    ]
+    run = cli("convert", source, "-o", out, "--dtype", "bf16")
+    assert run.code == 0, run.stderr
+    assert "config.json: torch_dtype float32 → bfloat16 (set for the cast)" in run.stdout
+    assert (out / "config.json").read_text() == retype(ORIGINAL, "bfloat16")[0]
+    assert (source / "config.json").read_text() == ORIGINAL
+
+
+def test_convert_without_a_cast_copies_config_json_unchanged(tmp_path: Path) -> None:
+    source = _folder(tmp_path)
+    run = cli("convert", source, "-o", tmp_path / "out", "--json")
+    assert run.code == 0 and run.json()["plan"]["config_edits"] == []
+    assert (tmp_path / "out" / "config.json").read_bytes() == ORIGINAL.encode()
+
+
+def test_transformers_loads_the_cast_model_in_the_cast_dtype(tmp_path: Path) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+    )
+    torch.manual_seed(0)
+    source, out = tmp_path / "fp32", tmp_path / "bf16"
+    LlamaForCausalLM(config).save_pretrained(source)
+    assert json.loads((source / "config.json").read_text())["dtype"] == "float32"
+    assert cli("convert", source, "-o", out, "--dtype", "bf16").code == 0
+    ids = torch.tensor([[1, 5, 9, 3]])
+    want = LlamaForCausalLM.from_pretrained(source, dtype=torch.bfloat16)
+    got = LlamaForCausalLM.from_pretrained(out)
+    assert got.dtype == torch.bfloat16
+    with torch.no_grad():
+        assert torch.equal(got(ids).logits, want(ids).logits)
