@@ -7,6 +7,14 @@ BASE := $(VENV)/.installed-base
 FULL := $(VENV)/.installed-full
 DEMO := $(VENV)/.installed-demo
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
+# Every install after torch's own runs under this constraint: a requirement that wants another
+# torch fails the install instead of replacing the CPU build with a CUDA one.
+TORCH_PIN := torch==2.13.0
+KEEP_TORCH := -c <(echo $(TORCH_PIN))
+# The loader matrix's transformers 4 cells: transformers 4 and 5 cannot share a venv.
+TF4_VENV ?= .venv-tf4
+TF4 := $(TF4_VENV)/.installed-tf4
+TF4_PIP := $(TF4_VENV)/bin/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: install test test-fast lint demo bench fuzz clean
 
@@ -20,19 +28,29 @@ $(BASE): pyproject.toml | $(BIN)/python
 # torch first, pinned: it is the CPU build on these machines; a bare `torch` requirement
 # from another package would pull the CUDA build instead.
 $(FULL): pyproject.toml | $(BIN)/python
-	$(PIP) torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
-	DS_BUILD_OPS=0 $(PIP) -e '.[test,dev]' 2> >(grep -v "^WARNING: Location" >&2)
+	$(PIP) $(TORCH_PIN) 2> >(grep -v "^WARNING: Location" >&2)
+	DS_BUILD_OPS=0 $(PIP) $(KEEP_TORCH) -e '.[test,dev]' 2> >(grep -v "^WARNING: Location" >&2)
 	touch $@ $(BASE) $(DEMO)
+
+# A second venv for tests/loader_tf4.py: the same pinned CPU torch, transformers 4 (the `tf4`
+# extra). The cells that need it are skipped, saying so, when it is absent.
+$(TF4_VENV)/bin/python:
+	$(PYTHON) -m venv $(TF4_VENV)
+
+$(TF4): pyproject.toml | $(TF4_VENV)/bin/python
+	$(TF4_PIP) $(TORCH_PIN) 2> >(grep -v "^WARNING: Location" >&2)
+	$(TF4_PIP) $(KEEP_TORCH) -e '.[tf4]' 2> >(grep -v "^WARNING: Location" >&2)
+	touch $@
 
 # The demo also saves a sample with torch.save, so it gets torch (pinned, CPU) but not the
 # test dependencies.
 $(DEMO): $(BASE)
-	$(PIP) torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
+	$(PIP) $(TORCH_PIN) 2> >(grep -v "^WARNING: Location" >&2)
 	touch $@
 
 install: $(FULL)
 
-test: $(FULL)
+test: $(FULL) $(TF4)
 	$(BIN)/python -m pytest -q
 
 # The inner loop: everything but the tests marked slow (signals, interop, huge files, property,
@@ -75,4 +93,4 @@ fuzz: $(FULL)
 	CKPTFIX_FUZZ_EXAMPLES=5000 $(BIN)/python -m pytest -q tests/test_fuzz.py tests/test_mutation_property.py
 
 clean:
-	rm -rf $(VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(TF4_VENV) demo-out .pytest_cache .mypy_cache .ruff_cache .hypothesis

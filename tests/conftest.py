@@ -43,3 +43,6 @@ def mount(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
 
 
 os.environ.setdefault("NO_COLOR", "1")
+# The machine is offline but for package registries: no test may reach the Hub (a lookup
+# would only time out). Set before anything imports huggingface_hub, which reads it once.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")

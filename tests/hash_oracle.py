@@ -6,25 +6,27 @@ from __future__ import annotations
 import hashlib
 import struct
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-# torch dtype -> safetensors name, written out here rather than taken from ckptfix's table.
+# torch dtype (its name, so importing the oracle does not import torch) -> safetensors name,
+# written out here rather than taken from ckptfix's table.
 NAMES = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.float8_e4m3fn: "F8_E4M3",
-    torch.float8_e5m2: "F8_E5M2",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.complex64: "C64",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "complex64": "C64",
 }
 
 
@@ -35,11 +37,15 @@ def u64(*values: int) -> bytes:
 def fresh(tensor: torch.Tensor) -> torch.Tensor:
     """A row-major copy with standard strides (.contiguous() keeps the odd stride of a size-1
     dimension, which dtype views refuse)."""
+    import torch
+
     return torch.empty(tensor.shape, dtype=tensor.dtype).copy_(tensor.detach())
 
 
 def row_major(tensor: torch.Tensor) -> bytes:
     """The tensor's logical bytes, row-major, as torch lays them out contiguously."""
+    import torch
+
     return fresh(tensor).reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
@@ -55,7 +61,9 @@ def named(name: str, content_digest: bytes) -> bytes:
 
 def tensor_digests(state: Mapping[str, torch.Tensor]) -> dict[str, bytes]:
     return {
-        name: named(name, content(NAMES[t.dtype], tuple(t.shape), row_major(t)))
+        name: named(
+            name, content(NAMES[str(t.dtype).removeprefix("torch.")], tuple(t.shape), row_major(t))
+        )
         for name, t in state.items()
     }
 

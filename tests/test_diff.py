@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from ckptfix.ops.compare import DECODERS
 from ckptfix.ops.diff import DiffOptions, diff
@@ -16,8 +15,14 @@ from tests import hash_oracle as oracle
 from tests.builders import Factory, Spec
 from tests.helpers import cli
 
+if TYPE_CHECKING:
+    import torch
+
 
 def _pair(tmp_path: Path) -> tuple[Path, Path]:
+    import torch
+    from safetensors.torch import save_file
+
     torch.manual_seed(0)
     a = {
         "embed.weight": torch.randn(10, 4),
@@ -35,6 +40,8 @@ def _pair(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def test_identical_across_formats_is_one_line(tmp_path: Path) -> None:
+    import torch
+
     torch.manual_seed(0)
     embed = torch.randn(16, 8)
     state = {
@@ -138,6 +145,9 @@ def test_long_lists_are_counted(factory: Factory) -> None:
 
 
 def test_strip_prefix(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     state = {"layer.weight": torch.randn(3, 3), "layer.bias": torch.randn(3)}
     torch.save({"module." + k: v for k, v in state.items()}, tmp_path / "ddp.bin")
     torch.save(
@@ -176,33 +186,41 @@ def test_the_digest_is_the_hash_digest(tmp_path: Path) -> None:
 
 # --values ------------------------------------------------------------------------------------
 
+# safetensors name -> torch dtype name (torch is imported by the tests, not at collection)
 FLOATS = {
-    "F64": torch.float64,
-    "F32": torch.float32,
-    "F16": torch.float16,
-    "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn,
-    "F8_E5M2": torch.float8_e5m2,
-    "F8_E4M3FNUZ": torch.float8_e4m3fnuz,
-    "F8_E5M2FNUZ": torch.float8_e5m2fnuz,
-    "F8_E8M0": torch.float8_e8m0fnu,
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
 }
 
 
 @pytest.mark.parametrize("name", sorted(name for name in FLOATS if name.startswith("F8")))
 def test_float8_tables_match_torch(name: str) -> None:
     import numpy as np
+    import torch
 
     bits = np.arange(256, dtype=np.uint8)
     ours = DECODERS[name](bits)
     theirs = (
-        torch.arange(256, dtype=torch.int32).to(torch.uint8).view(FLOATS[name]).double().numpy()
+        torch.arange(256, dtype=torch.int32)
+        .to(torch.uint8)
+        .view(getattr(torch, FLOATS[name]))
+        .double()
+        .numpy()
     )
     assert np.array_equal(ours, theirs, equal_nan=True)
 
 
 def _expected(a: torch.Tensor, b: torch.Tensor) -> dict[str, object]:
     """The README's definitions, computed by torch over whole tensors in memory."""
+    import torch
+
     width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     differ = a.contiguous().view(width) != b.contiguous().view(width)
     x, y = a.double()[differ], b.double()[differ]
@@ -225,7 +243,10 @@ def test_values_match_torch(tmp_path: Path, name: str) -> None:
     """Random bit patterns (NaN and Inf included) against a copy with about a tenth of the
     elements replaced, over several chunks: a transposed .bin against a safetensors file, so
     the two sides' chunks are cut differently."""
-    dtype = FLOATS[name]
+    import torch
+    from safetensors.torch import save_file
+
+    dtype = getattr(torch, FLOATS[name])
     width = torch.empty((), dtype=dtype).element_size()
     generator = torch.Generator().manual_seed(len(name))
     raw = torch.randint(0, 256, (700 * 900 * width,), dtype=torch.uint8, generator=generator)
@@ -251,6 +272,9 @@ def test_values_match_torch(tmp_path: Path, name: str) -> None:
 
 
 def test_values_of_integers_complex_and_output(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     a = {
         "i": torch.arange(10),
         "c": torch.tensor([1 + 1j, 2 - 1j, 0j], dtype=torch.complex64),
@@ -274,6 +298,9 @@ def test_values_of_integers_complex_and_output(tmp_path: Path) -> None:
 
 
 def test_values_report_nan_on_one_side(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     save_file(
         {"w": torch.tensor([1.0, float("nan"), 3.0, float("inf")])}, str(tmp_path / "a.safetensors")
     )
@@ -285,6 +312,9 @@ def test_values_report_nan_on_one_side(tmp_path: Path) -> None:
 
 
 def test_no_names_in_common_suggests_stripping(tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     state = {"w": torch.ones(2)}
     torch.save({"module.w": state["w"]}, tmp_path / "ddp.bin")
     save_file(state, str(tmp_path / "m.safetensors"))

@@ -9,10 +9,9 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 from ckptfix.core.tensor import Piece, TensorInfo
 from ckptfix.io.source import LocalFile
@@ -21,6 +20,9 @@ from ckptfix.ops.hash import HashOptions, hash_checkpoint
 from tests import hash_oracle as oracle
 from tests.builders import Factory, Spec, seeded_bytes
 from tests.helpers import cli, measured
+
+if TYPE_CHECKING:
+    import torch
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -41,6 +43,9 @@ def _spec_digests(specs: list[Spec]) -> dict[str, bytes]:
 def test_readme_worked_example(tmp_path: Path) -> None:
     """README's code, run as it is, prints the digests README shows, and ckptfix gives the
     same ones for that tensor saved by safetensors and by torch.save."""
+    import torch
+    from safetensors.torch import save_file
+
     text = README.read_text()
     section = text[text.index("### How the digest is defined") :]
     code, shown = re.findall(r"```(?:python)?\n(.*?)```", section, re.DOTALL)[:2]
@@ -144,6 +149,9 @@ def test_what_changes_the_digest(factory: Factory) -> None:
 def test_views_aliases_and_formats(tmp_path: Path) -> None:
     """A pickle with a transposed view, slices of one buffer, an expanded tensor and tied
     weights hashes like its contiguous safetensors copy, in zip and legacy form."""
+    import torch
+    from safetensors.torch import save_file
+
     torch.manual_seed(0)
     fused = torch.randn(6, 4)
     embed = torch.randn(5, 3).to(torch.bfloat16)
@@ -170,6 +178,8 @@ def test_views_aliases_and_formats(tmp_path: Path) -> None:
 
 
 def test_training_checkpoint_hashes_its_model(tmp_path: Path) -> None:
+    import torch
+
     model = {"layer.weight": torch.randn(3, 3), "layer.bias": torch.randn(3)}
     torch.save(
         {"state_dict": model, "optimizer_states": [{"m": torch.randn(3)}], "epoch": 3},
@@ -179,6 +189,8 @@ def test_training_checkpoint_hashes_its_model(tmp_path: Path) -> None:
 
 
 def test_folder_hashes_the_family_a_loader_loads(factory: Factory, tmp_path: Path) -> None:
+    import torch
+
     specs = [Spec("a"), Spec("b", "F16", (4,))]
     folder = factory.sharded("model", [specs[:1], specs[1:]])
     torch.save({"a": torch.zeros(2, 3)}, folder / "pytorch_model.bin")  # a stale other family
@@ -186,6 +198,8 @@ def test_folder_hashes_the_family_a_loader_loads(factory: Factory, tmp_path: Pat
 
 
 def test_dropped_record_single_file_and_sharded(tmp_path: Path) -> None:
+    import torch
+
     embed = torch.randn(8, 4)
     state = {"model.embed.weight": embed, "lm_head.weight": embed, "norm": torch.randn(4)}
     torch.save(state, tmp_path / "tied.bin")
@@ -256,6 +270,9 @@ def test_missing_path_and_empty_folder(tmp_path: Path) -> None:
 def test_a_single_flipped_bit_is_found(tmp_path: Path, form: str) -> None:
     """One bit flipped in the file's tensor data changes the digest to the one torch's
     reading of the damaged file gives, and diff names exactly the damaged tensors."""
+    import torch
+    from safetensors.torch import save_file
+
     torch.manual_seed(1)
     weight = torch.randn(16, 16)
     state = {"a": weight, "tied": weight, "b": torch.randn(64).to(torch.bfloat16)}
@@ -304,6 +321,8 @@ def test_memory_is_bounded_whatever_the_size(factory: Factory) -> None:
 def test_small_tensors_read_in_batches_hash_alike(factory: Factory, tmp_path: Path) -> None:
     """Small tensors are hashed from shared reads of up to 1 MiB (ops.digest._Batch): many of
     them, some just under and over the size that decides it, and views into one storage."""
+    import torch
+
     specs = [Spec(f"t.{i}", "U8", (2**16 - 1 + i % 3,)) for i in range(40)]
     specs += [Spec(f"s.{i}", "F16", (i % 7,)) for i in range(3000)]
     path = factory.safetensors("many.safetensors", specs)
@@ -343,6 +362,8 @@ def test_no_torch_and_no_numpy_unless_values(factory: Factory) -> None:
 def test_empty_tensors_read_nothing(tmp_path: Path) -> None:
     """An empty tensor of a legacy pickle may point past the end of the file (found by the
     property test): it is hashed without reading, alone or among small ones."""
+    import torch
+
     state = {
         "empty": torch.zeros(2, 0)[1:],  # storage offset 1 in an empty storage
         "small": torch.arange(3.0),

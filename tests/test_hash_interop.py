@@ -4,17 +4,19 @@ huggingface_hub and ckptfix itself write of one model hashes alike and diffs as 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from huggingface_hub import save_torch_state_dict
-from safetensors.torch import save_file
 
 from ckptfix.ops.diff import diff
 from ckptfix.ops.hash import hash_checkpoint
 from tests import hash_oracle as oracle
 from tests.helpers import cli
 from tests.test_interop_matrix import tiny_models
+
+if TYPE_CHECKING:
+    import torch
 
 pytestmark = pytest.mark.slow
 
@@ -23,6 +25,8 @@ pytestmark = pytest.mark.slow
 def saved(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, tuple[dict[str, torch.Tensor], dict[str, Path]]]:
+    import torch
+
     result = {}
     for name, model in tiny_models().items():
         root = tmp_path_factory.mktemp(name)
@@ -80,6 +84,8 @@ def test_tied_model_and_its_deduplicated_forms(saved: dict) -> None:
 
 def test_a_safetensors_copy_of_each_tensor(saved: dict, tmp_path: Path) -> None:
     """safetensors.save_file of clones: the reference writer's own layout and metadata."""
+    from safetensors.torch import save_file
+
     state, paths = saved["llama-untied"]
     save_file(
         {k: v.contiguous().clone() for k, v in state.items()}, str(tmp_path / "m.safetensors")

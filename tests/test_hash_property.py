@@ -9,19 +9,20 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from safetensors.torch import save_file
 
 import ckptfix
 from ckptfix.ops.diff import diff
 from ckptfix.ops.hash import hash_checkpoint
 from ckptfix.ops.rewrite import ConvertOptions
 from tests import hash_oracle as oracle
+
+if TYPE_CHECKING:
+    import torch
 
 pytestmark = pytest.mark.slow
 
@@ -32,21 +33,23 @@ PROPERTY = settings(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 DTYPES = [
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.float64,
-    torch.float8_e4m3fn,
-    torch.int64,
-    torch.int8,
-    torch.uint8,
-    torch.bool,
+    "float32",
+    "float16",
+    "bfloat16",
+    "float64",
+    "float8_e4m3fn",
+    "int64",
+    "int8",
+    "uint8",
+    "bool",
 ]
-State = dict[str, torch.Tensor]
+State = dict[str, "torch.Tensor"]
 
 
 def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
     """Random bit patterns (NaNs included: the hash sees bytes, not values)."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     numel = 1
     for dim in shape:
@@ -60,9 +63,11 @@ def _random(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tens
 
 @st.composite
 def state_dicts(draw: st.DrawFn) -> State:
+    import torch
+
     state: State = {}
     for index in range(draw(st.integers(1, 5))):
-        dtype = draw(st.sampled_from(DTYPES))
+        dtype = getattr(torch, draw(st.sampled_from(DTYPES)))
         shape = tuple(draw(st.lists(st.integers(0, 6), min_size=0, max_size=3)))
         tensor = _random(shape, dtype, draw(st.integers(0, 2**16)))
         kind = draw(st.sampled_from(["plain", "transposed", "sliced", "expanded", "alias"]))
@@ -84,6 +89,8 @@ def _contiguous(state: State) -> State:
 
 
 def _safetensors(state: State, folder: Path, draw: st.DrawFn) -> Path:
+    from safetensors.torch import save_file
+
     path = folder / "model.safetensors"
     names = draw(st.permutations(sorted(state)))
     metadata = {"format": "pt", "note": draw(st.text(max_size=5))}
@@ -93,6 +100,9 @@ def _safetensors(state: State, folder: Path, draw: st.DrawFn) -> Path:
 
 def _sharded(state: State, folder: Path, draw: st.DrawFn, *, torch_files: bool = False) -> Path:
     """Shards of random sizes in random order, with their index."""
+    import torch
+    from safetensors.torch import save_file
+
     names = list(draw(st.permutations(sorted(state))))
     count = draw(st.integers(1, len(names)))
     cuts = sorted(
@@ -125,6 +135,8 @@ def _hub(state: State, folder: Path, draw: st.DrawFn) -> Path:
 
 
 def _torch(state: State, folder: Path, draw: st.DrawFn, *, legacy: bool = False) -> Path:
+    import torch
+
     path = folder / "model.pt"
     torch.save(state, path, _use_new_zipfile_serialization=not legacy)
     return path
@@ -132,6 +144,8 @@ def _torch(state: State, folder: Path, draw: st.DrawFn, *, legacy: bool = False)
 
 def _converted(state: State, folder: Path, draw: st.DrawFn) -> Path:
     """ckptfix's own output: aliases written once and recorded as dropped -> kept."""
+    import torch
+
     source = folder / "source.bin"
     torch.save(state, source)
     max_shard = draw(st.sampled_from([64, 5 * 10**9]))
@@ -168,6 +182,8 @@ def test_every_format_and_sharding_hashes_alike(tmp_path: Path, state: State, da
 
 def _changed(state: State, draw: st.DrawFn) -> tuple[State, str, str]:
     """The state with one change: (new state, the name changed, the kind of change)."""
+    import torch
+
     name = draw(st.sampled_from(sorted(state)))
     tensor = oracle.fresh(state[name])
     changes = ["renamed"]
@@ -200,6 +216,8 @@ def _changed(state: State, draw: st.DrawFn) -> tuple[State, str, str]:
 @PROPERTY
 @given(state=state_dicts(), data=st.data())
 def test_any_change_is_seen_and_named(tmp_path: Path, state: State, data: Any) -> None:
+    import torch
+
     changed, name, kind = _changed(state, data.draw)
     before = tmp_path / f"a-{os.urandom(4).hex()}.pt"
     torch.save(state, before)

@@ -10,8 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from safetensors.torch import save_file
 
 import ckptfix
 from ckptfix.ops import manifest as manifest_module
@@ -22,6 +20,8 @@ from tests.helpers import cli, tree_snapshot
 @pytest.fixture
 def model(tmp_path: Path) -> tuple[Path, Path]:
     """A tied .bin and its converted, sharded safetensors folder, with a manifest of the .bin."""
+    import torch
+
     torch.manual_seed(0)
     embed = torch.randn(8, 4)
     state = {"embed": embed, "head": embed, "norm": torch.randn(4), "t": torch.randn(4, 2).t()}
@@ -62,6 +62,9 @@ def test_round_trip(model: tuple[Path, Path], tmp_path: Path) -> None:
 
 
 def test_tampered_checkpoint(model: tuple[Path, Path], tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     _, manifest = model
     save_file(
         {
@@ -91,6 +94,9 @@ def test_tampered_checkpoint(model: tuple[Path, Path], tmp_path: Path) -> None:
 def test_only_the_tensors_to_check_are_read(
     model: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import torch
+    from safetensors.torch import save_file
+
     _, manifest = model
     read: list[str] = []
     original = manifest_module.content_digests

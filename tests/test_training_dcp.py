@@ -6,21 +6,24 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
 from ckptfix.ops.load import load
 from tests import training_fixtures as fixtures
 from tests.helpers import cli
+
+if TYPE_CHECKING:
+    import torch
 
 pytestmark = pytest.mark.slow
 dcp_saved = fixtures.dcp_saved  # fixtures shared by the training tests
 
 
 def _bytes(tensor: torch.Tensor) -> bytes:
+    import torch
+
     return bytes(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
 
 
@@ -33,6 +36,8 @@ def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> 
 
 
 def _written(out: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
     tensors: dict[str, torch.Tensor] = {}
     for shard in sorted(out.glob("*.safetensors")):
         tensors.update(load_file(shard))
@@ -40,6 +45,7 @@ def _written(out: Path) -> dict[str, torch.Tensor]:
 
 
 def _torch_reading(folder: Path, tmp_path: Path) -> dict[str, Any]:
+    import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     target = tmp_path / "torch.pt"
@@ -52,6 +58,8 @@ def test_torch_save_format_converts_to_what_dcp_to_torch_save_reads(
     dcp_saved: Path,
     tmp_path: Path,
 ) -> None:
+    import torch
+
     oracle = _torch_reading(dcp_saved / "torch_save", tmp_path)["model"]
     run = cli("convert", dcp_saved / "torch_save", "-o", tmp_path / "out")
     assert run.code == 0, run.stderr
@@ -66,6 +74,8 @@ def test_safetensors_format_converts_to_the_gathered_tensors(
 ) -> None:
     # torch 2.13's own FileSystemReader cannot read this format back (it torch.loads the
     # safetensors bytes); the oracle is the full tensors the ranks gathered when saving.
+    import torch
+
     reference = torch.load(dcp_saved / "reference.pt", weights_only=True)
     run = cli("convert", dcp_saved / "safetensors", "-o", tmp_path / "out")
     assert run.code == 0, run.stderr
@@ -76,6 +86,8 @@ def test_flat_app_state_takes_the_top_level_tensors(
     dcp_saved: Path,
     tmp_path: Path,
 ) -> None:
+    import torch
+
     oracle = _torch_reading(dcp_saved / "flat", tmp_path)
     model = {k: v for k, v in oracle.items() if isinstance(v, torch.Tensor)}
     run = cli("convert", dcp_saved / "flat", "-o", tmp_path / "out")
@@ -156,6 +168,8 @@ def test_key_picks_another_part_of_the_app_state(dcp_saved: Path, tmp_path: Path
 
 
 def test_convert_options_work_on_dcp(dcp_saved: Path, tmp_path: Path) -> None:
+    import torch
+
     reference = torch.load(dcp_saved / "reference.pt", weights_only=True)
     out = tmp_path / "out"
     run = cli(

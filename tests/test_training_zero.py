@@ -8,17 +8,19 @@ import contextlib
 import io
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
-import torch
 from safetensors import safe_open
-from safetensors.torch import load_file
 
 from ckptfix.ops.load import load
 from tests import training_fixtures as fixtures
 from tests.helpers import cli
 from tests.test_training_dcp import _bytes
 from tests.training_frameworks import ZERO_CONFIGS
+
+if TYPE_CHECKING:
+    import torch
 
 pytestmark = pytest.mark.slow
 zero_saved = fixtures.zero_saved  # fixtures shared by the training tests
@@ -35,6 +37,8 @@ def _oracle(folder: Path) -> dict[str, torch.Tensor]:
 def _converted(
     folder: Path, out: Path, *options: str
 ) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    from safetensors.torch import load_file
+
     run = cli("convert", folder, "-o", out, *options)
     assert run.code == 0, run.stderr
     with safe_open(out / "model.safetensors", "pt") as handle:
@@ -48,6 +52,8 @@ def test_master_weights_are_what_zero_to_fp32_reconstructs(
     tmp_path: Path,
     name: str,
 ) -> None:
+    import torch
+
     oracle = _oracle(zero_saved / name)
     written, dropped = _converted(zero_saved / name, tmp_path / "out")
     # the tied head is written once and recorded as an alias of the embedding
@@ -80,6 +86,8 @@ def test_module_weights_are_the_training_dtype_copy(
     tmp_path: Path,
     name: str,
 ) -> None:
+    import torch
+
     module = torch.load(
         zero_saved / name / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False
     )["module"]
@@ -96,6 +104,8 @@ def test_module_weights_are_the_training_dtype_copy(
 
 def test_stage0_weights_are_the_module(zero_saved: Path, tmp_path: Path) -> None:
     """Stage 0 keeps no partitions (zero_to_fp32.py cannot read it): `module` is the model."""
+    import torch
+
     module = torch.load(
         zero_saved / "zero0_fp32" / "global_step2" / "mp_rank_00_model_states.pt",
         weights_only=False,
@@ -169,6 +179,7 @@ def test_a_trainer_folder_with_weights_stays_a_hugging_face_folder(
 ) -> None:
     import shutil
 
+    import torch
     from safetensors.torch import save_file
 
     folder = tmp_path / "checkpoint-2"
