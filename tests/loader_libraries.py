@@ -101,19 +101,35 @@ def _assert_components_loaded(path: Path) -> None:
     from transformers import CLIPTextModel
 
     for kind, folder in ((UNet2DConditionModel, "unet"), (AutoencoderKL, "vae")):
-        assert_all_loaded(kind.from_pretrained(path / folder, output_loading_info=True)[1])
+        options = _diffusers_options(path / folder)
+        info = kind.from_pretrained(path / folder, output_loading_info=True, **options)[1]
+        assert_all_loaded(info)
     info = CLIPTextModel.from_pretrained(path / "text_encoder", output_loading_info=True)[1]
     assert_all_loaded(info)
+
+
+def _diffusers_options(component: Path) -> dict[str, bool]:
+    """diffusers finds a sharded .bin only when told not to look for safetensors (its own
+    `save_pretrained(safe_serialization=False)` output needs the same)."""
+    if any(component.glob("*.safetensors")):
+        return {}
+    return {"use_safetensors": False}
 
 
 def load_pipeline(root: Path, path: Path, dtype: str | None) -> Any:
     """`StableDiffusionPipeline.from_pretrained` of the whole pipeline; two DDIM steps of a
     fixed prompt and seed: the image."""
     import torch
-    from diffusers import StableDiffusionPipeline
+    from diffusers import AutoencoderKL, StableDiffusionPipeline, UNet2DConditionModel
 
     _assert_components_loaded(path)
-    pipe = StableDiffusionPipeline.from_pretrained(path)
+    # A component held only as sharded .bin is loaded as diffusers documents, and handed in.
+    components = {
+        folder: kind.from_pretrained(path / folder, use_safetensors=False)
+        for kind, folder in ((UNet2DConditionModel, "unet"), (AutoencoderKL, "vae"))
+        if _diffusers_options(path / folder)
+    }
+    pipe = StableDiffusionPipeline.from_pretrained(path, **components)
     pipe.set_progress_bar_config(disable=True)
     generator = torch.Generator().manual_seed(0)
     return pipe(
