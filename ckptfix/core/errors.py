@@ -108,3 +108,20 @@ class UnsafePickleError(CkptfixError):
     """A pickle names a global outside the allowlist; it was not loaded."""
 
     code = "unsafe-pickle"
+
+
+class RemoteError(CkptfixError):
+    """A remote source (s3://, gs://, hf://, http(s)://) could not be read: no credentials,
+    refused, not found, no range requests, timed out; `rule` names which."""
+
+    def __init__(self, url: str, rule: str, what: str, fix: str | None = None) -> None:
+        super().__init__(url, what, fix, rule=rule)
+
+
+class RemoteChangedError(SourceChangedError):
+    """A remote object was replaced while it was being read (its ETag or version moved)."""
+
+    def __init__(self, url: str, what: str) -> None:
+        CkptfixError.__init__(
+            self, url, what, "run again once the upload is complete", rule="remote-changed"
+        )
