@@ -72,6 +72,13 @@ class _Group(TyperGroup):
         return code
 
 
+def input_path(text: str) -> str:
+    """An input as commands take it: a URL as given, a local path as pathlib spells it."""
+    from ckptfix.io.urls import is_url
+
+    return text if is_url(text) else str(Path(text))
+
+
 def _debug() -> bool:
     return os.environ.get("CKPTFIX_DEBUG") == "1"
 
@@ -185,8 +192,11 @@ ManifestOption = Annotated[
 @app.command()
 def inspect(
     paths: Annotated[
-        list[Path],
-        typer.Argument(metavar="PATH...", help="Checkpoint files or model folders (one or more)."),
+        list[str],  # not Path: it would fold the // of a URL
+        typer.Argument(
+            metavar="PATH...",
+            help="Checkpoint files or model folders, local or URLs (one or more).",
+        ),
     ],
     json_output: Annotated[bool, typer.Option("--json", help="Short for --format json.")] = False,
     output_format: FormatOption = None,
@@ -217,7 +227,7 @@ def inspect(
     # with nothing on stdout.
     reports = [
         ckptfix.inspect(
-            path,
+            input_path(path),
             max_shard=limit,
             hash_values=hash_values,
             scan_values=scan_values,
@@ -274,7 +284,9 @@ def _print_reports(
 
 @app.command()
 def reshard(
-    src: Annotated[Path, typer.Argument(metavar="SRC", help="safetensors file or model folder.")],
+    src: Annotated[
+        str, typer.Argument(metavar="SRC", help="safetensors file or model folder, or a URL.")
+    ],
     out: Annotated[
         Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
     ] = None,
@@ -300,7 +312,7 @@ def reshard(
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
     with _progress(show_progress) as advance:
         options = ReshardOptions(limit, dry_run, force, replace_any, advance, in_place=in_place)
-        result = run_reshard(src, out, options)
+        result = run_reshard(input_path(src), out, options)
     _show(result, json_output)
 
 
@@ -316,6 +328,9 @@ class DtypeChoice(str, Enum):
     keep = "keep"
 
 
+SrcArgument = Annotated[  # str, not Path: a Path would fold the // of a URL
+    str, typer.Argument(metavar="SRC", help="Checkpoint file or model folder, or a URL.")
+]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
 OutOption = Annotated[
     Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
@@ -331,7 +346,7 @@ CloneOption = Annotated[
 
 @app.command()
 def convert(
-    src: Annotated[Path, typer.Argument(metavar="SRC", help="Checkpoint file or model folder.")],
+    src: SrcArgument,
     out: OutOption = None,
     to: Annotated[
         OutputFormat, typer.Option("--to", help="Output format.")
@@ -387,13 +402,13 @@ def convert(
             verify=not no_verify,
             zero_weights=zero_weights.value,
         )
-        result = run_convert(src, out, options)
+        result = run_convert(input_path(src), out, options)
     _show(result, json_output)
 
 
 @app.command()
 def dedupe(
-    src: Annotated[Path, typer.Argument(metavar="SRC", help="Checkpoint file or model folder.")],
+    src: SrcArgument,
     out: OutOption = None,
     by_content: Annotated[
         bool, typer.Option("--by-content", help="Also merge separately stored equal tensors.")
@@ -425,7 +440,7 @@ def dedupe(
             clone=clone,
             keep=keep,
         )
-        result = run_dedupe(src, out, options)
+        result = run_dedupe(input_path(src), out, options)
     _show(result, json_output)
 
 

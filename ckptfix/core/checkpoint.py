@@ -71,6 +71,9 @@ class Checkpoint:
     exists: dict[str, bool] = field(default_factory=dict, repr=False, compare=False)
     # A training checkpoint folder (DCP, DeepSpeed): its layout, findings and what is left out.
     training: TrainingLayout | None = None
+    # A checkpoint read from a URL: the folder it was read through (io.remote_folder.
+    # RemoteFolder), which lists the rest of the folder and counts requests and bytes.
+    remote: Any = field(default=None, repr=False, compare=False)
 
     @property
     def tensors(self) -> tuple[TensorInfo, ...]:

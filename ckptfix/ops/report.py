@@ -46,6 +46,8 @@ class Report:
     manifest: ManifestCheck | None = None  # with `inspect --manifest` (ops.manifest)
     # A training checkpoint's layout (DCP, DeepSpeed): the JSON's "layout" object.
     layout: dict[str, object] | None = None
+    # Read from a URL: requests made and bytes fetched (the JSON's "remote" object).
+    remote: dict[str, int] | None = None
 
     @property
     def tensor_count(self) -> int:
@@ -125,6 +127,8 @@ class Report:
             document["layout"] = self.layout
         if self.manifest is not None:
             document["manifest"] = self.manifest.to_dict()
+        if self.remote is not None:
+            document["remote"] = self.remote
         return document
 
 

@@ -233,7 +233,8 @@ def _other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], d
     weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
     reasons: dict[str, str] = {}
     extra = []
-    for entry in sorted(os.listdir(path)):
+    remote = checkpoint.remote  # a URL's folder (io.remote_folder), listed through it
+    for entry in sorted(remote.listdir(path) if remote is not None else os.listdir(path)):
         if entry in ours:
             continue
         if entry in weights:
@@ -244,5 +245,6 @@ def _other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], d
             reasons[entry] = STAGING_FOLDER
         else:
             extra.append(entry)
-    reasons.update(dict.fromkeys(special_files(path, extra), NOT_REGULAR))
+    if remote is None:  # a remote folder holds no FIFOs, sockets or devices
+        reasons.update(dict.fromkeys(special_files(path, extra), NOT_REGULAR))
     return extra, reasons
