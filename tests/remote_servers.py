@@ -61,7 +61,7 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
 
-    def log_message(self, format: str, *args: object) -> None:  # quiet
+    def log_message(self, *args: object) -> None:  # type: ignore[override]  # quiet
         pass
 
     def do_HEAD(self) -> None:
