@@ -21,7 +21,7 @@ $(BASE): pyproject.toml | $(BIN)/python
 # from another package would pull the CUDA build instead.
 $(FULL): pyproject.toml | $(BIN)/python
 	$(PIP) torch==2.13.0 2> >(grep -v "^WARNING: Location" >&2)
-	DS_BUILD_OPS=0 $(PIP) -e '.[test,dev]' 2> >(grep -v "^WARNING: Location" >&2)
+	DS_BUILD_OPS=0 $(PIP) -e '.[test,dev,remote]' 2> >(grep -v "^WARNING: Location" >&2)
 	touch $@ $(BASE) $(DEMO)
 
 # The demo also saves a sample with torch.save, so it gets torch (pinned, CPU) but not the
