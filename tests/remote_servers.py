@@ -228,3 +228,79 @@ def upload_tree(client: object, bucket: str, local: Path, prefix: str) -> None:
 def copy_tree(source: Path, target: Path) -> Path:
     shutil.copytree(source, target, dirs_exist_ok=True)
     return target
+
+
+# --- a Hugging Face Hub for huggingface_hub's HfFileSystem ---------------------------------------
+
+REPO = "org/model"
+REVISION_SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+class _HubHandler(_Handler):
+    """The four routes HfFileSystem reads through: repo info, tree listings, paths info and
+    `resolve` downloads (with Range), for one model repo `org/model` whose files are `root`."""
+
+    def _answer(self, *, body: bool) -> None:
+        url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        api = f"/api/models/{REPO}/"
+        if url_path.startswith(api + "revision/") or url_path == api.rstrip("/"):
+            self._json({"id": REPO, "sha": REVISION_SHA, "siblings": [], "private": False}, body)
+        elif url_path.startswith(api + "tree/"):
+            relative = url_path[len(api + "tree/") :].partition("/")[2]
+            self._tree(relative, body=body)
+        elif url_path.startswith(f"/{REPO}/resolve/"):
+            relative = url_path[len(f"/{REPO}/resolve/") :].partition("/")[2]
+            self.path = "/" + urllib.parse.quote(relative)
+            super()._answer(body=body)
+        else:
+            self._status(404)
+
+    def do_POST(self) -> None:  # paths-info: not needed by the reads ckptfix makes
+        self._status(404)
+
+    def _tree(self, relative: str, *, body: bool) -> None:
+        folder = self.server.root / relative
+        if not folder.is_dir():
+            self._json({"error": "not found"}, body, status=404)
+            return
+        entries = []
+        for entry in sorted(folder.iterdir()):
+            path = entry.relative_to(self.server.root).as_posix()
+            if entry.is_dir():
+                entries.append({"type": "directory", "oid": "0" * 40, "path": path})
+            else:
+                size = entry.stat().st_size
+                oid = etag_of(entry).strip('"').replace("-", "")[:40].ljust(40, "0")
+                entries.append({"type": "file", "oid": oid, "size": size, "path": path})
+        self._json(entries, body)
+
+    def _json(self, document: object, body: bool, status: int = 200) -> None:
+        import json
+
+        data = json.dumps(document).encode()
+        with self.server.behaviour.lock:
+            self.server.behaviour.requests += 1
+            self.server.behaviour.log.append((self.command, self.path, ""))
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self._send(data)
+
+
+@contextlib.contextmanager
+def hub_server(root: Path) -> Iterator[HttpServer]:
+    """A Hub on 127.0.0.1 serving `root` as the model repo `org/model`."""
+    server = _Server(("127.0.0.1", 0), _HubHandler)
+    server.root = root
+    server.behaviour = Behaviour()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        host, port = server.server_address[:2]
+        yield HttpServer(root, server.behaviour, f"http://{host!s}:{port}")
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import posixpath
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from ckptfix.core.errors import UsageError
 from ckptfix.io.remote import Info, Settings, no_range
@@ -152,6 +152,36 @@ class HttpBackend(GenericBackend):
         return (info.get("size"), info.get("ETag"), info.get("Last-Modified"))
 
 
+class HubBackend(GenericBackend):
+    """huggingface_hub's HfFileSystem for listings and details; reads are ranged GETs of the
+    file's `resolve` URL on the Hub's own HTTP session (its token, its endpoint), checked for
+    a 206 before the body is read. (HfFileSystem's own reads go through a buffered file.)"""
+
+    def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
+        super().__init__(scheme, fs)
+        self.timeout = timeout
+
+    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
+        from huggingface_hub import constants
+        from huggingface_hub import get_session, hf_raise_for_status
+
+        resolved = self.fs.resolve_path(path)
+        prefix = constants.REPO_TYPES_URL_PREFIXES.get(resolved.repo_type, "")
+        revision = quote(resolved.revision, safe="")
+        url = (
+            f"{self.fs.endpoint}/{prefix}{resolved.repo_id}/resolve/{revision}/"
+            f"{quote(resolved.path_in_repo)}"
+        )
+        headers = {"Range": f"bytes={start}-{end - 1}", **self.fs._api._build_hf_headers()}
+        with get_session().stream(
+            "GET", url, headers=headers, timeout=self.timeout, follow_redirects=True
+        ) as response:
+            if response.status_code == 200:
+                raise no_range(url, start, end)
+            hf_raise_for_status(response)
+            return bytes(response.read())
+
+
 def _head_info(path: str, response: Any) -> Info:
     headers = response.headers
     size = headers.get("Content-Length")
@@ -200,7 +230,7 @@ def make_backend(url: str, settings: Settings) -> GenericBackend:
             )
         from huggingface_hub import HfFileSystem
 
-        return GenericBackend(scheme, HfFileSystem(skip_instance_cache=True))
+        return HubBackend(scheme, HfFileSystem(skip_instance_cache=True), settings.timeout)
     except ImportError as exc:
         raise missing_extra(url, exc) from exc
 
