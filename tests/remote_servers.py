@@ -199,8 +199,11 @@ def http_server(root: Path) -> Iterator[HttpServer]:
 @contextlib.contextmanager
 def moto_server() -> Iterator[str]:
     """moto's S3 server on 127.0.0.1 (a free port); yields its endpoint URL."""
+    import logging
+
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     try:
@@ -255,8 +258,19 @@ class _HubHandler(_Handler):
         else:
             self._status(404)
 
+    def end_headers(self) -> None:
+        self.send_header("X-Repo-Commit", REVISION_SHA)  # huggingface_hub checks it is a Hub
+        super().end_headers()
+
     def do_POST(self) -> None:  # paths-info: not needed by the reads ckptfix makes
         self._status(404)
+
+    def _status(self, status: int) -> None:
+        self.send_response(status)
+        if status == 404:  # what the Hub says of a missing file (huggingface_hub reads it)
+            self.send_header("X-Error-Code", "EntryNotFound")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
 
     def _tree(self, relative: str, *, body: bool) -> None:
         folder = self.server.root / relative
