@@ -15,6 +15,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -105,7 +106,7 @@ def bench_hub(folder: Path, repeat: int) -> list[str]:
         "|---|---|---|---|",
     ]
     with hub_server(folder) as server:
-        env = {**os.environ, **QUIET, "HF_ENDPOINT": server.url}
+        env = {**os.environ, **QUIET, "HF_ENDPOINT": server.url}  # HF_HOME: per run, below
         env.pop("HF_TOKEN", None)
         jobs = {
             "`ckptfix inspect hf://… --json`": [*CKPTFIX, "inspect", f"hf://{REPO}", "--json"],
@@ -122,7 +123,9 @@ def bench_hub(folder: Path, repeat: int) -> list[str]:
             for _ in range(repeat):
                 server.behaviour.reset()
                 start = time.perf_counter()
-                done = subprocess.run(command, capture_output=True, env=env, check=False)
+                with tempfile.TemporaryDirectory() as home:  # no Hub cache kept between runs
+                    run_env = {**env, "HF_HOME": home}
+                    done = subprocess.run(command, capture_output=True, env=run_env, check=False)
                 walls.append(time.perf_counter() - start)
                 if done.returncode != 0:
                     raise SystemExit(f"{label} failed: {done.stderr.decode()[-600:]}")

@@ -162,8 +162,7 @@ class HubBackend(GenericBackend):
         self.timeout = timeout
 
     def read(self, path: str, start: int, end: int, info: Info) -> bytes:
-        from huggingface_hub import constants
-        from huggingface_hub import get_session, hf_raise_for_status
+        from huggingface_hub import constants, get_session, hf_raise_for_status
 
         resolved = self.fs.resolve_path(path)
         prefix = constants.REPO_TYPES_URL_PREFIXES.get(resolved.repo_type, "")
