@@ -105,10 +105,20 @@ def _valid_fixtures() -> list[Case]:
     ]
 
 
-ALL_CASES = [*_valid_fixtures(), *SAFETENSORS_CASES, *INDEX_CASES, *PICKLE_CASES]
+# The fixtures run in `make test-fast`; the whole malformed-input corpus (about 110 inputs,
+# 10 s) in `make test`.
+ALL_CASES = [
+    *_valid_fixtures(),
+    *(
+        pytest.param(case, marks=pytest.mark.slow, id=case.id)
+        for case in [*SAFETENSORS_CASES, *INDEX_CASES, *PICKLE_CASES]
+    ),
+]
 
 
-@pytest.mark.parametrize("case", ALL_CASES, ids=[case.id for case in ALL_CASES])
+@pytest.mark.parametrize(
+    "case", ALL_CASES, ids=[c.id if isinstance(c, Case) else None for c in ALL_CASES]
+)
 def test_inspect_of_a_url_reports_what_the_local_copy_does(server: HttpServer, case: Case) -> None:
     built = case.build(Factory(server.root / "cases" / case.id))
     assert_same_report(server, built, url_of(server, built))
