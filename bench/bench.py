@@ -537,6 +537,14 @@ def bench_training(kind: str, repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_remote(repeat: int) -> None:
+    """inspect over S3 and a Hub on 127.0.0.1: bench/remote.py."""
+    import remote
+
+    for row in remote.bench_remote(ensure_inputs(), CACHE, repeat):
+        print(row, flush=True)
+
+
 def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
@@ -555,7 +563,7 @@ def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
-    jobs = ["hash", "reshard", "convert", "dcp", "zero", "inspect"]
+    jobs = ["hash", "reshard", "convert", "dcp", "zero", "inspect", "remote"]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
     writes = max(3, args.repeat // 2 + 1)
@@ -574,6 +582,7 @@ def main() -> None:
         "dcp": lambda: bench_training("dcp", writes),
         "zero": lambda: bench_training("zero", writes),
         "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
+        "remote": lambda: bench_remote(args.repeat),
     }
     for job in [args.only] if args.only else jobs:
         runs[job]()

@@ -65,7 +65,7 @@ def _annotate_error(path: str, exc: CkptfixError) -> None:
 
     file = display_path(exc.path or path, _root())
     title = exc.code or "ckptfix"
-    print(command("error", exc.detail(), title=title, file=file), flush=True)
+    print(command("error", exc.message(), title=title, file=file), flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover

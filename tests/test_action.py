@@ -224,7 +224,10 @@ def test_an_empty_path_is_a_usage_error(workspace: Path, tools: Path) -> None:
 def test_a_missing_path_fails_with_exit_2(workspace: Path, tools: Path) -> None:
     run = run_action(workspace, tools, {"path": "plain.safetensors nowhere"})
     assert (run.code, run.stdout, run.outputs) == (2, "", "exit-code=2\n")
-    assert run.stderr == "error: nowhere: no such file or directory (check the path)\n"
+    assert (
+        run.stderr
+        == "error: nowhere: no such file or directory (rule input-not-found; check the path)\n"
+    )
 
 
 def test_readme_workflows_use_the_action_as_defined() -> None:

@@ -143,28 +143,31 @@ def test_fail_on_never_still_reports_errors(factory: Factory) -> None:
     [
         (
             ["inspect", "/nonexistent/model"],
-            "error: /nonexistent/model: no such file or directory (check the path)",
+            "error: /nonexistent/model: no such file or directory (rule input-not-found; check the path)",
         ),
         (
             ["inspect", "{ok}", "--max-shard", "5G"],
-            "error: --max-shard: invalid size '5G' (use a byte count, or a number with KB MB GB TB "
+            "error: --max-shard: invalid size '5G' (rule usage; use a byte count, or a number with KB MB GB TB "
             "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)",
         ),
         (
             ["inspect", "{ok}", "--max-shard", "5gb"],
-            "error: --max-shard: invalid size '5gb' (use a byte count, or a number with KB MB GB TB "
+            "error: --max-shard: invalid size '5gb' (rule usage; use a byte count, or a number with KB MB GB TB "
             "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)",
         ),
         (
             ["inspect", "{ok}", "--max-shard", "-1"],
-            "error: --max-shard: invalid size '-1' (use a byte count, or a number with KB MB GB TB "
+            "error: --max-shard: invalid size '-1' (rule usage; use a byte count, or a number with KB MB GB TB "
             "(powers of 1000) or KiB MiB GiB TiB, e.g. 5GB)",
         ),
         (
             ["inspect", "{ok}", "--bogus"],
-            "error: No such option: --bogus (see `ckptfix inspect --help`)",
+            "error: No such option: --bogus (rule usage; see `ckptfix inspect --help`)",
         ),
-        (["inspect"], "error: Missing argument 'PATH...'. (see `ckptfix inspect --help`)"),
+        (
+            ["inspect"],
+            "error: Missing argument 'PATH...'. (rule usage; see `ckptfix inspect --help`)",
+        ),
     ],
 )
 def test_usage_errors_exit_2(factory: Factory, args: list[str], line: str) -> None:

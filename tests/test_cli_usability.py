@@ -83,7 +83,7 @@ def test_strip_prefix_that_matches_nothing_is_a_usage_error(tmp_path: Path) -> N
     run = cli("convert", _model(tmp_path), "-o", tmp_path / "out", "--strip-prefix", "module.")
     assert run.code == 2 and not (tmp_path / "out").exists()
     assert run.error_lines == [
-        "error: --strip-prefix: no tensor name starts with 'module.' (names look like "
+        "error: --strip-prefix: no tensor name starts with 'module.' (rule usage; names look like "
         "'model.a'; use auto to find the wrapper prefix)"
     ]
 
@@ -97,7 +97,7 @@ def test_a_missing_key_is_a_usage_error(tmp_path: Path) -> None:
     assert run.code == 2 and not (tmp_path / "out").exists()
     assert run.error_lines == [
         f"error: --key: {source} has no tensor dictionary at key 'missing' "
-        "(keys with tensors: state_dict)"
+        "(rule usage; keys with tensors: state_dict)"
     ]
 
 
@@ -116,3 +116,61 @@ def test_reshard_adds_pt_where_there_is_no_format(tmp_path: Path) -> None:
     with safe_open(str(out / "model.safetensors"), "np") as handle:
         assert handle.metadata() == {"format": "pt"}
     assert json.loads(cli("inspect", out, "--json").stdout)["findings"] == []
+
+
+def test_json_input_errors_print_a_json_error_document(tmp_path: Path) -> None:
+    run = cli("convert", _model(tmp_path), "-o", tmp_path / "out", "--strip-prefix", "x.", "--json")
+    assert run.code == 2
+    assert run.json() == {
+        "schema_version": 1,
+        "error": {
+            "code": "usage",
+            "rule": "usage",
+            "file": "--strip-prefix",
+            "message": "no tensor name starts with 'x.'",
+            "fix": "names look like 'model.a'; use auto to find the wrapper prefix",
+            "exit_code": 2,
+        },
+    }
+    assert len(run.error_lines) == 1 and "(rule usage; names look like" in run.error_lines[0]
+
+
+def test_json_corrupt_input_names_its_rule(tmp_path: Path) -> None:
+    source = tmp_path / "short.safetensors"
+    source.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{}")
+    run = cli("convert", source, "-o", tmp_path / "out", "--json")
+    assert run.code == 1 and not (tmp_path / "out").exists()
+    error = run.json()["error"]
+    assert error["file"] == str(source) and error["exit_code"] == 1
+    assert error["rule"] and f"(rule {error['rule']}" in run.error_lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "json_output"),
+    [
+        (["inspect", "x", "--json"], True),
+        (["inspect", "x", "--format", "json"], True),
+        (["inspect", "x", "--format=json"], True),
+        (["inspect", "x", "--json", "--format", "sarif"], False),  # a usage error, not JSON
+        (["inspect", "x", "--format", "github"], False),
+        (["inspect", "--", "--json"], False),  # a path named --json
+        ([], False),
+    ],
+)
+def test_when_errors_are_json(args: list[str], json_output: bool) -> None:
+    from ckptfix.cli.exits import wants_json
+
+    assert wants_json(args) is json_output
+
+
+def test_a_parse_error_with_json_is_a_json_document() -> None:
+    run = cli("hash", "--bogus", "--json")
+    assert run.code == 2
+    assert run.json()["error"] == {
+        "code": "usage",
+        "rule": "usage",
+        "file": None,
+        "message": "No such option: --bogus",
+        "fix": "see `ckptfix hash --help`",
+        "exit_code": 2,
+    }

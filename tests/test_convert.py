@@ -439,6 +439,6 @@ def test_tar_checkpoints_are_refused(tmp_path: Path) -> None:
         assert run.code == 1
         assert run.error_lines == [
             f"error: {path}: file is a tar archive (the PyTorch checkpoint format before 0.4), "
-            "not read (load and re-save it with torch.save in a trusted environment)"
+            "not read (rule unsupported-format; load and re-save it with torch.save in a trusted environment)"
         ]
     assert not (tmp_path / "out").exists()

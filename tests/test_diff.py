@@ -173,7 +173,7 @@ def test_strip_prefix_collision_is_a_usage_error(factory: Factory) -> None:
     run = cli("diff", a, a, "--strip-prefix", "m.")
     assert run.code == 2
     assert run.error_lines == [
-        f"error: --strip-prefix: 'w' and 'm.w' of {a} would both become 'w' (strip a shorter prefix)"
+        f"error: --strip-prefix: 'w' and 'm.w' of {a} would both become 'w' (rule usage; strip a shorter prefix)"
     ]
 
 

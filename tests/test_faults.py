@@ -127,8 +127,8 @@ def test_signal_at_many_points(
             assert not staging, (trial, code, stderr)
             if code == 143:  # before OUT was claimed, there is no output to name
                 assert stderr.splitlines()[-1] in (
-                    f"error: {out}: interrupted by SIGTERM; the output was left as it was",
-                    "error: interrupted by SIGTERM",
+                    f"error: {out}: interrupted by SIGTERM; the output was left as it was (rule interrupted)",
+                    "error: interrupted by SIGTERM (rule interrupted)",
                 ), stderr
                 assert outcome == "absent"
         for folder in staging:  # nothing can clean up after SIGKILL; a later run may
@@ -171,7 +171,7 @@ def test_injected_enospc(
         RUNNERS[command](sources[command], out, 30 * 10**6)
     assert caught.value.line() == (
         f"error: {out}: no space left on device; nothing was written "
-        "(free some space or choose another -o folder)"
+        "(rule write-failed; free some space or choose another -o folder)"
     )
     assert not out.exists()
     assert not list(tmp_path.glob(".ckptfix-*"))
@@ -230,7 +230,7 @@ def test_read_only_output_folder(
     )
     assert run.returncode == 1
     assert run.stderr.splitlines() == [
-        f"error: {out}: cannot write: Read-only file system (check the folder's permissions)"
+        f"error: {out}: cannot write: Read-only file system (rule write-failed; check the folder's permissions)"
     ]
     assert list(read_only.iterdir()) == []
 
@@ -319,7 +319,7 @@ def test_ctrl_c_mid_write(
         signal.signal(signal.SIGINT, outer)
     assert caught.value.exit_code == 130
     assert caught.value.line() == (
-        f"error: {out}: interrupted by SIGINT; the output was left as it was"
+        f"error: {out}: interrupted by SIGINT; the output was left as it was (rule interrupted)"
     )
     assert not out.exists()
     assert not list(tmp_path.glob(".ckptfix-*"))

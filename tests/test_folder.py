@@ -310,8 +310,12 @@ def test_folder_cli_json(factory: Factory) -> None:
     assert run.code == 1
     document = run.json()
     assert [f["code"] for f in document["findings"]] == ["index-missing-file"]
+    message = document["findings"][0]["message"]
+    assert message.endswith(" (download the missing shard, or regenerate the index)")
+    what = message.removesuffix(" (download the missing shard, or regenerate the index)")
     assert run.error_lines == [
-        f"error: {folder / 'model.safetensors.index.json'}: " + document["findings"][0]["message"]
+        f"error: {folder / 'model.safetensors.index.json'}: {what} (rule index-missing-file; "
+        "download the missing shard, or regenerate the index)"
     ]
 
 

@@ -258,7 +258,7 @@ def test_missing_path_and_empty_folder(tmp_path: Path) -> None:
     missing = cli("hash", tmp_path / "nope")
     assert missing.code == 2
     assert missing.error_lines == [
-        f"error: {tmp_path / 'nope'}: no such file or directory (check the path)"
+        f"error: {tmp_path / 'nope'}: no such file or directory (rule input-not-found; check the path)"
     ]
     (tmp_path / "empty").mkdir()
     empty = cli("hash", tmp_path / "empty")

@@ -248,7 +248,7 @@ def test_source_truncated_while_being_read(
     with pytest.raises(SourceChangedError) as caught:
         rewrite.convert(source, out)
     assert caught.value.line() == (
-        f"error: {source}: file ended early: it changed during the run (run again on a stable copy)"
+        f"error: {source}: file ended early: it changed during the run (rule source-changed; run again on a stable copy)"
     )
     assert not out.exists() and not list(tmp_path.glob(".ckptfix-*"))
 

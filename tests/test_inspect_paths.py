@@ -70,9 +70,22 @@ def test_a_missing_path_is_a_usage_error_before_any_output(inputs: Factory, fmt:
         "inspect", "stub.safetensors", "missing.safetensors", "ok.safetensors", "--format", fmt
     )
     assert run.code == 2
-    assert run.stdout == ""
+    if fmt == "json":  # the error as a JSON document, and nothing else, on stdout
+        assert run.json() == {
+            "schema_version": 1,
+            "error": {
+                "code": "input-not-found",
+                "rule": "input-not-found",
+                "file": "missing.safetensors",
+                "message": "no such file or directory",
+                "fix": "check the path",
+                "exit_code": 2,
+            },
+        }
+    else:
+        assert run.stdout == ""
     assert run.error_lines == [
-        "error: missing.safetensors: no such file or directory (check the path)"
+        "error: missing.safetensors: no such file or directory (rule input-not-found; check the path)"
     ]
 
 
@@ -109,7 +122,7 @@ def test_json_flag_conflicts_with_another_format(inputs: Factory, fmt: str) -> N
     assert run.stdout == ""
     assert run.error_lines == [
         "error: Invalid value for '--json': --json is short for --format json; it cannot be "
-        f"combined with --format {fmt} (see `ckptfix inspect --help`)"
+        f"combined with --format {fmt} (rule usage; see `ckptfix inspect --help`)"
     ]
 
 

@@ -135,7 +135,7 @@ def test_separate_loose_checkpoints_are_never_merged(factory: Factory, tmp_path:
         assert run.code == 2, (command, run.stderr)
         assert run.error_lines == [
             f"error: {folder}: folder holds 2 separate checkpoints (epoch=3.ckpt, last.ckpt), "
-            f"which are never merged (pass the one to use, e.g. {folder / 'epoch=3.ckpt'})"
+            f"which are never merged (rule usage; pass the one to use, e.g. {folder / 'epoch=3.ckpt'})"
         ]
     run = cli("convert", folder / "last.ckpt", "-o", tmp_path / "one")
     assert run.code == 0, run.stderr
@@ -195,8 +195,8 @@ def test_hub_snapshot_is_not_rewritten_in_place(factory: Factory) -> None:
     assert run.code == 2
     assert run.error_lines == [
         f"error: {snapshot}: is a snapshot of the Hugging Face cache (models--org--tiny): its "
-        "files are links into the cache's blobs/, which a rewrite in place would orphan (write "
-        "the result elsewhere with -o OUT (what the links point to is copied))"
+        "files are links into the cache's blobs/, which a rewrite in place would orphan (rule usage; "
+        "write the result elsewhere with -o OUT (what the links point to is copied))"
     ]
     assert {p.name: p.readlink() for p in snapshot.iterdir()} == before
 
@@ -208,7 +208,7 @@ def test_hub_repository_root_says_where_the_weights_are(factory: Factory) -> Non
     assert run.code == 2
     assert run.error_lines == [
         f"error: {repo}: is a Hugging Face cache repository (blobs/, refs/, snapshots/), not a "
-        f"model folder (pass one of its snapshots, e.g. {snapshot})"
+        f"model folder (rule usage; pass one of its snapshots, e.g. {snapshot})"
     ]
 
 

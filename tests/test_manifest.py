@@ -86,7 +86,8 @@ def test_tampered_checkpoint(model: tuple[Path, Path], tmp_path: Path) -> None:
     assert run.error_lines[0] == (
         f"error: {bad}: 2 tensor(s) differ from the manifest {manifest} (1 in bytes, 1 in dtype "
         "or shape): 'embed', 'norm'; the files changed since it was made, or are not that model "
-        "(re-download them, or regenerate the manifest if the change is intended)"
+        "(rule manifest-mismatch; re-download them, or regenerate the manifest if the change is "
+        "intended)"
     )
     assert len(run.error_lines) == 3
 
@@ -187,7 +188,7 @@ def test_a_missing_or_huge_manifest(factory: Factory) -> None:
     missing = cli("inspect", path, "--manifest", factory.root / "none.json")
     assert missing.code == 2
     assert missing.error_lines == [
-        f"error: {factory.root / 'none.json'}: no such manifest file (pass the file `ckptfix hash --manifest` wrote)"
+        f"error: {factory.root / 'none.json'}: no such manifest file (rule usage; pass the file `ckptfix hash --manifest` wrote)"
     ]
     huge = factory.path("huge.json")
     with open(huge, "wb") as handle:
@@ -252,7 +253,7 @@ def test_a_full_disk_leaves_nothing(factory: Factory, mount: Callable[[str], Pat
     run = cli("hash", path, "--manifest", small / "m.json")
     assert run.code == 1
     assert run.error_lines == [
-        f"error: {small / 'm.json'}: cannot write the manifest: No space left on device (check the folder)"
+        f"error: {small / 'm.json'}: cannot write the manifest: No space left on device (rule write-failed; check the folder)"
     ]
     assert os.listdir(small) == ["m.json"]
     assert (small / "m.json").read_text() == "old"

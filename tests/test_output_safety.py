@@ -75,7 +75,7 @@ def test_a_file_saved_into_out_during_the_run_is_kept(
     assert run.code == 1
     assert run.error_lines == [
         f"error: {out}: output folder changed during the run (notes.txt); it was left as it "
-        "is now and nothing was written (run again)"
+        "is now and nothing was written (rule output-conflict; run again)"
     ]
     assert tree_snapshot(out) == {"notes.txt": b"mine"}
     assert not leftovers(tmp_path)
@@ -92,7 +92,7 @@ def test_a_file_changed_in_out_during_a_forced_run_is_kept(
     assert run.code == 1
     assert run.error_lines == [
         f"error: {out}: output folder changed during the run (config.json); it was left as it "
-        "is now and nothing was written (run again)"
+        "is now and nothing was written (rule output-conflict; run again)"
     ]
     assert tree_snapshot(out) == {"config.json": b'{"edited": 1}'}
     assert not leftovers(tmp_path)
@@ -112,7 +112,7 @@ def test_out_created_by_someone_else_during_the_run_is_kept(
     assert run.code == 1
     assert run.error_lines == [
         f"error: {out}: output folder was created by another program during the run; it was "
-        "left as it is now and nothing was written (run again)"
+        "left as it is now and nothing was written (rule output-conflict; run again)"
     ]
     assert tree_snapshot(out) == {"theirs.txt": b"theirs"}
     assert not leftovers(tmp_path)
@@ -141,7 +141,7 @@ def test_a_file_saved_into_out_during_the_swap_is_kept(
     assert run.code == 1
     assert run.error_lines == [
         f"error: {out}: output folder changed during the run (late.txt); it was left as it "
-        "is now and nothing was written (run again)"
+        "is now and nothing was written (rule output-conflict; run again)"
     ]
     assert tree_snapshot(out) == {"late.txt": b"late", "model.safetensors": b"old"}
     assert not leftovers(tmp_path)
@@ -158,7 +158,7 @@ def test_two_writers_to_one_new_out(
         reshard(model, out)
     assert caught.value.line() == (
         f"error: {out}: output folder was created by another program during the run; it was "
-        "left as it is now and nothing was written (run again)"
+        "left as it is now and nothing was written (rule output-conflict; run again)"
     )
     assert tensor_names(out) == ["z"]
     assert not leftovers(tmp_path)
@@ -182,7 +182,7 @@ def test_a_second_writer_to_an_existing_out_fails_at_once(
     reshard(model, out)
     assert refused == [
         f"error: {out}: another ckptfix run is writing to this folder "
-        "(wait for it to finish, then run again)"
+        "(rule output-conflict; wait for it to finish, then run again)"
     ]
     assert tensor_names(out) == ["a", "b"]
     assert not leftovers(tmp_path)
@@ -219,7 +219,7 @@ def test_without_renameat2_the_same_promises_hold(
     assert run.code == 1
     assert run.error_lines == [
         f"error: {out}: output folder changed during the run (late.txt); it was left as it "
-        "is now and nothing was written (run again)"
+        "is now and nothing was written (rule output-conflict; run again)"
     ]
     assert tree_snapshot(out) == {**before, "late.txt": b"late"}
     assert not leftovers(tmp_path)
@@ -262,7 +262,7 @@ def test_force_refuses_to_replace_unrelated_files(
     assert run.code == 2
     assert run.error_lines == [
         f"error: {out}: output folder holds files that are not part of a checkpoint: photos, "
-        "thesis.pdf (pass --replace-any to replace them too, or choose another -o)"
+        "thesis.pdf (rule usage; pass --replace-any to replace them too, or choose another -o)"
     ]
     assert tree_snapshot(out) == before
     run = cli(command, model, "-o", out, "--force", "--replace-any", "--json")
@@ -286,7 +286,7 @@ def test_unrelated_files_are_named_up_to_three(model: Path, tmp_path: Path) -> N
     assert run.code == 2
     assert run.error_lines == [
         f"error: {out}: output folder holds files that are not part of a checkpoint: a.pdf, "
-        "b.docx, c.xlsx and 1 more (pass --replace-any to replace them too, or choose another -o)"
+        "b.docx, c.xlsx and 1 more (rule usage; pass --replace-any to replace them too, or choose another -o)"
     ]
 
 
@@ -328,7 +328,7 @@ def test_replace_any_needs_force(model: Path, tmp_path: Path) -> None:
     run = cli("reshard", model, "-o", tmp_path / "out", "--replace-any")
     assert run.code == 2
     assert run.error_lines == [
-        "error: --replace-any: only applies with --force (add --force, or drop --replace-any)"
+        "error: --replace-any: only applies with --force (rule usage; add --force, or drop --replace-any)"
     ]
 
 
@@ -784,7 +784,7 @@ def test_read_only_output_deeper_down(
     run = cli(command, model, "-o", out)
     assert run.code == 1
     assert run.error_lines == [
-        f"error: {out}: cannot write: Read-only file system (check the folder's permissions)"
+        f"error: {out}: cannot write: Read-only file system (rule write-failed; check the folder's permissions)"
     ]
     assert list(read_only.iterdir()) == []
 
@@ -812,7 +812,7 @@ def test_output_below_a_file(model: Path, tmp_path: Path) -> None:
     run = cli("reshard", model, "-o", out)
     assert run.code == 2
     assert run.error_lines == [
-        f"error: {out}: {blocker} is not a folder (choose another -o folder)"
+        f"error: {out}: {blocker} is not a folder (rule usage; choose another -o folder)"
     ]
     assert blocker.read_text() == "x"
 

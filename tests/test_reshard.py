@@ -234,7 +234,7 @@ def test_refuses_non_empty_output_then_force_replaces(source: Path, tmp_path: Pa
     run = cli("reshard", source, "-o", out)
     assert run.code == 2
     assert run.error_lines == [
-        f"error: {out}: output folder exists and is not empty (pass --force to replace it)"
+        f"error: {out}: output folder exists and is not empty (rule usage; pass --force to replace it)"
     ]
     assert (out / "keep.txt").read_text() == "mine"
     assert cli("reshard", source, "-o", out, "--force").code == 0
@@ -282,7 +282,7 @@ def test_in_place_refuses_a_file(source: Path) -> None:
     run = cli("reshard", source, "--in-place")
     assert run.code == 2
     assert run.error_lines == [
-        f"error: {source}: --in-place needs a model folder (use -o OUT for a file)"
+        f"error: {source}: --in-place needs a model folder (rule usage; use -o OUT for a file)"
     ]
 
 
@@ -290,7 +290,7 @@ def test_output_is_required(source: Path) -> None:
     run = cli("reshard", source)
     assert run.code == 2
     assert run.error_lines == [
-        "error: -o: an output folder is required (pass -o OUT, or --in-place)"
+        "error: -o: an output folder is required (rule usage; pass -o OUT, or --in-place)"
     ]
 
 

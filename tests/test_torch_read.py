@@ -290,8 +290,8 @@ def test_torchscript_is_refused(tmp_path: Path) -> None:
     run = cli("inspect", path)
     assert run.code == 1
     assert run.error_lines == [
-        f"error: {path}: file is a TorchScript archive, not a checkpoint (export its "
-        "state_dict() with torch.save instead)"
+        f"error: {path}: file is a TorchScript archive, not a checkpoint (rule unsupported-format; "
+        "export its state_dict() with torch.save instead)"
     ]
 
 

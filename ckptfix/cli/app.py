@@ -9,14 +9,13 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 import ckptfix
-from ckptfix.cli.help import PlainUsage, WholeSummaries
-from ckptfix.core.errors import CkptfixError
-from ckptfix.core.signals import command_signals
+from ckptfix.cli.exits import Group, error_line
+from ckptfix.cli.help import PlainUsage
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD_TEXT, parse_size
 
 if TYPE_CHECKING:
@@ -24,66 +23,15 @@ if TYPE_CHECKING:
     from ckptfix.ops.rewrite import RewriteResult
 
 
-class _Group(WholeSummaries):
-    """Runs a command and maps every failure to one stderr line and an exit code (README, "Exit codes")."""
+def input_path(text: str) -> str:
+    """An input as commands take it: a URL as given, a local path as pathlib spells it."""
+    from ckptfix.io.urls import is_url
 
-    def main(  # type: ignore[override]
-        self,
-        args: Any = None,
-        prog_name: str | None = None,
-        complete_var: str | None = None,
-        standalone_mode: bool = True,
-        **extra: Any,
-    ) -> NoReturn:
-        # Signals are answered for the whole command, rendering included: once the output is
-        # committed, a Ctrl-C no longer turns the success into "interrupted".
-        with command_signals():
-            code = self._run(args, prog_name, complete_var, **extra)
-        sys.exit(code)
-
-    def _run(self, args: Any, prog_name: str | None, complete_var: str | None, **extra: Any) -> int:
-        try:
-            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
-            code = result if isinstance(result, int) else 0
-        except typer.TyperException as exc:  # usage errors and the like, from the parser
-            message = exc.format_message()
-            if "\n" in message:  # `ckptfix` with no arguments: the help text itself
-                sys.stderr.write(message + "\n")
-            else:
-                context = getattr(exc, "ctx", None)
-                command = context.command_path if context is not None else "ckptfix"
-                _error_line(f"error: {message} (see `{command} --help`)")
-            code = exc.exit_code
-        except (typer.Abort, KeyboardInterrupt):
-            _error_line("error: interrupted")
-            code = 130
-        except CkptfixError as exc:
-            if _debug():
-                raise
-            _error_line(exc.line())
-            code = exc.exit_code
-        except Exception as exc:  # the last resort: never a traceback for users
-            if _debug():
-                raise
-            _error_line(
-                f"error: internal error: {type(exc).__name__}: {exc} "
-                "(please report it; rerun with CKPTFIX_DEBUG=1 for the traceback)"
-            )
-            code = 1
-        return code
-
-
-def _debug() -> bool:
-    return os.environ.get("CKPTFIX_DEBUG") == "1"
-
-
-def _error_line(line: str) -> None:
-    sys.stderr.write(" ".join(line.split()) + "\n")
-    sys.stderr.flush()
+    return text if is_url(text) else str(Path(text))
 
 
 app = typer.Typer(
-    cls=_Group,
+    cls=Group,
     add_completion=False,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -187,8 +135,11 @@ ManifestOption = Annotated[
 @command()
 def inspect(
     paths: Annotated[
-        list[Path],
-        typer.Argument(metavar="PATH...", help="Checkpoint files or model folders (one or more)."),
+        list[str],  # not Path: it would fold the // of a URL
+        typer.Argument(
+            metavar="PATH...",
+            help="Checkpoint files or model folders, local or URLs (one or more).",
+        ),
     ],
     json_output: Annotated[bool, typer.Option("--json", help="Short for --format json.")] = False,
     output_format: FormatOption = None,
@@ -220,7 +171,7 @@ def inspect(
     # with nothing on stdout.
     reports = [
         ckptfix.inspect(
-            path,
+            input_path(path),
             max_shard=limit,
             hash_values=hash_values,
             scan_values=scan_values,
@@ -232,7 +183,7 @@ def inspect(
     _print_reports(reports, chosen, show_tensors=tensors, fail_on=fail_on.value)
     for report in reports:
         for line in report.error_lines():
-            _error_line(line)
+            error_line(line)
     raise typer.Exit(max(report.exit_code(fail_on.value) for report in reports))
 
 
@@ -277,7 +228,9 @@ def _print_reports(
 
 @command()
 def reshard(
-    src: Annotated[Path, typer.Argument(metavar="SRC", help="safetensors file or model folder.")],
+    src: Annotated[
+        str, typer.Argument(metavar="SRC", help="safetensors file or model folder, or a URL.")
+    ],
     out: Annotated[
         Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
     ] = None,
@@ -304,7 +257,7 @@ def reshard(
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
     with _progress(show_progress) as advance:
         options = ReshardOptions(limit, dry_run, force, replace_any, advance, in_place=in_place)
-        result = run_reshard(src, out, options)
+        result = run_reshard(input_path(src), out, options)
     _show(result, json_output)
 
 
@@ -320,6 +273,9 @@ class DtypeChoice(str, Enum):
     keep = "keep"
 
 
+SrcArgument = Annotated[  # str, not Path: a Path would fold the // of a URL
+    str, typer.Argument(metavar="SRC", help="Checkpoint file or model folder, or a URL.")
+]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
 OutOption = Annotated[
     Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
@@ -335,7 +291,7 @@ CloneOption = Annotated[
 
 @command()
 def convert(
-    src: Annotated[Path, typer.Argument(metavar="SRC", help="Checkpoint file or model folder.")],
+    src: SrcArgument,
     out: OutOption = None,
     to: Annotated[
         OutputFormat, typer.Option("--to", help="Output format.")
@@ -392,13 +348,13 @@ def convert(
             verify=not no_verify,
             zero_weights=zero_weights.value,
         )
-        result = run_convert(src, out, options)
+        result = run_convert(input_path(src), out, options)
     _show(result, json_output)
 
 
 @command()
 def dedupe(
-    src: Annotated[Path, typer.Argument(metavar="SRC", help="Checkpoint file or model folder.")],
+    src: SrcArgument,
     out: OutOption = None,
     by_content: Annotated[
         bool, typer.Option("--by-content", help="Also merge separately stored equal tensors.")
@@ -431,7 +387,7 @@ def dedupe(
             clone=clone,
             keep=keep,
         )
-        result = run_dedupe(src, out, options)
+        result = run_dedupe(input_path(src), out, options)
     _show(result, json_output)
 
 

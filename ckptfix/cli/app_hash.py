@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ckptfix.cli.app import JsonOption, _progress, _write_json, command
+from ckptfix.cli.app import JsonOption, _progress, _write_json, command, input_path
 
 NoAliasRecordOption = Annotated[
     bool,
@@ -22,7 +22,9 @@ NoAliasRecordOption = Annotated[
 
 @command("hash")
 def hash_command(
-    path: Annotated[Path, typer.Argument(metavar="PATH", help="Checkpoint file or model folder.")],
+    path: Annotated[
+        str, typer.Argument(metavar="PATH", help="Checkpoint file or model folder, or a URL.")
+    ],
     json_output: JsonOption = False,
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor's digest.")] = False,
     manifest: Annotated[
@@ -43,7 +45,7 @@ def hash_command(
 
     with _progress(not json_output and sys.stderr.isatty(), "hashing") as advance:
         options = HashOptions(alias_record=not no_alias_record, progress=advance)
-        result = hash_checkpoint(path, options)
+        result = hash_checkpoint(input_path(path), options)
     if manifest is not None:
         from ckptfix.ops.manifest import write_manifest
 
@@ -65,8 +67,12 @@ class DiffFailOn(str, Enum):
 
 @command()
 def diff(
-    a: Annotated[Path, typer.Argument(metavar="A", help="Checkpoint file or model folder.")],
-    b: Annotated[Path, typer.Argument(metavar="B", help="Checkpoint file or model folder.")],
+    a: Annotated[
+        str, typer.Argument(metavar="A", help="Checkpoint file or model folder, or a URL.")
+    ],
+    b: Annotated[
+        str, typer.Argument(metavar="B", help="Checkpoint file or model folder, or a URL.")
+    ],
     json_output: JsonOption = False,
     values: Annotated[
         bool,
@@ -102,7 +108,7 @@ def diff(
             alias_record=not no_alias_record,
             progress=advance,
         )
-        result = run_diff(a, b, options)
+        result = run_diff(input_path(a), input_path(b), options)
     if json_output:
         _write_json(result.to_dict())
     else:

@@ -73,6 +73,19 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
             console.print(head)
             console.print(Text(f"    {item.message}"), soft_wrap=True)
     console.print(_verdict(result, fail_on))
+    if result.remote is not None:
+        console.print(Text(remote_line(result.remote), style="dim"))
+
+
+def remote_line(remote: dict[str, int]) -> str:
+    """What reading a URL took: `remote: 53 requests, 1.2 MB fetched (1 retry)`."""
+    retries = remote.get("retries", 0)
+    again = f" ({retries} {'retry' if retries == 1 else 'retries'})" if retries else ""
+    fetched = remote.get("bytes_fetched", 0)
+    return (
+        f"remote: {remote.get('requests', 0)} requests, {fetched:,} bytes "
+        f"({format_size(fetched)}) fetched{again}"
+    )
 
 
 def _summary(result: Report) -> Table:

@@ -89,6 +89,10 @@ class Checkpoint:
         """The tensors of the checkpoint a loader would load (see chosen_files)."""
         return tuple(tensor for record in self.chosen_files for tensor in record.tensors)
 
+    # A checkpoint read from a URL: the folder it was read through (io.remote_folder.
+    # RemoteFolder), which lists the rest of the folder and counts requests and bytes.
+    remote: Any = field(default=None, repr=False, compare=False)
+
     @property
     def tensors(self) -> tuple[TensorInfo, ...]:
         return tuple(tensor for record in self.files for tensor in record.tensors)

@@ -9,6 +9,7 @@ class CkptfixError(Exception):
     exit_code = 1
     code: str | None = None  # the finding code inspect reports for it, when there is one
     rule: str | None = None  # the validation rule broken, when there is one
+    kind = "error"  # what the error line names when there is neither (e.g. "usage")
 
     def __init__(
         self, path: str | None, what: str, fix: str | None = None, *, rule: str | None = None
@@ -20,27 +21,53 @@ class CkptfixError(Exception):
             self.rule = rule
         super().__init__(self.line())
 
+    @property
+    def label(self) -> str:
+        """What the error line names: the rule broken, else the finding code, else the kind."""
+        return self.rule or self.code or self.kind
+
     def detail(self) -> str:
-        """The message without the file: `<what> (rule <rule>; <how to fix>)`."""
-        if self.rule:
-            fix = f"; {self.fix}" if self.fix else ""
-            return f"{self.what} (rule {self.rule}{fix})"
-        return f"{self.what} ({self.fix})" if self.fix else self.what
+        """The message without the file, as a finding's message: `<what> (rule <rule>; <how
+        to fix>)`, the rule left out when there is none (the finding's code names it)."""
+        return self._with_fix(self.what, self.rule)
+
+    def _with_fix(self, what: str, label: str | None) -> str:
+        if label:
+            return f"{what} (rule {label}{f'; {self.fix}' if self.fix else ''})"
+        return f"{what} ({self.fix})" if self.fix else what
+
+    def message(self) -> str:
+        """The message without the file, naming the rule: `<what> (rule <label>; <fix>)`."""
+        return self._with_fix(self.what, self.label)
+
+    def to_dict(self) -> dict[str, object]:
+        """The `--json` error document's "error" object."""
+        return {
+            "code": self.code or self.kind,
+            "rule": self.label,
+            "file": self.path,
+            "message": self.what,
+            "fix": self.fix,
+            "exit_code": self.exit_code,
+        }
 
     def line(self) -> str:
-        """The one line the CLI prints: `error: <file>: <what> (<how to fix>)`."""
+        """The one line the CLI prints: `error: <file>: <what> (rule <code>; <how to fix>)`."""
         where = f"{self.path}: " if self.path else ""
-        return f"error: {where}{self.detail()}"
+        return f"error: {where}{self.message()}"
 
 
 class UsageError(CkptfixError):
     """The command line asks for something impossible (bad option value, bad combination)."""
 
     exit_code = 2
+    kind = "usage"
 
 
 class InputNotFoundError(UsageError):
     """The path given on the command line does not exist."""
+
+    kind = "input-not-found"
 
 
 class CorruptFileError(CkptfixError):
@@ -73,9 +100,13 @@ class UnsupportedFormatError(CkptfixError):
 class WriteError(CkptfixError):
     """Writing the output failed (disk full, permissions, a source that changed)."""
 
+    kind = "write-failed"
+
 
 class SourceChangedError(WriteError):
     """A source file ended early (or changed) while it was being read; nothing was written."""
+
+    kind = "source-changed"
 
     def __init__(self, path: str | None) -> None:
         super().__init__(
@@ -86,17 +117,25 @@ class SourceChangedError(WriteError):
 class PlanError(CkptfixError):
     """The output cannot be written as asked (e.g. a header over the format's limit)."""
 
+    kind = "cannot-plan"
+
 
 class OutputConflictError(WriteError):
     """Another program created, changed or is writing OUT; nothing of it was touched."""
+
+    kind = "output-conflict"
 
 
 class VerificationError(CkptfixError):
     """What was written does not read back as exactly what was planned."""
 
+    kind = "verification-failed"
+
 
 class Interrupted(CkptfixError):
     """SIGINT or SIGTERM arrived; the output (`path`, if a write had begun) was left as it was."""
+
+    kind = "interrupted"
 
     def __init__(self, path: str | None, signal_name: str, exit_code: int) -> None:
         self.exit_code = exit_code
@@ -108,3 +147,22 @@ class UnsafePickleError(CkptfixError):
     """A pickle names a global outside the allowlist; it was not loaded."""
 
     code = "unsafe-pickle"
+
+
+class RemoteError(CkptfixError):
+    """A remote source (s3://, gs://, hf://, http(s)://) could not be read: no credentials,
+    refused, not found, no range requests, timed out; `rule` names which."""
+
+    kind = "remote-error"
+
+    def __init__(self, url: str, rule: str, what: str, fix: str | None = None) -> None:
+        super().__init__(url, what, fix, rule=rule)
+
+
+class RemoteChangedError(SourceChangedError):
+    """A remote object was replaced while it was being read (its ETag or version moved)."""
+
+    def __init__(self, url: str, what: str) -> None:
+        CkptfixError.__init__(
+            self, url, what, "run again once the upload is complete", rule="remote-changed"
+        )

@@ -98,3 +98,29 @@ def name_list(names: list[str] | tuple[str, ...], limit: int = 3) -> str:
     shown = ", ".join(repr(name) for name in names[:limit])
     extra = len(names) - limit
     return f"{shown} and {extra} more" if extra > 0 else shown
+
+
+def split_message(message: str) -> tuple[str, str | None, str | None]:
+    """A finding's message, `<what> (rule <rule>; <fix>)` or `<what> (<fix>)`, as (what,
+    rule, fix): its last parenthesised group, when it ends the message, is the fix."""
+    if not message.endswith(")"):
+        return message, None, None
+    depth = 0
+    for index in range(len(message) - 1, -1, -1):
+        depth += {")": 1, "(": -1}.get(message[index], 0)
+        if depth == 0:
+            break
+    if depth or index == 0 or message[index - 1] != " ":
+        return message, None, None
+    what, inner = message[: index - 1], message[index + 1 : -1]
+    if inner.startswith("rule "):
+        rule, _, fix = inner[len("rule ") :].partition("; ")
+        return what, rule, fix or None
+    return what, None, inner
+
+
+def error_line(item: Finding) -> str:
+    """A finding as a stderr line naming its rule: `error: <file>: <what> (rule <rule>; <fix>)`."""
+    what, rule, fix = split_message(item.message)
+    where = f"{item.file}: " if item.file else ""
+    return f"error: {where}{what} (rule {rule or item.code}{f'; {fix}' if fix else ''})"

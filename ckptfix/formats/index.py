@@ -10,6 +10,7 @@ from typing import Any
 
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.formats.strict_json import parse_header_json
+from ckptfix.io.folder import LOCAL, Folder
 
 MAX_INDEX_SIZE = 100_000_000
 _FIX = "regenerate the index, or fix the entry by hand"
@@ -63,29 +64,14 @@ def check_shard_name(name: str, path: str, weight_ext: str | None) -> None:
 def read_small_file(path: str | os.PathLike[str], display: str, limit: int, what: str) -> bytes:
     """The whole of a JSON side file (index, config), refusing one over `limit` bytes or
     one that cannot be read, with a rule that names why."""
-    try:
-        with open(path, "rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size > limit:
-                raise CorruptFileError(
-                    display,
-                    f"{what}-too-large",
-                    f"{what} is {size} bytes, over the {limit} limit",
-                    _FIX,
-                )
-            return handle.read(limit + 1)
-    except OSError as exc:
-        raise CorruptFileError(
-            display,
-            "unreadable",
-            f"cannot read the {what}: {exc.strerror}",
-            "check its permissions",
-        ) from exc
+    return LOCAL.read_small(os.fspath(path), display, limit, what)
 
 
-def read_index(path: str | os.PathLike[str], display: str, weight_ext: str | None) -> ShardIndex:
+def read_index(
+    path: str | os.PathLike[str], display: str, weight_ext: str | None, folder: Folder = LOCAL
+) -> ShardIndex:
     """Read an index; `weight_ext` ('safetensors' or 'bin') is what its shards must end with."""
-    raw = read_small_file(path, display, MAX_INDEX_SIZE, "index")
+    raw = folder.read_small(os.fspath(path), display, MAX_INDEX_SIZE, "index")
     try:
         parsed = parse_header_json(raw, display)
     except CorruptFileError as exc:

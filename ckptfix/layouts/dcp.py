@@ -28,7 +28,8 @@ from ckptfix.formats.base import FileRead, ReadOptions
 from ckptfix.formats.dcp import METADATA, RANK_SUFFIX, DcpMetadata, TensorEntry, read_metadata
 from ckptfix.formats.dcp_chunks import ChunkReader, chunk_nbytes
 from ckptfix.formats.tensor_dict import STATE_DICT_KEYS
-from ckptfix.io.source import LocalFile
+from ckptfix.io.folder import LOCAL, Folder
+from ckptfix.io.source import ByteSource
 from ckptfix.layouts.chunks import (
     MAX_PIECES,
     MAX_PIECES_PER_CHUNK,
@@ -110,11 +111,11 @@ def choose_model(meta: DcpMetadata, key: str, root: str) -> tuple[str, dict[str,
 class _Loader:
     """Builds the Checkpoint of one DCP folder; collects findings and rank-file errors."""
 
-    def __init__(self, root: str, meta: DcpMetadata) -> None:
-        self.root, self.meta = root, meta
+    def __init__(self, root: str, meta: DcpMetadata, folder: Folder = LOCAL) -> None:
+        self.root, self.meta, self.folder = root, meta, folder
         self.findings: list[Finding] = []
         self.errors: dict[str, CkptfixError] = {}
-        self.sources: dict[str, LocalFile] = {}
+        self.sources: dict[str, ByteSource] = {}
         self.readers: dict[str, ChunkReader] = {}
         self.missing: dict[str, set[str]] = defaultdict(set)
         self.sizes: dict[str, int] = {}  # of the rank files that could be opened
@@ -127,9 +128,9 @@ class _Loader:
             needs[item.file] = max(needs[item.file], item.offset + item.length)
         for name, end in sorted(needs.items()):
             path = os.path.join(self.root, name)
-            if not os.path.isfile(path):
+            if not self.folder.is_file(path):
                 continue
-            source = LocalFile(path)
+            source = self.folder.open(path)
             self.sources[path] = source
             try:
                 size = source.size
@@ -345,25 +346,27 @@ def _step(root: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def load_dcp(root: str, names: list[str], options: ReadOptions) -> Checkpoint:
+def load_dcp(
+    root: str, names: list[str], options: ReadOptions, folder: Folder = LOCAL
+) -> Checkpoint:
     """Every tensor of the model part of a DCP folder, as pieces of its rank files."""
     meta_path = os.path.join(root, METADATA)
     if METADATA not in names:
         raise _no_metadata(root, names)
-    meta_source = LocalFile(meta_path)
+    meta_source = folder.open(meta_path)
     try:
         meta = read_metadata(meta_source)
     except CkptfixError as exc:
         if exc.code is None:
             raise
-        record = FileRecord(meta_path, FORMAT, os.path.getsize(meta_path), error=exc)
+        record = FileRecord(meta_path, FORMAT, folder.size(meta_path), error=exc)
         layout = TrainingLayout("dcp", step=_step(root))
         return Checkpoint(
             root, FORMAT, (record,), sources={meta_path: meta_source}, training=layout
         )
     key, model = choose_model(meta, options.key, root)
     _refuse_duplicates(model, meta_path)
-    loader = _Loader(root, meta)
+    loader = _Loader(root, meta, folder)
     loader.open_rank_files()
     tensors = [
         tensor

@@ -54,6 +54,18 @@ def is_deepspeed_folder(root: str, names: list[str]) -> bool:
     return tagged or "zero_to_fp32.py" in names
 
 
+def refuse_remote(root: str, names: list[str]) -> None:
+    """A DeepSpeed folder at a URL is refused with the fix (its loader reads local files)."""
+    rank_files = any(_MODEL.match(name) or _OPTIM.match(name) for name in names)
+    hf_weights = any(_HF_WEIGHTS.match(name) for name in names)
+    if rank_files or ("latest" in names and not hf_weights):
+        raise UnsupportedFormatError(
+            root,
+            "DeepSpeed checkpoint folders are read from local disk only",
+            "download the folder (the tag folder and `latest`), then pass its local path",
+        )
+
+
 def _tag_missing(root: str, tag: str | None) -> Checkpoint:
     others = sorted(
         name

@@ -14,8 +14,9 @@ from typing import Any
 from ckptfix.core.checkpoint import Checkpoint, ConfigRecord, FileRecord, IndexRecord
 from ckptfix.core.errors import CkptfixError, CorruptFileError
 from ckptfix.formats import ReadOptions, read_file, sniffed_name
-from ckptfix.formats.index import read_index, read_small_file
-from ckptfix.io.source import LocalFile
+from ckptfix.formats.index import read_index
+from ckptfix.io.folder import LOCAL, Folder
+from ckptfix.io.source import ByteSource
 from ckptfix.layouts.choice import choose
 from ckptfix.layouts.names import Family, FolderLayout, scan_folder
 
@@ -26,11 +27,13 @@ def family_key(family: Family) -> str:
     return f"{family.stem}|{family.variant or ''}|{family.ext}"
 
 
-def read_record(source: LocalFile, options: ReadOptions) -> FileRecord:
+def read_record(source: ByteSource, options: ReadOptions) -> FileRecord:
     """Read one weight file; a problem that has a finding code is recorded, not raised."""
     try:
         size = source.size
     except CkptfixError as exc:
+        if exc.code is None:  # a remote error: the run stops, as for a write
+            raise
         return FileRecord(source.label, "unknown", 0, error=exc)
     try:
         read = read_file(source, options)
@@ -44,17 +47,27 @@ def read_record(source: LocalFile, options: ReadOptions) -> FileRecord:
 class _Reader:
     """Reads each file of a folder at most once, keeping their sources open."""
 
-    def __init__(self, options: ReadOptions) -> None:
+    def __init__(self, options: ReadOptions, folder: Folder = LOCAL) -> None:
         self.options = options
+        self.folder = folder
         self.records: dict[str, FileRecord] = {}
-        self.sources: dict[str, LocalFile] = {}
+        self.sources: dict[str, ByteSource] = {}
 
     def read(self, path: str) -> FileRecord:
         if path not in self.records:
-            source = LocalFile(path)
+            source = self.folder.open(path)
             self.sources[path] = source
             self.records[path] = read_record(source, self.options)
         return self.records[path]
+
+    def read_all(self, paths: list[str]) -> None:
+        """Read each file once, several at a time where the folder says so (remote ones);
+        the records keep the order of `paths`."""
+        todo = [self.folder.open(path) for path in dict.fromkeys(paths) if path not in self.records]
+        records = self.folder.map(lambda source: read_record(source, self.options), todo)
+        for source, record in zip(todo, records, strict=True):
+            self.sources[source.label] = source
+            self.records[source.label] = record
 
 
 def _read_indexes(
@@ -66,27 +79,27 @@ def _read_indexes(
             continue
         path = os.path.join(root, family.index)
         weight_ext = family.ext if family.ext in ("safetensors", "bin") else None
-        size = os.path.getsize(path) if os.path.isfile(path) else 0
+        size = reader.folder.size(path) if reader.folder.is_file(path) else 0
         try:
-            index = read_index(path, path, weight_ext)
+            index = read_index(path, path, weight_ext, reader.folder)
         except CorruptFileError as exc:
             records.append(IndexRecord(path, size, family_key(family), error=exc))
             continue
         records.append(IndexRecord(path, size, family_key(family), index=index))
         for shard in index.shard_names:  # shards in sub-folders are not in the scan
             shard_path = os.path.join(root, shard)
-            exists[shard_path] = os.path.isfile(shard_path)
+            exists[shard_path] = reader.folder.is_file(shard_path)
             if exists[shard_path]:
                 reader.read(shard_path)
     return records
 
 
-def _read_config(root: str) -> ConfigRecord | None:
+def _read_config(root: str, folder: Folder = LOCAL) -> ConfigRecord | None:
     path = os.path.join(root, "config.json")
-    if not os.path.isfile(path):
+    if not folder.is_file(path):
         return None
     try:
-        config: Any = json.loads(read_small_file(path, path, MAX_CONFIG_SIZE, "config"))
+        config: Any = json.loads(folder.read_small(path, path, MAX_CONFIG_SIZE, "config"))
     except CorruptFileError as exc:
         return ConfigRecord(path, error=exc)
     except (ValueError, RecursionError) as exc:
@@ -101,12 +114,11 @@ def _read_config(root: str) -> ConfigRecord | None:
 _FIX = "fix or re-download it"
 
 
-def load_folder(root: str, options: ReadOptions) -> Checkpoint:
+def load_folder(root: str, options: ReadOptions, folder: Folder = LOCAL) -> Checkpoint:
     """Every weight file, index and the config of a model folder, each read once."""
-    layout = scan_folder(root)
-    reader = _Reader(options)
-    for name in layout.weight_files:
-        reader.read(os.path.join(root, name))
+    layout = scan_folder(root, folder)
+    reader = _Reader(options, folder)
+    reader.read_all([os.path.join(root, name) for name in layout.weight_files])
     exists: dict[str, bool] = {}
     indexes = _read_indexes(root, layout, reader, exists)
     indexed = {shard for record in indexes if record.index for shard in record.index.shard_names}
@@ -123,7 +135,7 @@ def load_folder(root: str, options: ReadOptions) -> Checkpoint:
         kind="folder",
         files=tuple(reader.records.values()),
         indexes=tuple(indexes),
-        config=_read_config(root),
+        config=_read_config(root, folder),
         layout=layout,
         sources=dict(reader.sources),
         exists=exists,
@@ -131,8 +143,8 @@ def load_folder(root: str, options: ReadOptions) -> Checkpoint:
     )
 
 
-def load_file(path: str, options: ReadOptions) -> Checkpoint:
-    source = LocalFile(path)
+def load_file(path: str, options: ReadOptions, folder: Folder = LOCAL) -> Checkpoint:
+    source = folder.open(path)
     record = read_record(source, options)
     return Checkpoint(
         path=path, kind=record.format, files=(record,), sources={path: source}, exists={}

@@ -7,6 +7,8 @@ import re
 import stat
 from dataclasses import dataclass, field
 
+from ckptfix.io.folder import LOCAL, Folder
+
 _STEMS = (
     "model",
     "pytorch_model",
@@ -129,9 +131,9 @@ class FolderLayout:
     config: str | None
 
 
-def scan_folder(root: str) -> FolderLayout:
+def scan_folder(root: str, folder: Folder = LOCAL) -> FolderLayout:
     """Sort the top-level files of a model folder into weight families and their indexes."""
-    names = sorted(entry.name for entry in os.scandir(root) if entry.is_file())
+    names = folder.file_names(root)
     families: dict[tuple[str, str | None, str], Family] = {}
 
     def family(stem: str, variant: str | None, ext: str) -> Family:

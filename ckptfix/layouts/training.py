@@ -10,24 +10,29 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UsageError
 from ckptfix.formats.base import ReadOptions
 from ckptfix.formats.dcp import RANK_SUFFIX
+from ckptfix.io.folder import LOCAL, Folder
 
 ZERO_WEIGHTS = ("master", "module")
 
 
-def load_training(root: str, options: ReadOptions, zero_weights: str) -> Checkpoint | None:
+def load_training(
+    root: str, options: ReadOptions, zero_weights: str, folder: Folder = LOCAL
+) -> Checkpoint | None:
     """The Checkpoint of a training folder, or None when the folder is not one."""
     if zero_weights not in ZERO_WEIGHTS:
         raise UsageError(
             "--zero-weights", f"unknown choice {zero_weights!r}", "use master or module"
         )
     try:
-        names = os.listdir(root)
+        names = folder.listdir(root)
     except OSError:
         return None  # the Hugging Face loader reports it
     from ckptfix.layouts import dcp, deepspeed
 
     if dcp.is_dcp_folder(root, names):
-        return dcp.load_dcp(root, names, options)
+        return dcp.load_dcp(root, names, options, folder)
+    if folder is not LOCAL:
+        deepspeed.refuse_remote(root, names)
     if deepspeed.is_deepspeed_folder(root, names):
         return deepspeed.load_deepspeed(root, names, zero_weights)
     return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
@@ -40,7 +41,14 @@ def inspect(
             from ckptfix.ops.manifest import read_manifest, verified_report
 
             report = verified_report(checkpoint, report, read_manifest(manifest))
-    return report
+    return with_remote(report, checkpoint)
+
+
+def with_remote(report: Report, checkpoint: Checkpoint) -> Report:
+    """The report with what reading a URL took (requests, bytes), counted to this point."""
+    if checkpoint.remote is None:
+        return report
+    return replace(report, remote=checkpoint.remote.session.stats())
 
 
 def _pipeline_report(

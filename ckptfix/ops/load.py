@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import InputNotFoundError, UsageError
 from ckptfix.formats import ReadOptions
+from ckptfix.io.folder import LOCAL, Folder
+from ckptfix.io.urls import is_url
 from ckptfix.layouts.huggingface import load_file, load_folder
 
 
@@ -15,22 +18,19 @@ def load(path: str | os.PathLike[str], options: ReadOptions | None = None) -> Ch
 
     A torch.distributed.checkpoint or DeepSpeed folder is read as the model it holds
     (`options.key` picks the part of a DCP app state; `options.zero_weights` DeepSpeed's
-    master or module weights)."""
+    master or module weights). A URL (s3://, gs://, hf://, http(s)://) is read by ranged
+    requests (io.remote_folder), the same way."""
     shown = os.fspath(path)
+    options = options or ReadOptions()
+    if is_url(shown):
+        return _load_url(shown, options)
     if not os.path.exists(shown):
         raise InputNotFoundError(shown, "no such file or directory", "check the path")
-    options = options or ReadOptions()
     if os.path.isdir(shown):
-        from ckptfix.layouts.training import load_training
-
         _refuse_hub_repository(shown)
-        training = load_training(shown, options, options.zero_weights)
-        return training if training is not None else load_folder(shown, options)
+        return _load_folder(shown, options, LOCAL)
     if os.path.isfile(shown):
-        from ckptfix.layouts.training import refuse_part
-
-        refuse_part(shown)
-        return load_file(shown, options)
+        return _load_file(shown, options, LOCAL)
     raise UsageError(shown, "not a regular file or folder", "pass a checkpoint file or folder")
 
 
@@ -46,3 +46,29 @@ def _refuse_hub_repository(path: str) -> None:
             "is a Hugging Face cache repository (blobs/, refs/, snapshots/), not a model folder",
             f"pass one of its snapshots, e.g. {example}",
         )
+
+
+def _load_folder(root: str, options: ReadOptions, folder: Folder) -> Checkpoint:
+    from ckptfix.layouts.training import load_training
+
+    training = load_training(root, options, options.zero_weights, folder)
+    return training if training is not None else load_folder(root, options, folder)
+
+
+def _load_file(path: str, options: ReadOptions, folder: Folder) -> Checkpoint:
+    from ckptfix.layouts.training import refuse_part
+
+    refuse_part(path)
+    return load_file(path, options, folder)
+
+
+def _load_url(url: str, options: ReadOptions) -> Checkpoint:
+    """fsspec and the backend are imported here, and only here (the remote extra)."""
+    from ckptfix.io.remote_folder import open_url
+
+    target = open_url(url)
+    if target.file is None:
+        checkpoint = _load_folder(target.url, options, target.folder)
+    else:
+        checkpoint = _load_file(target.url, options, target.folder)
+    return replace(checkpoint, remote=target.folder)

@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ckptfix.core.findings import Finding, Severity
+from ckptfix.core.findings import Finding, Severity, error_line
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
 
@@ -49,6 +49,8 @@ class Report:
     # A folder: the checkpoint its loader would load (the JSON's "checkpoint" object); the
     # tensors and totals are that checkpoint's.
     checkpoint: dict[str, object] | None = None
+    # Read from a URL: requests made and bytes fetched (the JSON's "remote" object).
+    remote: dict[str, int] | None = None
 
     @property
     def tensor_count(self) -> int:
@@ -80,12 +82,8 @@ class Report:
         return 1 if any(item.severity.rank >= threshold for item in self.findings) else 0
 
     def error_lines(self) -> list[str]:
-        """One `error: <file>: <message>` line per error finding, for stderr."""
-        return [
-            f"error: {item.file}: {item.message}" if item.file else f"error: {item.message}"
-            for item in self.findings
-            if item.severity is Severity.ERROR
-        ]
+        """One `error: <file>: <what> (rule <rule>; <fix>)` line per error finding."""
+        return [error_line(item) for item in self.findings if item.severity is Severity.ERROR]
 
     def to_dict(self) -> dict[str, object]:
         with paused_gc():  # one dict per tensor: 1,000,000 of them for the largest headers
@@ -130,6 +128,8 @@ class Report:
             document["checkpoint"] = self.checkpoint
         if self.manifest is not None:
             document["manifest"] = self.manifest.to_dict()
+        if self.remote is not None:
+            document["remote"] = self.remote
         return document
 
 

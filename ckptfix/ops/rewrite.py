@@ -16,8 +16,10 @@ from ckptfix.core.errors import CorruptFileError, SourceChangedError, UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
-from ckptfix.formats.index import read_small_file
+from ckptfix.io.folder import LOCAL, Folder
+from ckptfix.io.urls import is_url
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
+from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.report import Report
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
@@ -26,6 +28,7 @@ from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.extras import copy_extra
 from ckptfix.write.output import check_free_space, wrap_os_error
+from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, claim_output, staged
@@ -97,7 +100,9 @@ def _claim(
     dry_run: bool,
 ) -> Claim:
     """Check the paths, then claim the output for the run (see staging.claim_output)."""
-    if not os.path.exists(source):
+    if is_url(source) and in_place:
+        raise UsageError("--in-place", "cannot rewrite a URL in place", "use -o OUT")
+    if not is_url(source) and not os.path.exists(source):
         raise UsageError(source, "no such file or directory", "check the path")
     if replace_any and not force:
         raise UsageError(
@@ -172,12 +177,13 @@ def _config_edits(
     record = source.checkpoint.config
     if dtype is None or "config.json" not in copied or record is None or record.config is None:
         return ()
-    return retype(_config_text(record.label), dtype)[1]
+    folder = source.checkpoint.remote or LOCAL
+    return retype(_config_text(record.label, folder), dtype)[1]
 
 
-def _config_text(path: str) -> str:
+def _config_text(path: str, folder: Folder = LOCAL) -> str:
     try:
-        return read_small_file(path, path, MAX_CONFIG_SIZE, "config").decode("utf-8")
+        return folder.read_small(path, path, MAX_CONFIG_SIZE, "config").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise CorruptFileError(
             path, "config-not-json", "config.json is not UTF-8", "save it as UTF-8 JSON"
@@ -229,7 +235,7 @@ def _write(
     torch = options.to == "torch"
     headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
     if options.dry_run:
-        return RewriteResult(source.report, plan, None)
+        return RewriteResult(with_remote(source.report, source.checkpoint), plan, None)
     job = ShardJob(
         tensors,
         shard_metadata,
@@ -267,18 +273,22 @@ def _stage_and_commit(
         staging.checkpoint()
         if MARKER in plan.copied_files:
             staging.unmark()  # the source's own file of that name takes its place
-        if source.is_folder:
+        if source.is_folder and source.checkpoint.remote is not None:
+            written += download_extra(
+                source.checkpoint.remote, source.path, plan.copied_files, staging.path
+            )
+        elif source.is_folder:
             written += copy_extra(
                 source.path, plan.copied_files, staging.path, link=options.in_place
             )
-            _retype_config(staging.path, plan)
+        _retype_config(staging.path, plan)
         staging.commit()
     target = claim.out
     kept = set(plan.copied_files) if options.in_place else set()  # carried over: not replaced
     replaced = tuple(os.path.join(target, name) for name in staging.replaced if name not in kept)
     files = tuple(WrittenFile(os.path.join(target, item.path), item.bytes) for item in written)
     result = WriteResult(target, files, verified=options.verify, replaced=replaced)
-    return RewriteResult(source.report, plan, result)
+    return RewriteResult(with_remote(source.report, source.checkpoint), plan, result)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import CkptfixError, UnsupportedFormatError, UsageError
-from ckptfix.core.findings import Severity
+from ckptfix.core.findings import Severity, split_message
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
@@ -58,7 +58,10 @@ class RewriteSource:
 
 
 class InputRefusedError(CkptfixError):
-    """The input has errors that make a faithful rewrite impossible."""
+    """The input has errors that make a faithful rewrite impossible; `rule` is the code of
+    the first error finding."""
+
+    kind = "input-refused"
 
 
 def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
@@ -72,8 +75,11 @@ def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
     if not errors:
         return
     first = errors[0]
-    more = f"; {len(errors) - 1} more error(s), see `ckptfix inspect`" if len(errors) > 1 else ""
-    raise InputRefusedError(first.file, first.message + more)
+    what, rule, fix = split_message(first.message)
+    if len(errors) > 1:
+        more = f"{len(errors) - 1} more error(s), see `ckptfix inspect`"
+        fix = f"{fix}; {more}" if fix else more
+    raise InputRefusedError(first.file, what, fix, rule=rule or first.code)
 
 
 def _merged_metadata(checkpoint: Checkpoint, paths: list[str]) -> dict[str, str]:
@@ -242,7 +248,8 @@ def _other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], d
     weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
     reasons: dict[str, str] = {}
     extra = []
-    for entry in sorted(os.listdir(path)):
+    remote = checkpoint.remote  # a URL's folder (io.remote_folder), listed through it
+    for entry in sorted(remote.listdir(path) if remote is not None else os.listdir(path)):
         if entry in ours:
             continue
         if entry in weights:
@@ -253,5 +260,6 @@ def _other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], d
             reasons[entry] = STAGING_FOLDER
         else:
             extra.append(entry)
-    reasons.update(dict.fromkeys(special_files(path, extra), NOT_REGULAR))
+    if remote is None:  # a remote folder holds no FIFOs, sockets or devices
+        reasons.update(dict.fromkeys(special_files(path, extra), NOT_REGULAR))
     return extra, reasons

@@ -1,0 +1,258 @@
+"""The fsspec file systems behind remote URLs, each used for ranged reads only.
+
+Never fsspec's buffered `open().read()`, whose read-ahead fetches megabytes per file: every
+read is one request for exactly the range wanted. S3 reads go through s3fs's client with
+If-Match (or the version id), HTTP(S) reads through the aiohttp session of fsspec's HTTP
+file system with Range and If-Match, checked for a 206 before the body is read (a server
+that ignores Range would otherwise send the whole file). gs:// and hf:// use
+`cat_file(path, start, end)`. fsspec and the backend are imported only when a URL is read;
+without them the error says how to install them.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+from urllib.parse import quote, unquote
+
+from ckptfix.core.errors import UsageError
+from ckptfix.io.remote import Info, Settings, no_range
+
+SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http", "https": "http"}
+_PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "hf": "huggingface_hub", "http": "aiohttp"}
+
+
+def scheme_of(url: str) -> str:
+    return SCHEMES[url.split("://", 1)[0].lower()]
+
+
+def missing_extra(url: str, exc: ImportError) -> UsageError:
+    package = _PACKAGES[scheme_of(url)]
+    return UsageError(
+        url,
+        f"reading {url.split('://', 1)[0]}:// URLs needs fsspec and {package} "
+        f"({exc.name or exc} is not installed)",
+        "pip install 'ckptfix[remote]'",
+    )
+
+
+class GenericBackend:
+    """An fsspec file system read with `cat_file(path, start, end)` (gs://, hf://)."""
+
+    def __init__(self, scheme: str, fs: Any) -> None:
+        self.scheme = scheme
+        self.fs = fs
+
+    def to_path(self, url: str) -> str:
+        return str(self.fs._strip_protocol(url))
+
+    def info(self, path: str) -> Info:
+        self.fs.invalidate_cache(path)
+        return dict(self.fs.info(path))
+
+    def ls(self, path: str) -> list[Info]:
+        return [dict(entry) for entry in self.fs.ls(path, detail=True)]
+
+    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
+        return bytes(self.fs.cat_file(path, start=start, end=end))
+
+    def token(self, info: Info) -> tuple[object, ...]:
+        keys = ("size", "ETag", "etag", "VersionId", "generation", "blob_id", "mtime", "updated")
+        lfs = info.get("lfs")
+        sha = lfs.get("sha256") if isinstance(lfs, dict) else None
+        return (*(info.get(key) for key in keys), sha)
+
+
+class S3Backend(GenericBackend):
+    """s3fs, with reads pinned to the listed version (VersionId) or ETag (If-Match)."""
+
+    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(path)
+        pin: dict[str, str] = {}
+        if info.get("VersionId"):
+            pin["VersionId"] = str(info["VersionId"])
+        elif info.get("ETag"):
+            pin["IfMatch"] = str(info["ETag"])
+
+        async def get() -> bytes:
+            response = await self.fs._call_s3(
+                "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin
+            )
+            try:
+                return bytes(await response["Body"].read())
+            finally:
+                response["Body"].close()
+
+        return bytes(sync(self.fs.loop, get))
+
+
+class HttpError(Exception):
+    """An HTTP status, as the classifier reads it (`status`)."""
+
+    def __init__(self, status: int, url: str) -> None:
+        super().__init__(f"HTTP {status} for {url}")
+        self.status = status
+
+
+class HttpBackend(GenericBackend):
+    """fsspec's HTTP file system: its session, its directory listings (links in an HTML
+    page); HEAD for sizes and ETags, and our own ranged GETs."""
+
+    def to_path(self, url: str) -> str:
+        return url
+
+    def info(self, path: str) -> Info:
+        from fsspec.asyn import sync
+
+        async def head() -> Info:
+            session = await self.fs.set_session()
+            headers = {"Accept-Encoding": "identity"}
+            async with session.head(path, allow_redirects=True, headers=headers) as response:
+                if response.status >= 400:
+                    raise HttpError(response.status, path)
+                return _head_info(path, response)
+
+        return dict(sync(self.fs.loop, head))
+
+    def ls(self, path: str) -> list[Info]:
+        listing = path if path.endswith("/") else path + "/"
+        self.fs.invalidate_cache(listing)
+        entries = self.fs.ls(listing, detail=True)
+        return [
+            {**entry, "name": unquote(str(entry["name"]))}
+            for entry in entries
+            if str(entry["name"]).startswith(listing) and "?" not in str(entry["name"])
+        ]
+
+    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
+        from fsspec.asyn import sync
+
+        headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
+        etag = info.get("ETag")
+        if isinstance(etag, str) and not etag.startswith("W/"):
+            headers["If-Match"] = etag  # a strong ETag: the same bytes or a 412
+
+        async def get() -> bytes:
+            session = await self.fs.set_session()
+            async with session.get(path, headers=headers) as response:
+                if response.status == 200:
+                    raise no_range(path, start, end)  # before reading the body
+                if response.status != 206:
+                    raise HttpError(response.status, path)
+                length = int(response.headers.get("Content-Length", end - start))
+                if length != end - start or not _range_starts(response, start):
+                    raise no_range(path, start, end)
+                return bytes(await response.read())
+
+        return bytes(sync(self.fs.loop, get))
+
+    def token(self, info: Info) -> tuple[object, ...]:
+        return (info.get("size"), info.get("ETag"), info.get("Last-Modified"))
+
+
+class HubBackend(GenericBackend):
+    """huggingface_hub's HfFileSystem for listings and details; reads are ranged GETs of the
+    file's `resolve` URL on the Hub's own HTTP session (its token, its endpoint), checked for
+    a 206 before the body is read. (HfFileSystem's own reads go through a buffered file.)"""
+
+    def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
+        super().__init__(scheme, fs)
+        self.timeout = timeout
+
+    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
+        from huggingface_hub import constants, get_session, hf_raise_for_status
+
+        resolved = self.fs.resolve_path(path)
+        prefix = constants.REPO_TYPES_URL_PREFIXES.get(resolved.repo_type, "")
+        revision = quote(resolved.revision, safe="")
+        url = (
+            f"{self.fs.endpoint}/{prefix}{resolved.repo_id}/resolve/{revision}/"
+            f"{quote(resolved.path_in_repo)}"
+        )
+        headers = {"Range": f"bytes={start}-{end - 1}", **self.fs._api._build_hf_headers()}
+        with get_session().stream(
+            "GET", url, headers=headers, timeout=self.timeout, follow_redirects=True
+        ) as response:
+            if response.status_code == 200:
+                raise no_range(url, start, end)
+            hf_raise_for_status(response)
+            return bytes(response.read())
+
+
+def _head_info(path: str, response: Any) -> Info:
+    headers = response.headers
+    size = headers.get("Content-Length")
+    encoded = headers.get("Content-Encoding", "identity") not in ("identity", "")
+    mimetype = headers.get("Content-Type", "").partition(";")[0].strip()
+    return {
+        "name": path,
+        "type": "directory" if mimetype == "text/html" and _looks_like_folder(path) else "file",
+        "size": int(size) if size is not None and size.isdigit() and not encoded else None,
+        "ETag": headers.get("ETag"),
+        "Last-Modified": headers.get("Last-Modified"),
+        "mimetype": mimetype,
+    }
+
+
+def _looks_like_folder(url: str) -> bool:
+    """An HTML page at a URL whose last part has no weight-file extension is a listing."""
+    name = posixpath.basename(url.rstrip("/"))
+    return url.endswith("/") or not name.endswith(
+        (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".json", ".distcp", ".metadata")
+    )
+
+
+def _range_starts(response: Any, start: int) -> bool:
+    content_range = response.headers.get("Content-Range", "")
+    if not content_range:
+        return True
+    unit, _, spec = content_range.partition(" ")
+    return bool(unit == "bytes" and spec.split("-", 1)[0].strip() == str(start))
+
+
+def make_backend(url: str, settings: Settings) -> GenericBackend:
+    """The backend for a URL's scheme; a missing package is a usage error (exit 2)."""
+    scheme = scheme_of(url)
+    try:
+        if scheme == "s3":
+            return S3Backend(scheme, _s3(settings))
+        if scheme == "http":
+            return HttpBackend(scheme, _http(settings))
+        if scheme == "gs":
+            import gcsfs
+
+            return GenericBackend(
+                scheme,
+                gcsfs.GCSFileSystem(timeout=settings.timeout, retries=1, skip_instance_cache=True),
+            )
+        from huggingface_hub import HfFileSystem
+
+        return HubBackend(scheme, HfFileSystem(skip_instance_cache=True), settings.timeout)
+    except ImportError as exc:
+        raise missing_extra(url, exc) from exc
+
+
+def _s3(settings: Settings) -> Any:
+    import s3fs
+
+    # One attempt per call in botocore and s3fs alike: RemoteSession retries, and counts.
+    config = {
+        "connect_timeout": settings.timeout,
+        "read_timeout": settings.timeout,
+        "retries": {"max_attempts": 1, "mode": "standard"},
+    }
+    fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True)
+    fs.retries = 1  # s3fs's own retry loop: one attempt
+    return fs
+
+
+def _http(settings: Settings) -> Any:
+    import aiohttp
+    from fsspec.implementations.http import HTTPFileSystem
+
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=settings.timeout, sock_read=settings.timeout
+    )
+    return HTTPFileSystem(client_kwargs={"timeout": timeout}, skip_instance_cache=True)

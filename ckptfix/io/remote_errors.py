@@ -1,0 +1,218 @@
+"""What went wrong with a remote request, in one line: each backend (botocore through s3fs,
+aiohttp, huggingface_hub, gcsfs) raises its own exceptions, often wrapped in another; this
+module looks through the chain for an HTTP status or a known kind of failure and says which
+rule it breaks, whether trying again may help, and what the user can do.
+
+Exceptions are recognised by their class names and attributes, so nothing here imports a
+backend: the remote extra stays optional.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ckptfix.core.errors import CkptfixError, RemoteChangedError, RemoteError
+
+_CREDENTIALS_FIX = {
+    "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE (and AWS_ENDPOINT_URL "
+    "for another S3 service), as the AWS CLI reads them",
+    "gs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
+    "hf": "set HF_TOKEN, or run `hf auth login`",
+    "http": "the server asks for credentials; ckptfix sends none over plain HTTP(S)",
+}
+_CREDENTIAL_ERRORS = {
+    "NoCredentialsError",
+    "PartialCredentialsError",
+    "CredentialRetrievalError",
+    "DefaultCredentialsError",
+    "RefreshError",
+    "LocalTokenNotFoundError",
+}
+_TIMEOUT_ERRORS = {
+    "TimeoutError",
+    "FSTimeoutError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ServerTimeoutError",
+    "ConnectionTimeoutError",
+    "SocketTimeoutError",
+    "ReadTimeout",
+    "ConnectTimeout",
+    "WriteTimeout",
+    "PoolTimeout",
+    "TimeoutException",
+}
+_CONNECTION_ERRORS = {
+    "ClientConnectorError",
+    "ClientOSError",
+    "ServerDisconnectedError",
+    "ClientPayloadError",
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ConnectError",
+    "RemoteProtocolError",
+    "IncompleteRead",
+    "ConnectionError",
+    "ConnectionResetError",
+    "ConnectionRefusedError",
+    "ConnectionAbortedError",
+    "BrokenPipeError",
+}
+TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A classified failure: its rule, the one-line description, and whether another
+    attempt may succeed."""
+
+    rule: str
+    what: str
+    fix: str
+    transient: bool = False
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries: aiohttp's `status`, requests' and httpx's
+    `response.status_code`, botocore's `response["ResponseMetadata"]`."""
+    status = getattr(exc, "status", None)
+    if isinstance(status, int) and 100 <= status < 600:
+        return status
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    if isinstance(code, int):
+        return code
+    if isinstance(response, dict):
+        meta = response.get("ResponseMetadata", {})
+        code = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
+        return code if isinstance(code, int) else None
+    return None
+
+
+def _boto_code(exc: BaseException) -> str | None:
+    response = getattr(exc, "response", None)
+    if isinstance(response, dict) and isinstance(response.get("Error"), dict):
+        code = response["Error"].get("Code")
+        return str(code) if code is not None else None
+    return None
+
+
+def from_status(status: int, scheme: str) -> Failure:
+    """The failure an HTTP status stands for."""
+    if status == 401:
+        return Failure(
+            "remote-credentials",
+            "the server refused the request: HTTP 401 (not signed in)",
+            _CREDENTIALS_FIX.get(scheme, _CREDENTIALS_FIX["http"]),
+        )
+    if status == 403:
+        return Failure(
+            "remote-forbidden",
+            "access denied (HTTP 403)",
+            "check that the credentials in use may read this object",
+        )
+    if status in (404, 410):
+        return Failure(
+            "remote-not-found", f"no such file or folder (HTTP {status})", "check the URL"
+        )
+    if status in TRANSIENT_STATUS:
+        return Failure(
+            "remote-server-error",
+            f"the server failed (HTTP {status})",
+            "try again later",
+            transient=True,
+        )
+    return Failure("remote-http-error", f"the request failed with HTTP {status}", "check the URL")
+
+
+def _by_name(exc: BaseException, scheme: str) -> Failure | None:
+    name = type(exc).__name__
+    if name in _CREDENTIAL_ERRORS:
+        what = f"no credentials were found ({name})"
+        return Failure(
+            "remote-credentials", what, _CREDENTIALS_FIX.get(scheme, _CREDENTIALS_FIX["http"])
+        )
+    if name in _TIMEOUT_ERRORS or isinstance(exc, TimeoutError):
+        return Failure("remote-timeout", "no answer in time", _TIMEOUT_FIX, transient=True)
+    if name in _CONNECTION_ERRORS or isinstance(exc, ConnectionError):
+        detail = str(exc).splitlines()[0][:160] if str(exc) else name
+        return Failure(
+            "remote-unreachable", f"the connection failed: {detail}", _ENDPOINT_FIX, transient=True
+        )
+    return None
+
+
+_TIMEOUT_FIX = (
+    "check the network and the endpoint; CKPTFIX_REMOTE_TIMEOUT sets the limit in seconds"
+)
+_ENDPOINT_FIX = "check the network and the endpoint (AWS_ENDPOINT_URL, HF_ENDPOINT, the URL)"
+
+
+def _one(exc: BaseException, scheme: str) -> Failure | None:
+    code = _boto_code(exc)
+    if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
+        return Failure(
+            "remote-credentials", f"the credentials were refused ({code})", _CREDENTIALS_FIX["s3"]
+        )
+    if code in ("NoSuchBucket", "NoSuchKey"):
+        return Failure("remote-not-found", f"no such file or folder ({code})", "check the URL")
+    status = _status(exc)
+    if status is not None:
+        return from_status(status, scheme)
+    by_name = _by_name(exc, scheme)
+    if by_name is not None:
+        return by_name
+    if isinstance(exc, FileNotFoundError):
+        return Failure("remote-not-found", "no such file or folder", "check the URL")
+    if isinstance(exc, PermissionError):
+        return Failure(
+            "remote-forbidden",
+            "access denied",
+            "check that the credentials in use may read this object",
+        )
+    return None
+
+
+def classify(exc: BaseException, scheme: str) -> Failure | None:
+    """The failure behind `exc`: the most specific one found along its chain (a status
+    beats a generic FileNotFoundError that wraps it); None for an exception that is not a
+    failure to fetch (a bug, which must not pass for a network problem)."""
+    found = [failure for item in _chain(exc) if (failure := _one(item, scheme)) is not None]
+    specific = [f for f in found if f.what not in ("no such file or folder", "access denied")]
+    if specific:
+        return specific[0]
+    if found:
+        return found[0]
+    if not any(isinstance(item, OSError) for item in _chain(exc)):
+        return None
+    text = str(exc).splitlines()[0][:160] if str(exc) else ""
+    what = f"the request failed: {type(exc).__name__}" + (f": {text}" if text else "")
+    return Failure("remote-error", what, "check the URL and the network")
+
+
+def is_precondition_failed(exc: BaseException) -> bool:
+    """A read pinned to an ETag (If-Match) found the object replaced."""
+    return any(
+        _status(item) == 412 or _boto_code(item) == "PreconditionFailed" for item in _chain(exc)
+    )
+
+
+def remote_error(url: str, failure: Failure, attempts: int) -> CkptfixError:
+    tries = f" after {attempts} attempts" if attempts > 1 else ""
+    return RemoteError(url, failure.rule, failure.what + tries, failure.fix)
+
+
+def changed(url: str) -> RemoteChangedError:
+    return RemoteChangedError(
+        url, "the object changed while it was being read (its ETag or version no longer matches)"
+    )
