@@ -89,12 +89,17 @@ def index_diff(
     actual = None
     if all(shard in read for shard in by_shard):
         wanted = {shard: set(names) for shard, names in by_shard.items()}
-        actual = sum(
-            tensor.nbytes
+        # Exact aliases (tied weights in a .bin) are stored once and counted once, as
+        # huggingface_hub's split_torch_state_dict_into_shards counts them.
+        stored = {
+            (shard, tensor.storage, tensor.byte_range, tensor.dtype, tensor.shape)
+            if tensor.storage is not None
+            else (shard, tensor.name): tensor.nbytes
             for shard, names in wanted.items()
             for tensor in read[shard].tensors
             if tensor.name in names
-        )
+        }
+        actual = sum(stored.values())
     orphans = [name for name in family.files if name not in by_shard]
     declared = index.metadata.get("total_size")
     return IndexDiff(missing_files, missing_tensors, unlisted, orphans, declared, actual)
