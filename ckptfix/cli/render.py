@@ -237,6 +237,11 @@ def _names_notes(plan: ShardPlan) -> list[Text]:
                 "written again"
             )
         )
+    if plan.shared:
+        pairs = [f"{alias} → {kept}" for alias, kept in plan.shared.items()]
+        lines.append(
+            Text(f"shared storage (stored once, loaded as tied tensors): {_listed(pairs)}")
+        )
     if plan.renamed:
         old_name, new_name = next(iter(plan.renamed.items()))
         lines.append(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))

@@ -14,7 +14,7 @@ from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.formats.base import ReadOptions
 from ckptfix.ops.report import Report
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
-from ckptfix.plan.shards import ShardPlan, metadata_per_shard, plan_shards
+from ckptfix.plan.shards import ShardPlan, metadata_per_shard, plan_shards, with_shared
 from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.extras import copy_extra
@@ -22,6 +22,7 @@ from ckptfix.write.output import check_free_space, wrap_os_error
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, claim_output, staged
+from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
 
 # Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
 DROPPED_KEY = "ckptfix.dropped"
@@ -127,30 +128,36 @@ def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) ->
         copied, left_out = _carry_over(source, outputs)
     else:
         copied, left_out = list(source.extra_files), list(source.left_out)
+    dropped, shared = dict(selection.dropped), {}
+    if torch:  # a .bin keeps each alias as a name of its own, sharing the kept storage
+        dropped, shared = {}, dropped
+        excluded = set(selection.excluded)
+        names = [selection.renamed.get(t.name, t.name) for t in source.tensors]
+        kept = [n for t, n in zip(source.tensors, names, strict=True) if t.name not in excluded]
+        plan = replace(plan, shards=with_shared(plan.shards, kept, shared))
     return replace(
         plan,
         copied_files=tuple(copied),
         left_out=tuple(left_out),
         left_out_reasons={name: source.left_out_reasons[name] for name in left_out},
-        dropped=dict(selection.dropped),
+        dropped=dropped,
         renamed=dict(selection.renamed),
-        dropped_bytes=selection.dropped_bytes,
+        dropped_bytes=selection.dropped_bytes if dropped else 0,
         excluded=selection.excluded,
+        shared=shared,
     )
 
 
-def _metadata(
-    source: RewriteSource, selection: Selection, plan: ShardPlan
-) -> tuple[dict[str, str], dict[str, Any]]:
+def _metadata(source: RewriteSource, plan: ShardPlan) -> tuple[dict[str, str], dict[str, Any]]:
     """Header metadata ("format" added) and index metadata, with the dropped -> kept record
-    where loaders and people can find it."""
+    where loaders and people can find it (torch output drops nothing: see _plan)."""
     metadata = {**source.metadata, "format": "pt"}
     index_metadata = dict(source.index_metadata)
-    if selection.dropped:
+    if plan.dropped:
         if plan.index_file is None:
-            metadata[DROPPED_KEY] = json.dumps(selection.dropped, sort_keys=True)
+            metadata[DROPPED_KEY] = json.dumps(plan.dropped, sort_keys=True)
         else:
-            index_metadata[DROPPED_KEY] = dict(sorted(selection.dropped.items()))
+            index_metadata[DROPPED_KEY] = dict(sorted(plan.dropped.items()))
     return metadata, index_metadata
 
 
@@ -159,11 +166,13 @@ def _write(
 ) -> RewriteResult:
     """Plan the shards for a selection, then stage, write, verify and commit them."""
     plan = _plan(source, selection, options)
-    metadata, index_metadata = _metadata(source, selection, plan)
+    metadata, index_metadata = _metadata(source, plan)
     shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
     plan = replace(plan, metadata_scope=scope)
     tensors = {tensor.name: tensor for tensor in selection.tensors}
     torch = options.to == "torch"
+    if torch:
+        check_torch_dtypes(selection.tensors, claim.out)
     headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
     if options.dry_run:
         return RewriteResult(source.report, plan, None)
@@ -196,8 +205,6 @@ def _stage_and_commit(
 
         job.staging, job.progress = staging.path, advance
         if options.to == "torch":
-            from ckptfix.write.torch import write_torch_shards
-
             written = write_torch_shards(plan, job)
         else:
             written = write_shards(plan, job)
