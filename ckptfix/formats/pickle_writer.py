@@ -23,7 +23,7 @@ from ckptfix.core.dtypes import DTYPES, TORCH_NAMES
 _BATCH = 1000  # pickle's _BATCHSIZE: SETITEMS takes at most this many pairs
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorEntry:
     """One name of the state dict: a view of a storage (shared by name when keys repeat)."""
 

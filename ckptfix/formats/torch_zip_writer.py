@@ -35,6 +35,7 @@ VERSION = b"3\n"
 BYTEORDER = b"little"
 SERIALIZATION_ID = ".data/serialization_id"
 SERIALIZATION_ID_SIZE = 40
+FIRST_STORAGE = 4  # the records before data/0: data.pkl, .format_version, ...
 
 _LIMIT32 = 0xFFFFFFFF
 _LOCAL = struct.Struct("<IHHHHHIIIHH")
@@ -48,13 +49,29 @@ _MADE_BY = 0x031E  # what miniz puts in the ZIP64 end record (Unix, 3.0)
 _NEEDED = 45  # ZIP64
 
 
-@dataclass(frozen=True)
+def _zip64_local(size: int, header_offset: int) -> bytes:
+    """The local header's ZIP64 field (miniz leaves its compressed size 0), where needed."""
+    fields = (struct.pack("<QQ", size, 0) if size >= _LIMIT32 else b"") + (
+        struct.pack("<Q", header_offset) if header_offset >= _LIMIT32 else b""
+    )
+    return struct.pack("<HH", 1, len(fields)) + fields if fields else b""
+
+
+@dataclass(frozen=True, slots=True)
 class ZipEntry:
     """One record placed in the archive."""
 
     name: str  # the full name, folder included
     size: int
     header_offset: int
+    data_offset: int  # the local header's end: the first multiple of 64 it can reach
+
+    @classmethod
+    def at(cls, name: str, size: int, header_offset: int) -> ZipEntry:
+        """The record `name` of `size` bytes whose local header starts at `header_offset`."""
+        unpadded = header_offset + _LOCAL.size + len(name.encode()) + 4  # + "FB", length
+        unpadded += len(_zip64_local(size, header_offset))
+        return cls(name, size, header_offset, -(-unpadded // ALIGNMENT) * ALIGNMENT)
 
     @property
     def zip64(self) -> bool:
@@ -64,19 +81,10 @@ class ZipEntry:
     def flags(self) -> int:
         return _WITH_DESCRIPTOR if self.size else _WITHOUT_DESCRIPTOR
 
-    def _zip64_local(self) -> bytes:
-        if not self.zip64:
-            return b""
-        fields = (struct.pack("<QQ", self.size, 0) if self.size >= _LIMIT32 else b"") + (
-            struct.pack("<Q", self.header_offset) if self.header_offset >= _LIMIT32 else b""
-        )
-        return struct.pack("<HH", 1, len(fields)) + fields
-
     @property
-    def data_offset(self) -> int:
-        unpadded = self.header_offset + _LOCAL.size + len(self.name.encode()) + 4
-        unpadded += len(self._zip64_local())
-        return -(-unpadded // ALIGNMENT) * ALIGNMENT
+    def data_range(self) -> tuple[int, int]:
+        start = self.data_offset
+        return start, start + self.size
 
     @property
     def descriptor_size(self) -> int:
@@ -89,7 +97,7 @@ class ZipEntry:
     def local_header(self) -> bytes:
         """Everything from the header's signature to the first data byte."""
         name = self.name.encode()
-        zip64 = self._zip64_local()
+        zip64 = _zip64_local(self.size, self.header_offset)
         start = self.header_offset + _LOCAL.size + len(name) + len(zip64) + 4
         padding = self.data_offset - start
         extra = zip64 + b"FB" + struct.pack("<H", padding) + b"Z" * padding
@@ -123,7 +131,7 @@ def place(records: Sequence[tuple[str, int]], folder: str = ARCHIVE) -> tuple[Zi
     """Each (name, size) record after the previous one, inside `folder`."""
     entries, offset = [], 0
     for name, size in records:
-        entry = ZipEntry(f"{folder}/{name}", size, offset)
+        entry = ZipEntry.at(f"{folder}/{name}", size, offset)
         entries.append(entry)
         offset = entry.end
     return tuple(entries)

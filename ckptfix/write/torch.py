@@ -18,19 +18,20 @@ tensors that share storage, as the source had, and the bytes are stored once.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import zipfile
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckptfix.core.errors import CkptfixError, PlanError, VerificationError, WriteError
 from ckptfix.formats import read_file
 from ckptfix.formats.pickle_writer import TensorEntry, state_dict_pickle, torch_can_store
 from ckptfix.formats.torch_zip_writer import (
-    ARCHIVE,
+    FIRST_STORAGE,
     ZipEntry,
     central_directory,
     place,
@@ -48,6 +49,7 @@ from ckptfix.write.results import WrittenFile
 from ckptfix.write.safetensors import FLUSH_EVERY, ShardJob, produce
 
 _BUG = "this is a bug; please report it"
+READ_BACK_BATCH = 1024  # storages per read-back job, when they are small
 
 
 def check_torch_dtypes(tensors: Iterable[OutTensor], out: str) -> None:
@@ -90,7 +92,9 @@ class _Archive:
     reader: int  # a second descriptor, for reading back
     entries: tuple[ZipEntry, ...]  # every record, the serialization id last
     tensors: list[TensorEntry]
-    crcs: list[int | Future[int]]  # one per record written so far
+    crcs: list[int] = field(default_factory=list)  # one per record but the id (0 until known)
+    # The storages' CRCs: each batch's read-back job, with the records it reads
+    batches: list[tuple[Future[list[int]], list[int]]] = field(default_factory=list)
 
 
 class _Writer:
@@ -102,6 +106,7 @@ class _Writer:
         self.fds: list[int] = []
         self.done = 0
         self.unflushed = 0
+        self.waiting: list[tuple[int, _ReadBack]] = []  # storages not yet handed over
 
     def advance(self, count: int) -> None:
         self.done += count
@@ -114,6 +119,8 @@ class _Writer:
         return future
 
     def open(self, shard: PlannedShard) -> _Archive:
+        """Write a shard's records, all but the descriptors of its storages (CRCs still to
+        come from the workers), the serialization id and the central directory."""
         entries, storages = shard_entries(shard, self.job.tensors, self.plan.shared)
         pickle = state_dict_pickle(entries)
         records = torch_records(len(pickle), [(k, t.nbytes) for k, t in storages.items()])
@@ -123,25 +130,40 @@ class _Writer:
         reader = os.open(path, os.O_RDONLY)
         self.fds.append(reader)
         display = os.path.join(self.job.out, shard.file)
-        archive = _Archive(shard.file, path, display, fd, reader, place(records), entries, [])
+        archive = _Archive(shard.file, path, display, fd, reader, place(records), entries)
         contents = small_records(pickle)
-        for entry, (name, _) in zip(archive.entries[:-1], records[:-1], strict=True):
+        for position, (name, _) in enumerate(records[:-1]):
+            entry = archive.entries[position]
             if name in contents:
                 archive.crcs.append(_write_record(fd, entry, contents[name]))
             else:
-                archive.crcs.append(self.storage(archive, entry, storages[name[len("data/") :]]))
+                archive.crcs.append(0)
+                self.storage(archive, position, storages[name[len("data/") :]])
+        self.hand_over(archive)
         return archive
 
-    def storage(self, archive: _Archive, entry: ZipEntry, tensor: OutTensor) -> Future[int]:
-        """Write one storage record but its descriptor; its CRC comes from a worker."""
+    def storage(self, archive: _Archive, position: int, tensor: OutTensor) -> None:
+        """Write one storage record but its descriptor."""
+        entry = archive.entries[position]
         write_all(archive.fd, entry.local_header(), entry.header_offset)
         digest = self.tensor(archive.fd, entry.data_offset, tensor)
+        check = _ReadBack(archive.reader, archive.display, entry, tensor, digest)
+        self.waiting.append((position, check))
         self.unflushed += tensor.nbytes
-        if self.unflushed >= FLUSH_EVERY:  # start writeback early, as the copy goes on
+        if self.unflushed >= FLUSH_EVERY:  # start writeback and reading back early
             self.submit(os.fdatasync, archive.fd)
             self.unflushed = 0
-        check = _ReadBack(archive.reader, archive.display, entry, tensor, digest)
-        return self.submit(check.run, self.job)
+            self.hand_over(archive)
+        elif len(self.waiting) >= READ_BACK_BATCH:
+            self.hand_over(archive)
+
+    def hand_over(self, archive: _Archive) -> None:
+        """The storages written since the last hand-over, to be read back by a worker."""
+        if self.waiting:
+            checks = [check for _, check in self.waiting]
+            future = self.submit(_read_back, checks, archive.fd, self.job)
+            archive.batches.append((future, [position for position, _ in self.waiting]))
+            self.waiting = []
 
     def tensor(self, fd: int, offset: int, tensor: OutTensor) -> bytes | None:
         """Copy a tensor's bytes to `offset`; the digest of those that were produced."""
@@ -160,24 +182,21 @@ class _Writer:
         return hasher.digest()
 
     def complete(self, archive: _Archive) -> WrittenFile:
-        """Descriptors, serialization id and central directory, once every CRC is known;
-        then fsync and verification on the workers."""
-        crcs = []
-        for entry, crc in zip(archive.entries, archive.crcs, strict=False):
-            if isinstance(crc, Future):  # a storage: its descriptor is still to write
-                crc = crc.result()
-                write_all(archive.fd, entry.descriptor(crc), entry.data_offset + entry.size)
-            crcs.append(crc)
-        *entries, last = archive.entries
-        identity = serialization_id(entries, crcs)
-        crcs.append(_write_record(archive.fd, last, identity))
+        """The serialization id and the central directory, once every CRC is known; then
+        fsync and verification on the workers."""
+        crcs = archive.crcs
+        for future, positions in archive.batches:
+            for position, crc in zip(positions, future.result(), strict=True):
+                crcs[position] = crc
+        last = archive.entries[-1]
+        crcs.append(_write_record(archive.fd, last, serialization_id(archive.entries[:-1], crcs)))
         end = last.end
         for piece in central_directory(archive.entries, crcs):
             write_all(archive.fd, piece, end)
             end += len(piece)
         self.submit(os.fsync, archive.fd)
         if self.job.verify:
-            self.submit(_verify_archive, archive, crcs)
+            self.submit(_verify_archive, archive)
         return WrittenFile(archive.file, end)
 
     def finish(self) -> None:
@@ -195,11 +214,13 @@ class _Writer:
 def _write_record(fd: int, entry: ZipEntry, data: bytes) -> int:
     """A record written whole, from memory; its CRC."""
     crc = zlib.crc32(data)
-    write_all(fd, entry.local_header() + data + entry.descriptor(crc), entry.header_offset)
+    write_all(fd, entry.local_header(), entry.header_offset)
+    write_all(fd, data, entry.data_offset)
+    write_all(fd, entry.descriptor(crc), entry.data_offset + entry.size)
     return crc
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class _ReadBack:
     """A storage record read back from the file: its CRC-32, and (unless --no-verify) its
     bytes compared with the source's, or with the digest taken when they were produced."""
@@ -246,44 +267,54 @@ class _ReadBack:
         )
 
 
-def _verify_archive(archive: _Archive, crcs: Sequence[int]) -> None:
+def _read_back(checks: Sequence[_ReadBack], fd: int, job: ShardJob) -> list[int]:
+    """Read back a batch of storages; write each one's data descriptor; their CRCs."""
+    crcs = []
+    for check in checks:
+        crc = check.run(job)
+        entry = check.entry
+        write_all(fd, entry.descriptor(crc), entry.data_offset + entry.size)
+        crcs.append(crc)
+    return crcs
+
+
+def _verify_archive(archive: _Archive) -> None:
     """The finished file, read back by ckptfix's reader and by zipfile, must be the plan:
     every name with its dtype, shape, storage and byte range, every record with its CRC."""
-    prefix = f"{ARCHIVE}/data/"
-    starts = {
-        entry.name[len(prefix) :]: entry.data_offset
-        for entry in archive.entries
-        if entry.name.startswith(prefix)
-    }
-    want = [
-        (t.name, t.dtype, t.shape, t.storage_key, True, _span(starts[t.storage_key], t))
+    storages = archive.entries[FIRST_STORAGE:]  # data/0, data/1, ... in key order
+    want = (
+        (t.name, t.dtype, t.shape, t.storage_key, True, storages[int(t.storage_key)].data_range)
         for t in archive.tensors
-    ]
-    planned = [
-        (e.name, e.header_offset, e.size, crc) for e, crc in zip(archive.entries, crcs, strict=True)
-    ]
+    )
+    planned = (
+        (e.name, e.header_offset, e.size, crc)
+        for e, crc in zip(archive.entries, archive.crcs, strict=True)
+    )
     try:
-        got = _read_tensors(archive) if archive.tensors else []
+        same = not archive.tensors or _same(_read_tensors(archive), want)
         with zipfile.ZipFile(archive.path) as opened:
-            records = [(i.filename, i.header_offset, i.file_size, i.CRC) for i in opened.infolist()]
+            records = ((i.filename, i.header_offset, i.file_size, i.CRC) for i in opened.filelist)
+            same = same and _same(records, planned)
     except (CkptfixError, zipfile.BadZipFile) as exc:
+        detail = exc.detail() if isinstance(exc, CkptfixError) else str(exc)
         raise VerificationError(
-            archive.display, f"written file does not read back: {exc}", _BUG
+            archive.display, f"written file does not read back: {detail}", _BUG
         ) from exc
-    if got != want or records != planned:
+    if not same:
         raise VerificationError(archive.display, "written file differs from the plan", _BUG)
 
 
-def _span(start: int, tensor: TensorEntry) -> tuple[int, int]:
-    return start, start + tensor.storage_nbytes
+def _same(got: Iterable[object], want: Iterable[object]) -> bool:
+    missing = object()
+    return all(a == b for a, b in itertools.zip_longest(got, want, fillvalue=missing))
 
 
-def _read_tensors(archive: _Archive) -> list[tuple[object, ...]]:
+def _read_tensors(archive: _Archive) -> Iterator[tuple[object, ...]]:
     """The tensors of a written file as ckptfix's own reader sees them (a file of no
     tensors is not a checkpoint to it, so an empty shard is only checked by zipfile)."""
     with LocalFile(archive.path, archive.display) as source:
         tensors = read_file(source).tensors
-    return [(t.name, t.dtype, t.shape, t.storage, t.contiguous, t.byte_range) for t in tensors]
+    return ((t.name, t.dtype, t.shape, t.storage, t.contiguous, t.byte_range) for t in tensors)
 
 
 def write_torch_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
