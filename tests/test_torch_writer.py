@@ -166,6 +166,7 @@ def test_views_ties_and_every_kind_of_tensor(tmp_path: Path) -> None:
         assert run.code == 0, run.stderr
         for mmap in (False, True):
             assert_round_trip(state, out, mmap=mmap)
+        assert cli("diff", source, out).code == 0  # same names, same bytes, as ckptfix sees them
 
 
 def without_serialization_id(data: bytes) -> tuple[bytes, bytes, bytes]:
@@ -222,6 +223,24 @@ def test_a_cast_and_gathered_views_stream_through_chunks(tmp_path: Path) -> None
         assert loaded[name].dtype == torch.bfloat16
         assert torch.equal(loaded[name], state[name].bfloat16()), name
     assert torch.equal(loaded["i"], state["i"])
+
+
+@pytest.mark.slow
+def test_thousands_of_small_tensors_read_back_in_batches(factory: Factory, tmp_path: Path) -> None:
+    """More storages than one read-back job takes (descriptors written by several jobs), in
+    two shards; `diff` finds the output identical to its source."""
+    from ckptfix.write.torch import READ_BACK_BATCH
+
+    count = 2 * READ_BACK_BATCH + 300
+    specs = [Spec(f"layer.{i}", ["F32", "BF16", "U8"][i % 3], (i % 5, 2)) for i in range(count)]
+    source = factory.safetensors("many.safetensors", specs)
+    out = tmp_path / "out"
+    run = cli("convert", source, "-o", out, "--to", "torch", "--max-shard", "20KB")
+    assert run.code == 0, run.stderr
+    assert len(list(out.glob("*.bin"))) == 2
+    assert read_tensors(out) == read_tensors(source)
+    assert len(loaded_shards(out)) == count
+    assert cli("diff", source, out).code == 0
 
 
 def test_no_verify_still_writes_every_crc(tmp_path: Path) -> None:
