@@ -370,8 +370,7 @@ def test_a_dtype_torch_lacks_is_refused_before_writing(factory: Factory, tmp_pat
         assert run.code == 1
         assert run.error_lines == [
             f"error: {out}: torch has no dtype for F4 (1 tensor(s), e.g. 'packed'), so a .bin "
-            "cannot hold them (convert to safetensors (drop --to torch), or --exclude those "
-            "tensors)"
+            "cannot hold them (convert to safetensors instead, or --exclude those tensors)"
         ]
         assert not out.exists()
     assert cli("convert", source, "-o", out, "--to", "torch", "--exclude", "packed").code == 0

@@ -61,7 +61,7 @@ def check_torch_dtypes(tensors: Iterable[OutTensor], out: str) -> None:
             out,
             f"torch has no dtype for {dtypes} ({len(missing)} tensor(s), e.g. "
             f"{missing[0].name!r}), so a .bin cannot hold them",
-            "convert to safetensors (drop --to torch), or --exclude those tensors",
+            "convert to safetensors instead, or --exclude those tensors",
         )
 
 
