@@ -254,6 +254,11 @@ def _names_notes(plan: ShardPlan) -> list[Text]:
                 "written again"
             )
         )
+    if plan.shared:
+        pairs = [f"{alias} → {kept}" for alias, kept in plan.shared.items()]
+        lines.append(
+            Text(f"shared storage (stored once, loaded as tied tensors): {_listed(pairs)}")
+        )
     if plan.kept_equal:
         groups = [" = ".join(group) for group in plan.kept_equal]
         lines.append(

@@ -23,7 +23,14 @@ from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.report import Report
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
-from ckptfix.plan.shards import ShardPlan, metadata_per_shard, output_name, plan_shards
+from ckptfix.plan.shards import (
+    PlannedShard,
+    ShardPlan,
+    metadata_per_shard,
+    output_name,
+    plan_shards,
+    with_shared,
+)
 from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.extras import copy_extra
@@ -32,6 +39,7 @@ from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, claim_output, staged
+from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
 
 # Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
 DROPPED_KEY = "ckptfix.dropped"
@@ -156,18 +164,33 @@ def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) ->
         copied, left_out = _carry_over(source, outputs)
     else:
         copied, left_out = list(source.extra_files), list(source.left_out)
+    dropped, shared = dict(selection.dropped), {}
+    if options.to == "torch":  # a .bin keeps each alias as a name of its own
+        dropped, shared = {}, dropped
+        plan = replace(plan, shards=_with_aliases(source, selection, plan, shared))
     return replace(
         plan,
         copied_files=tuple(copied),
         left_out=tuple(left_out),
         left_out_reasons={name: source.left_out_reasons[name] for name in left_out},
-        dropped=dict(selection.dropped),
+        dropped=dropped,
         renamed=dict(selection.renamed),
-        dropped_bytes=selection.dropped_bytes,
+        dropped_bytes=selection.dropped_bytes if dropped else 0,
         excluded=selection.excluded,
         kept_equal=selection.kept_equal,
+        shared=shared,
         config_edits=_config_edits(source, copied, options.config_dtype),
     )
+
+
+def _with_aliases(
+    source: RewriteSource, selection: Selection, plan: ShardPlan, shared: dict[str, str]
+) -> tuple[PlannedShard, ...]:
+    """The shards with each alias listed beside its kept tensor, sharing its storage."""
+    excluded = set(selection.excluded)
+    names = [selection.renamed.get(t.name, t.name) for t in source.tensors]
+    kept = [n for t, n in zip(source.tensors, names, strict=True) if t.name not in excluded]
+    return with_shared(plan.shards, kept, shared)
 
 
 def _config_edits(
@@ -207,19 +230,17 @@ def _retype_config(staging: str, plan: ShardPlan) -> None:
     os.replace(temporary, path)
 
 
-def _metadata(
-    source: RewriteSource, selection: Selection, plan: ShardPlan
-) -> tuple[dict[str, str], dict[str, Any]]:
+def _metadata(source: RewriteSource, plan: ShardPlan) -> tuple[dict[str, str], dict[str, Any]]:
     """Header metadata ("format" added) and index metadata, with the dropped -> kept record
-    where loaders and people can find it."""
+    where loaders and people can find it (torch output drops nothing: see _plan)."""
     metadata = dict(source.metadata)
     metadata.setdefault("format", "pt")  # an existing "np" or "mlx" is kept
     index_metadata = dict(source.index_metadata)
-    if selection.dropped:
+    if plan.dropped:
         if plan.index_file is None:
-            metadata[DROPPED_KEY] = json.dumps(selection.dropped, sort_keys=True)
+            metadata[DROPPED_KEY] = json.dumps(plan.dropped, sort_keys=True)
         else:
-            index_metadata[DROPPED_KEY] = dict(sorted(selection.dropped.items()))
+            index_metadata[DROPPED_KEY] = dict(sorted(plan.dropped.items()))
     return metadata, index_metadata
 
 
@@ -228,11 +249,13 @@ def _write(
 ) -> RewriteResult:
     """Plan the shards for a selection, then stage, write, verify and commit them."""
     plan = _plan(source, selection, options)
-    metadata, index_metadata = _metadata(source, selection, plan)
+    metadata, index_metadata = _metadata(source, plan)
     shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
     plan = replace(plan, metadata_scope=scope)
     tensors = {tensor.name: tensor for tensor in selection.tensors}
     torch = options.to == "torch"
+    if torch:
+        check_torch_dtypes(selection.tensors, claim.out)
     headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
     if options.dry_run:
         return RewriteResult(with_remote(source.report, source.checkpoint), plan, None)
@@ -265,8 +288,6 @@ def _stage_and_commit(
 
         job.staging, job.progress = staging.path, advance
         if options.to == "torch":
-            from ckptfix.write.torch import write_torch_shards
-
             written = write_torch_shards(plan, job)
         else:
             written = write_shards(plan, job)

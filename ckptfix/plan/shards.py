@@ -38,6 +38,9 @@ class ShardPlan:
     kept_equal: tuple[tuple[str, ...], ...] = ()  # equal bytes, each name kept (by_content)
     left_out_reasons: dict[str, str] = field(default_factory=dict)  # left-out name -> why
     config_edits: tuple[ConfigEdit, ...] = ()  # dtype values a cast sets in config.json
+    # torch output: alias -> kept name; the alias is a name of its own in the kept tensor's
+    # shard (listed in its `tensors`), sharing its storage, where safetensors drops it
+    shared: dict[str, str] = field(default_factory=dict)
 
     @property
     def total_size(self) -> int:
@@ -64,6 +67,7 @@ class ShardPlan:
             "kept_equal": [list(group) for group in self.kept_equal],
             "left_out_reasons": dict(self.left_out_reasons),
             "config_edits": [edit.to_dict() for edit in self.config_edits],
+            "shared": dict(self.shared),
         }
 
 
@@ -167,4 +171,21 @@ def plan_shards(
         shards=shards,
         index_file=name.index() if count > 1 else None,
         oversized=oversized,
+    )
+
+
+def with_shared(
+    shards: Sequence[PlannedShard], names: Sequence[str], shared: Mapping[str, str]
+) -> tuple[PlannedShard, ...]:
+    """Each shard with the aliases (`shared`: alias -> kept) of its tensors added as names
+    of their own, every shard listing its names in `names` order (the source order)."""
+    home = {name: number for number, shard in enumerate(shards) for name in shard.tensors}
+    listed: list[dict[str, None]] = [{} for _ in shards]
+    for name in (*names, *shared, *home):  # any name `names` missed goes last
+        kept = shared.get(name, name)
+        if kept in home:
+            listed[home[kept]][name] = None
+    return tuple(
+        PlannedShard(shard.file, tuple(names_of), shard.nbytes)
+        for shard, names_of in zip(shards, listed, strict=True)
     )
