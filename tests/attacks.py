@@ -145,6 +145,35 @@ def _compressed_pickle(factory: Factory) -> Path:
     return path
 
 
+def _surrogate_key() -> bytes:
+    """A key pickled as CPython pickles a lone surrogate ("surrogatepass" UTF-8): a name that
+    no safetensors header, JSON document or terminal can hold."""
+    emit = Emit().empty_dict().op(b"X" + struct.pack("<I", 3) + b"\xed\xa0\x80")
+    return emit.tensor("0", "FloatStorage", 6, 0, [2, 3], [3, 1]).op(b"s").stop()
+
+
+def _surrogate_line_key() -> bytes:
+    """The same through the protocol-0 UNICODE opcode (raw-unicode-escape text)."""
+    emit = Emit().empty_dict().op(b"V\\ud800\n")
+    return emit.tensor("0", "FloatStorage", 6, 0, [2, 3], [3, 1]).op(b"s").stop()
+
+
+def _expanded_many(count: int) -> bytes:
+    """`count` tensors, each 4 bytes expanded to 16 GiB (the per-tensor cap): together
+    terabytes claimed from four stored bytes, hours of hashing."""
+    emit = Emit().empty_dict()
+    for number in range(count):
+        emit.string(f"t{number}").tensor("0", "FloatStorage", 1, 0, [2**32], [0]).op(b"s")
+    return emit.stop()
+
+
+def _surrogate_header(factory: Factory) -> Path:
+    """A safetensors header whose name is a \\u escape of a lone surrogate (serde refuses)."""
+    header = b'{"\\ud800":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}'
+    header += b" " * (-len(header) % 8)
+    return factory.bytes("attack.safetensors", struct.pack("<Q", len(header)) + header + bytes(4))
+
+
 _PLAIN = _tensor(Emit().empty_dict()).op(b"s").stop()
 
 ATTACK_CASES = [
@@ -167,6 +196,10 @@ ATTACK_CASES = [
         _zip_patch(_PLAIN, "archive/data.pkl", method=99),
         "compressed-pickle",
     ),
+    Case("lone-surrogate-key", _zip(_surrogate_key()), "bad-pickle"),
+    Case("lone-surrogate-unicode-line", _zip(_surrogate_line_key()), "bad-pickle"),
+    Case("expansion-across-tensors", _zip(_expanded_many(8), {"0": bytes(4)}), "expansion-bomb"),
+    Case("lone-surrogate-header", _surrogate_header, "header-not-json"),
     Case(
         "deflate-over-stored",
         _zip_patch(_PLAIN, "archive/data/0", method=zipfile.ZIP_DEFLATED),

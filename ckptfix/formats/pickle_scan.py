@@ -153,11 +153,19 @@ def _counted(data: bytes, pos: int, width: int) -> tuple[int, int]:
     return start, _need(data, start + int.from_bytes(data[pos:start], "little"))
 
 
+def _not_unicode() -> PickleRejected:
+    # CPython decodes pickled text with "surrogatepass": a lone surrogate would become a
+    # name that no safetensors header, JSON document or terminal can hold.
+    return PickleRejected(
+        "bad-pickle", "pickle holds a string that is not valid Unicode (a lone surrogate)"
+    )
+
+
 def _decode(body: bytes) -> Item:
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError:
-        return 0
+        raise _not_unicode() from None
 
 
 def _decimal(text: bytes) -> int:
@@ -201,6 +209,18 @@ def _unicode(width: int) -> Handler:
 def _line_string(walk: _Walk, data: bytes, pos: int) -> int:
     end = _line(data, pos)
     walk.stack.append(data[pos : end - 1].strip(b"'\"").decode("latin-1"))
+    return end
+
+
+def _line_unicode(walk: _Walk, data: bytes, pos: int) -> int:
+    """UNICODE (protocol 0): raw-unicode-escape text, whose escapes can make surrogates."""
+    end = _line(data, pos)
+    try:
+        text = data[pos : end - 1].decode("raw-unicode-escape")
+        text.encode("utf-8")
+    except UnicodeError:
+        raise _not_unicode() from None
+    walk.stack.append(text)
     return end
 
 
@@ -414,7 +434,8 @@ def _table() -> list[Handler]:
     on("\x8cU", _unicode(1))
     on("XT", _unicode(4))
     on("\x8d", _unicode(8))
-    on("SV", _line_string)
+    on("S", _line_string)
+    on("V", _line_unicode)
     on("q", _binput(1))
     on("r", _binput(4))
     on("h", _binget(1))

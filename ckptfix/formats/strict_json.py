@@ -32,7 +32,24 @@ class _JsonRejected(Exception):
         self.what = what
 
 
+def _unicode(text: str) -> None:
+    """Refuse a string that a \\u escape made a lone surrogate, as the reference (serde)
+    does: no name or metadata value of ours may be text that cannot be written as UTF-8."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _JsonRejected(
+                "header-not-json",
+                f"header is not valid JSON: the string {text[:40]!r} holds a lone surrogate",
+            ) from None
+
+
 def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    for key, value in pairs:
+        _unicode(key)
+        if type(value) is str:
+            _unicode(value)
     result = dict(pairs)
     if len(result) != len(pairs):  # rare: find the culprit only then
         seen: set[str] = set()

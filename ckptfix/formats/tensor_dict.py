@@ -315,5 +315,21 @@ def find_tensor_dict(obj: Any, key: str, display: str) -> TensorDict:
 def check_views(
     display: str, tensors: Mapping[str, TensorRef], storages: Mapping[str, Storage]
 ) -> list[View]:
-    """Validate every chosen tensor once, at the end, on the final objects."""
-    return [check_view(display, name, ref, storages) for name, ref in tensors.items()]
+    """Validate every chosen tensor once, at the end, on the final objects; the expansion cap
+    also holds for the file as a whole (many tensors, each just under the cap, expanding one
+    small storage would claim terabytes from a few bytes)."""
+    views = [check_view(display, name, ref, storages) for name, ref in tensors.items()]
+    expanded = stored = 0
+    for view in views:
+        logical, span = view.numel * view.itemsize, view.span[1] - view.span[0]
+        if logical > span:
+            expanded += logical - span
+            stored += span
+    if expanded > EXPANSION_CAP_BYTES and expanded > EXPANSION_CAP_RATIO * max(stored, 1):
+        raise CorruptFileError(
+            display,
+            "expansion-bomb",
+            f"expanded tensors claim {expanded} bytes more than the {stored} bytes they store",
+            REEXPORT,
+        )
+    return views

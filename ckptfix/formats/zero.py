@@ -14,7 +14,7 @@ from typing import Any
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
-from ckptfix.formats.tensor_dict import View, check_view
+from ckptfix.formats.tensor_dict import View, check_view, check_views
 from ckptfix.formats.torch_zip import read_zip
 from ckptfix.formats.training_pickles import FROM_TYPE, SIZE, stubs
 from ckptfix.formats.unpickler import TORCH_ALLOWLIST, Allowlist, Stub, TensorRef, brief, extended
@@ -96,12 +96,12 @@ def _shapes(value: object, path: str, what: str) -> dict[str, Shape]:
 
 
 def _views(value: object, path: str, what: str, storages: Mapping[str, Any]) -> dict[str, View]:
-    views = {}
+    refs = {}
     for name, ref in _dict(value, path, what).items():
         if type(name) is not str or not isinstance(ref, TensorRef):
             raise _not_states(path, f"{what} maps {brief(name)} to {brief(ref)}, not a tensor")
-        views[name] = check_view(path, name, ref, storages)
-    return views
+        refs[name] = ref
+    return dict(zip(refs, check_views(path, refs, storages), strict=True))
 
 
 def _int(value: object) -> int | None:

@@ -45,8 +45,8 @@ LayoutKey = tuple[object, ...]
 
 
 def name_bytes(name: str) -> bytes:
-    """A tensor name as hashed: UTF-8 (a lone surrogate, which JSON escapes and pickles can
-    carry, is encoded as Python's "surrogatepass" does)."""
+    """A tensor name as hashed: UTF-8. Every reader refuses a lone surrogate (a JSON escape
+    or a pickle can carry one); "surrogatepass" keeps the digest defined for any str."""
     return name.encode("utf-8", "surrogatepass")
 
 

@@ -34,7 +34,7 @@ from ckptfix.plan.shards import (
 from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.extras import copy_extra
-from ckptfix.write.output import check_free_space, wrap_os_error
+from ckptfix.write.output import check_free_space, check_names, wrap_os_error
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
@@ -254,6 +254,7 @@ def _write(
     plan = replace(plan, metadata_scope=scope)
     tensors = {tensor.name: tensor for tensor in selection.tensors}
     torch = options.to == "torch"
+    check_names(selection.tensors)
     if torch:
         check_torch_dtypes(selection.tensors, claim.out)
     headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)

@@ -102,10 +102,21 @@ def _alias_record(
 
 def _string_map(value: object, path: str) -> dict[str, str]:
     if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        _is_name(k) and _is_name(v) for k, v in value.items()
     ):
         raise _bad_record(path, "is not an object of names")
     return dict(value)
+
+
+def _is_name(value: object) -> bool:
+    """A string that is Unicode text (a JSON escape can make a lone surrogate)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _check_record(aliases: Mapping[str, str], stored: Mapping[str, TensorInfo], path: str) -> None:

@@ -6,11 +6,12 @@ from __future__ import annotations
 import errno
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckptfix.core.errors import CkptfixError, WriteError
+from ckptfix.core.errors import CkptfixError, CorruptFileError, WriteError
 from ckptfix.core.sizes import format_size
+from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import write_all
 
@@ -18,6 +19,24 @@ from ckptfix.write.copy import write_all
 def create_file(path: str) -> int:
     # 0o666 and the process umask: the permissions any ordinary tool would give the file.
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+
+
+def check_names(tensors: Iterable[OutTensor]) -> None:
+    """Refuse, before anything is written, a tensor name that is not Unicode text (a lone
+    surrogate, which a pickle can carry): no safetensors header or JSON index can hold it."""
+    for tensor in tensors:
+        if tensor.name.isascii():
+            continue
+        try:
+            tensor.name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CorruptFileError(
+                tensor.source.file,
+                "bad-tensor-name",
+                f"tensor name {tensor.name!r} is not valid Unicode (a lone surrogate), which "
+                "no safetensors header or index can hold",
+                "rename the tensor where the checkpoint is made",
+            ) from None
 
 
 def check_free_space(folder: str, needed: int, out: str) -> None:
