@@ -9,7 +9,9 @@ requests). Nothing outside `io/` needs to know which.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
@@ -20,6 +22,7 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _FIX = "regenerate the index, or fix the entry by hand"  # as formats.index has always said
+_FIXES = {"config": "check that config.json is the model's own; save it again with the model"}
 
 
 class Folder(Protocol):
@@ -64,7 +67,7 @@ class LocalFolder:
 
     def file_names(self, path: str) -> list[str]:
         with os.scandir(path) as listing:
-            return sorted(entry.name for entry in listing if entry.is_file())
+            return sorted(entry.name for entry in listing if _is_file(entry))
 
     def is_file(self, path: str) -> bool:
         return os.path.isfile(path)
@@ -80,10 +83,13 @@ class LocalFolder:
 
     def read_small(self, path: str, display: str, limit: int, what: str) -> bytes:
         try:
-            with open(path, "rb") as handle:
-                size = os.fstat(handle.fileno()).st_size
-                if size > limit:
-                    raise too_large(display, what, size, limit)
+            # O_NONBLOCK: a FIFO put in the file's place after the listing must not hang us.
+            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+                info = os.fstat(handle.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise OSError(errno.EINVAL, "not a regular file")
+                if info.st_size > limit:
+                    raise too_large(display, what, info.st_size, limit)
                 return handle.read(limit + 1)
         except OSError as exc:
             raise CorruptFileError(
@@ -97,9 +103,21 @@ class LocalFolder:
         return [function(item) for item in items]
 
 
+def _is_file(entry: os.DirEntry[str]) -> bool:
+    """A regular file, links followed; a link in a loop (ELOOP) or that cannot be followed
+    is not one, as os.path.isfile says."""
+    try:
+        return entry.is_file()
+    except OSError:
+        return False
+
+
 def too_large(display: str, what: str, size: int, limit: int) -> CorruptFileError:
     return CorruptFileError(
-        display, f"{what}-too-large", f"{what} is {size} bytes, over the {limit} limit", _FIX
+        display,
+        f"{what}-too-large",
+        f"{what} is {size} bytes, over the {limit} limit",
+        _FIXES.get(what, _FIX),
     )
 
 

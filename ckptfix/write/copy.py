@@ -66,7 +66,11 @@ class Transfer:
 
 
 def copy_range(transfer: Transfer, src_offset: int, length: int, dst_offset: int) -> None:
-    """Copy bytes between files, in the kernel where it can (no user-space buffer)."""
+    """Copy bytes between files, in the kernel where it can (no user-space buffer). An
+    empty range copies nothing and reads nothing (an empty view may sit past the end of
+    its storage, and of the file)."""
+    if length <= 0:
+        return
     shift = dst_offset - src_offset
     end = src_offset + length
     done = src_offset

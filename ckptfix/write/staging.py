@@ -87,6 +87,22 @@ def _first_non_folder(path: str) -> str | None:
     return None if os.path.isdir(folder) else folder
 
 
+def _existing_folder(out: str, real_out: str) -> bool:
+    """Whether OUT is an existing folder; refuses what cannot become one."""
+    if os.path.lexists(real_out) and not os.path.exists(real_out):  # realpath stops at a loop
+        raise UsageError(
+            out, "output is a link that cannot be followed (a loop of links)", "choose another -o"
+        )
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise UsageError(out, "output exists and is not a folder", "choose another -o folder")
+    if not os.path.isdir(out):
+        blocker = _first_non_folder(real_out)
+        if blocker is not None:
+            raise UsageError(out, f"{blocker} is not a folder", "choose another -o folder")
+        return False
+    return True
+
+
 def check_output(
     out: str,
     sources: Sequence[str],
@@ -107,14 +123,7 @@ def check_output(
                 f"output overlaps the input {source}",
                 "choose another -o folder, or use --in-place",
             )
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UsageError(out, "output exists and is not a folder", "choose another -o folder")
-    if not os.path.isdir(out):
-        blocker = _first_non_folder(real_out)
-        if blocker is not None:
-            raise UsageError(out, f"{blocker} is not a folder", "choose another -o folder")
-        return
-    if not os.listdir(out):
+    if not _existing_folder(out, real_out) or not os.listdir(out):
         return
     if not force:
         raise UsageError(out, "output folder exists and is not empty", "pass --force to replace it")

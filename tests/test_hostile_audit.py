@@ -1,0 +1,168 @@
+"""Holes found by the audit of issue 8 after its first round: each test builds the hostile
+input and asserts the promise (a correct result, or exit 1 and one error line naming the
+file and the rule; nothing read that the user did not name; never a hang)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from pathlib import Path
+
+import pytest
+
+from ckptfix.core.errors import CorruptFileError
+from ckptfix.core.tensor import TensorInfo
+from ckptfix.io.folder import LOCAL
+from ckptfix.plan.select import OutTensor
+from tests.builders import Emit, Factory, Spec, zip_checkpoint
+from tests.helpers import cli, tensor_names
+
+
+@pytest.fixture
+def model(factory: Factory) -> Path:
+    folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
+    factory.config("m")
+    return folder
+
+
+# An empty view may point anywhere -------------------------------------------------------------
+
+
+def _empty_view_past_the_end(factory: Factory) -> Path:
+    """A scalar, and an empty (0, 5) view whose offset lies far past the end of the file:
+    torch.save writes such views, and nothing of them is ever read."""
+    emit = Emit().empty_dict().string("s").tensor("0", "FloatStorage", 6, 5, [], []).op(b"s")
+    emit.string("z").tensor("0", "FloatStorage", 6, 2**40, [0, 5], [5, 1]).op(b"s")
+    return zip_checkpoint(
+        factory.path("empty.pt"), emit.stop(), {"0": struct.pack("<6f", *range(6))}
+    )
+
+
+@pytest.mark.parametrize("to", ["safetensors", "torch"])
+def test_an_empty_view_past_the_end_is_written(factory: Factory, to: str) -> None:
+    """It was refused as "file ended early: it changed during the run" (a zero-length copy
+    checked the file's size against its offset)."""
+    from safetensors.numpy import load_file
+
+    out = factory.root / "out"
+    run = cli("convert", _empty_view_past_the_end(factory), "-o", out, "--to", to)
+    assert run.code == 0, run.stderr
+    if to == "safetensors":
+        loaded = load_file(out / "model.safetensors")
+        assert loaded["s"].shape == () and loaded["s"].tobytes() == struct.pack("<f", 5)
+        assert loaded["z"].shape == (0, 5)
+    else:
+        assert cli("inspect", out / "pytorch_model.bin").code == 0
+
+
+# Names that are not Unicode text --------------------------------------------------------------
+
+
+def test_a_name_that_is_not_unicode_is_refused_before_writing() -> None:
+    """The writers' own guard (every reader refuses such names first; see tests/attacks.py):
+    a safetensors header or a JSON index cannot hold a lone surrogate."""
+    from ckptfix.write.output import check_names
+
+    source = TensorInfo("\ud800", "F32", (1,), 4, "in.pt", (0, 4))
+    with pytest.raises(CorruptFileError) as caught:
+        check_names([OutTensor("ok", source, "F32"), OutTensor("\ud800", source, "F32")])
+    assert caught.value.rule == "bad-tensor-name" and caught.value.path == "in.pt"
+
+
+def test_an_alias_record_that_is_not_unicode_is_refused(factory: Factory) -> None:
+    """`hash --json` printed an internal error (orjson cannot write a lone surrogate)."""
+    record = json.dumps({"\ud800": "a"})  # ASCII: the surrogate is a \u escape
+    path = factory.safetensors("m.safetensors", [Spec("a")], {"ckptfix.dropped": record})
+    run = cli("hash", path, "--json")
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: {path}: the ckptfix.dropped record is not an object of names (rule "
+        "alias-record; rewrite it with `ckptfix convert`, or pass --no-alias-record to ignore it)"
+    ]
+
+
+# Links and special files in the folder --------------------------------------------------------
+
+
+def test_a_loop_of_links_in_the_folder(model: Path, tmp_path: Path) -> None:
+    """Listing the folder raised ELOOP: `internal error` from every command."""
+    os.symlink("loop2", model / "loop1")
+    os.symlink("loop1", model / "loop2")
+    os.symlink("model.safetensors", model / "self.safetensors.link")
+    assert cli("inspect", model).code == 0
+    assert cli("hash", model).code == 0
+    out = tmp_path / "out"
+    run = cli("reshard", model, "-o", out)
+    assert run.code == 0, run.stderr
+    assert os.readlink(out / "loop1") == "loop2" and os.readlink(out / "loop2") == "loop1"
+    assert tensor_names(out) == ["a", "b"]
+
+
+def test_a_link_to_a_file_outside_the_folder_is_not_read(model: Path, tmp_path: Path) -> None:
+    """A downloaded folder may link `tokenizer.json` to ~/.ssh/id_rsa: -o copied the key into
+    the output (to be uploaded with it). Only a Hugging Face cache snapshot's links into its
+    blobs are copied as files (test_output_safety.test_hub_cache_snapshot_links_...)."""
+    secret = tmp_path / "home" / ".ssh" / "id_rsa"
+    secret.parent.mkdir(parents=True)
+    secret.write_bytes(b"PRIVATE KEY")
+    os.symlink(secret, model / "tokenizer.json")
+    (model / "sub").mkdir()
+    os.symlink("../../home/.ssh/id_rsa", model / "sub" / "vocab.txt")
+    out = tmp_path / "out"
+    run = cli("convert", model, "-o", out)
+    assert run.code == 0, run.stderr
+    assert os.readlink(out / "tokenizer.json") == str(secret)
+    assert os.readlink(out / "sub" / "vocab.txt") == "../../home/.ssh/id_rsa"
+    for folder, _, files in os.walk(out):
+        for name in files:
+            path = Path(folder) / name
+            assert path.is_symlink() or b"PRIVATE KEY" not in path.read_bytes()
+
+
+def test_a_fifo_in_place_of_a_side_file_is_not_waited_for(tmp_path: Path) -> None:
+    """A FIFO swapped in after the listing: opening it for reading blocked until a writer
+    came, for ever."""
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)
+    result: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            LOCAL.read_small(str(fifo), str(fifo), 2**20, "config")
+        except CorruptFileError as exc:
+            result.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # unblock the thread, then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading a FIFO blocked")
+    assert len(result) == 1 and result[0].rule == "unreadable"
+
+
+def test_a_config_too_large_says_what_to_do_with_a_config(model: Path) -> None:
+    with open(model / "config.json", "wb") as handle:
+        handle.truncate(2**25)  # sparse: 32 MiB of nothing
+    run = cli("inspect", model)
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: {model / 'config.json'}: config is {2**25} bytes, over the 16777216 limit "
+        "(rule config-too-large; check that config.json is the model's own; save it again "
+        "with the model)"
+    ]
+
+
+def test_output_that_is_a_loop_of_links(model: Path, tmp_path: Path) -> None:
+    """It said that another program had created OUT during the run."""
+    os.symlink(tmp_path / "l2", tmp_path / "l1")
+    os.symlink(tmp_path / "l1", tmp_path / "l2")
+    run = cli("reshard", model, "-o", tmp_path / "l1")
+    assert run.code == 2
+    assert run.error_lines == [
+        f"error: {tmp_path / 'l1'}: output is a link that cannot be followed (a loop of links) "
+        "(rule usage; choose another -o)"
+    ]
+    assert os.readlink(tmp_path / "l1") == str(tmp_path / "l2")
