@@ -166,3 +166,38 @@ def test_output_that_is_a_loop_of_links(model: Path, tmp_path: Path) -> None:
         "(rule usage; choose another -o)"
     ]
     assert os.readlink(tmp_path / "l1") == str(tmp_path / "l2")
+
+
+# hash --manifest OUT -------------------------------------------------------------------------
+
+
+def test_a_manifest_never_replaces_the_checkpoint(model: Path, factory: Factory) -> None:
+    """`hash model.safetensors --manifest model.safetensors` replaced the model with its own
+    manifest, exit 0."""
+    single = factory.safetensors("single.safetensors", [Spec("w")])
+    data = single.read_bytes()
+    run = cli("hash", single, "--manifest", single)
+    assert run.code == 2
+    assert run.error_lines == [
+        f"error: {single}: is a file of the input {single}; the manifest would replace it "
+        "(rule usage; write the manifest to a new file, or outside the checkpoint)"
+    ]
+    assert single.read_bytes() == data
+    config = (model / "config.json").read_bytes()
+    run = cli("hash", model, "--manifest", model / "config.json")
+    assert run.code == 2 and "the manifest would replace it" in run.error_lines[0]
+    assert (model / "config.json").read_bytes() == config
+    fresh = model / "model.manifest.json"  # a new file beside the weights is fine
+    assert cli("hash", model, "--manifest", fresh).code == 0
+    assert json.loads(fresh.read_text())["tensor_count"] == 2
+
+
+def test_a_manifest_names_the_file_it_replaces(model: Path, tmp_path: Path) -> None:
+    target = tmp_path / "notes.json"
+    run = cli("hash", model, "--manifest", target)
+    assert run.code == 0 and run.stdout.rstrip().endswith(f"manifest written to {target}")
+    run = cli("hash", model, "--manifest", target)
+    assert run.code == 0
+    assert run.stdout.rstrip().endswith(
+        f"manifest written to {target} (it replaced the file of that name)"
+    )

@@ -43,19 +43,24 @@ def hash_command(
     """
     from ckptfix.ops.hash import HashOptions, hash_checkpoint
 
+    replaced = False
+    if manifest is not None:
+        from ckptfix.ops.manifest import check_manifest_out
+
+        check_manifest_out(manifest, input_path(path))  # before hashing, not after
     with _progress(not json_output and sys.stderr.isatty(), "hashing") as advance:
         options = HashOptions(alias_record=not no_alias_record, progress=advance)
         result = hash_checkpoint(input_path(path), options)
     if manifest is not None:
         from ckptfix.ops.manifest import write_manifest
 
-        write_manifest(result.to_dict(), manifest)
+        replaced = write_manifest(result.to_dict(), manifest, input_path(path))
     if json_output:
         _write_json(result.to_dict())
     else:
         from ckptfix.cli import render_hash
 
-        render_hash.hash_result(result, show_tensors=tensors, manifest=manifest)
+        render_hash.hash_result(result, show_tensors=tensors, manifest=manifest, replaced=replaced)
 
 
 class DiffFailOn(str, Enum):

@@ -26,7 +26,11 @@ def _short(digest: str) -> str:
 
 
 def hash_result(
-    result: HashResult, *, show_tensors: bool, manifest: str | os.PathLike[str] | None
+    result: HashResult,
+    *,
+    show_tensors: bool,
+    manifest: str | os.PathLike[str] | None,
+    replaced: bool = False,
 ) -> None:
     console = _console()
     console.print(Text(f"{result.digest}  {result.path}"), soft_wrap=True)
@@ -36,6 +40,8 @@ def hash_result(
         details += f"; {len(result.aliases)} name(s) from the ckptfix.dropped record"
     if manifest is not None:
         details += f"; manifest written to {os.fspath(manifest)}"
+        if replaced:
+            details += " (it replaced the file of that name)"
     console.print(Text(details, style="dim"), soft_wrap=True)
     if show_tensors:
         for tensor in result.tensors:

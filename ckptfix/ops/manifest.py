@@ -17,6 +17,7 @@ from ckptfix.core.errors import CkptfixError, CorruptFileError, UsageError, Writ
 from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.signals import current as current_signals
+from ckptfix.io.urls import is_url
 from ckptfix.ops.digest import (
     ALGORITHM,
     WORKERS,
@@ -73,22 +74,46 @@ class ManifestCheck:
         }
 
 
-def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str]) -> str:
+def check_manifest_out(out: str | os.PathLike[str], source: str) -> bool:
+    """Refuse a manifest path that would replace the checkpoint's own file (`hash model.bin
+    --manifest model.bin`) or a file in its folder; True when OUT replaces another file."""
+    shown = os.fspath(out)
+    target = os.path.realpath(shown)
+    if not os.path.lexists(target):
+        return False
+    if not os.path.isfile(target):
+        raise UsageError(shown, "is not a regular file", "name a file for the manifest")
+    if not is_url(source) and any(
+        _within(path(shown), path(source)) for path in (os.path.abspath, os.path.realpath)
+    ):  # abspath too: a cache snapshot's file is a link into its blobs
+        raise UsageError(
+            shown,
+            f"is a file of the input {source}; the manifest would replace it",
+            "write the manifest to a new file, or outside the checkpoint",
+        )
+    return True
+
+
+def _within(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str], source: str) -> bool:
     """Write the document to `out` atomically: a new temporary file beside it, fsynced, then
-    renamed over it. Nothing else is ever replaced; a link named OUT is written through."""
+    renamed over it. Nothing else is ever replaced; a link named OUT is written through.
+    Returns whether an existing file was replaced (the output names it)."""
     import orjson
 
     shown = os.fspath(out)
     target = os.path.realpath(shown)
-    if os.path.lexists(target) and not os.path.isfile(target):
-        raise UsageError(shown, "is not a regular file", "name a file for the manifest")
+    replaced = check_manifest_out(out, source)
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         raise UsageError(shown, "its folder does not exist", "create it first")
     data = orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n"
     with _held():
         _replace(shown, target, data)
-    return shown
+    return replaced
 
 
 @contextlib.contextmanager
