@@ -143,13 +143,18 @@ def test_every_command_succeeds_exactly_or_fails_cleanly(
     root = tmp_path_factory.mktemp("mutated")
     path = root / ("model.safetensors" if form == "safetensors" else "model.bin")
     path.write_bytes(data)
-    commands = ["convert", "dedupe"] + (["reshard"] if form == "safetensors" else [])
-    run, _, _ = _bounded_run("inspect", path, size=len(data))
-    assert run.code in (0, 1) and "Traceback" not in run.stderr
-    assert all(line.startswith("error: ") for line in run.error_lines), run.stderr
+    commands = [["convert"], ["convert", "--to", "torch"], ["dedupe"]]
+    commands += [["reshard"]] if form == "safetensors" else []
+    for reader in (["inspect", path], ["hash", path], ["diff", path, path]):
+        run, _, _ = _bounded_run(*reader, size=len(data))
+        assert run.code in (0, 1), (reader, run.stderr)
+        assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+        if run.code == 1 and reader[0] != "inspect":  # the same file: never "different"
+            assert len(run.error_lines) == 1, run.stderr
+        assert all(line.startswith("error: ") for line in run.error_lines), run.stderr
     for command in commands:
-        out = root / f"out-{command}"
-        run, _, _ = _bounded_run(command, path, "-o", out, "--max-shard", "64", size=len(data))
+        out = root / f"out-{'-'.join(command)}"
+        run, _, _ = _bounded_run(*command, path, "-o", out, "--max-shard", "64", size=len(data))
         assert "Traceback" not in run.stderr and "internal error" not in run.stderr
         if run.code != 0:
             assert run.code == 1 and len(run.error_lines) == 1, run.stderr
