@@ -122,16 +122,22 @@ def test_a_link_to_a_file_outside_the_folder_is_not_read(model: Path, tmp_path: 
             assert path.is_symlink() or b"PRIVATE KEY" not in path.read_bytes()
 
 
-def test_a_fifo_in_place_of_a_side_file_is_not_waited_for(tmp_path: Path) -> None:
-    """A FIFO swapped in after the listing: opening it for reading blocked until a writer
-    came, for ever."""
+@pytest.mark.parametrize("opened", ["side file", "weight file"])
+def test_a_fifo_in_place_of_a_file_is_not_waited_for(tmp_path: Path, opened: str) -> None:
+    """A FIFO swapped in after the listing (or the check of a named path): opening it for
+    reading blocked until a writer came, for ever."""
+    from ckptfix.io.source import LocalFile
+
     fifo = tmp_path / "config.json"
     os.mkfifo(fifo)
     result: list[BaseException] = []
 
     def read() -> None:
         try:
-            LOCAL.read_small(str(fifo), str(fifo), 2**20, "config")
+            if opened == "side file":
+                LOCAL.read_small(str(fifo), str(fifo), 2**20, "config")
+            else:
+                LocalFile(str(fifo)).read_at(0, 8)
         except CorruptFileError as exc:
             result.append(exc)
 

@@ -8,8 +8,10 @@ same interface with ranged requests; nothing else in ckptfix needs to know the d
 
 from __future__ import annotations
 
+import errno
 import io
 import os
+import stat
 import threading
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
@@ -62,6 +64,17 @@ def pread_exact(fd: int, offset: int, size: int, label: str | None = None) -> by
     return b"".join(parts)
 
 
+def _open_regular(path: str) -> int:
+    """A read-only descriptor of a regular file. O_NONBLOCK: a FIFO put in the file's place
+    after it was checked must be refused, not waited on for ever (it means nothing for
+    reading a regular file)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file")
+    return fd
+
+
 class LocalFile:
     """A local file, opened read-only on first use and kept open (one descriptor)."""
 
@@ -88,7 +101,7 @@ class LocalFile:
         with self._lock:
             if self._fd is None:
                 try:
-                    self._fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    self._fd = _open_regular(self.path)
                 except OSError as exc:
                     raise CorruptFileError(
                         self._label,
