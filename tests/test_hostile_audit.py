@@ -258,3 +258,15 @@ def test_a_million_tensors_in_one_header(tmp_path: Path) -> None:
     assert re.search(r"^Tensors +1,000,000 *$", run.stdout, re.MULTILINE), run.stdout
     assert run.peak_rss < 1300 * 2**20, run.peak_rss
     assert run.seconds < 20, run.seconds
+
+
+def test_a_pipeline_component_outside_the_pipeline_is_not_read(factory: Factory) -> None:
+    """model_index.json naming ".." made inspect and hash read the weights of the folder
+    above the pipeline, which the user never named."""
+    factory.safetensors("outside.safetensors", [Spec("secret")])
+    factory.safetensors("pipe/unet/diffusion_pytorch_model.safetensors", [Spec("u")])
+    components = {"_class_name": "P", "unet": ["diffusers", "U"], "..": ["diffusers", "E"]}
+    factory.bytes("pipe/model_index.json", json.dumps({**components, ".": ["x", "S"]}).encode())
+    run = cli("inspect", factory.root / "pipe", "--json")
+    assert run.code == 0, run.stderr
+    assert [tensor["name"] for tensor in run.json()["tensors"]] == ["u"]

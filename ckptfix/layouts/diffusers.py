@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 
+from ckptfix.formats.dcp import plain_file_name
 from ckptfix.layouts.names import scan_folder
 
 MODEL_INDEX = "model_index.json"
@@ -32,7 +33,7 @@ def components(root: str) -> list[str]:
         if isinstance(value, list)
         and len(value) == 2
         and not name.startswith("_")
-        and os.sep not in name
+        and plain_file_name(name)  # never "..": a folder the user did not name
         and _holds_weights(os.path.join(root, name))
     ]
 
