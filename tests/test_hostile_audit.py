@@ -270,3 +270,25 @@ def test_a_pipeline_component_outside_the_pipeline_is_not_read(factory: Factory)
     run = cli("inspect", factory.root / "pipe", "--json")
     assert run.code == 0, run.stderr
     assert [tensor["name"] for tensor in run.json()["tensors"]] == ["u"]
+
+
+def test_a_folder_inside_a_cache_snapshot_copies_its_blobs(
+    factory: Factory, tmp_path: Path
+) -> None:
+    """A pipeline component of a cached snapshot (`snapshots/<rev>/unet`): its links into
+    ../../../blobs are still the files a loader reads, and are copied."""
+    built = factory.safetensors("built/diffusion_pytorch_model.safetensors", [Spec("u")])
+    cache = tmp_path / "models--org--pipe"
+    (cache / "blobs").mkdir(parents=True)
+    unet = cache / "snapshots" / "abc123" / "unet"
+    unet.mkdir(parents=True)
+    for number, (name, data) in enumerate(
+        [(built.name, built.read_bytes()), ("config.json", b'{"sample_size": 64}')]
+    ):
+        (cache / "blobs" / f"blob{number}").write_bytes(data)
+        os.symlink(f"../../../blobs/blob{number}", unet / name)
+    out = tmp_path / "out"
+    run = cli("reshard", unet, "-o", out)
+    assert run.code == 0, run.stderr
+    config = out / "config.json"
+    assert not config.is_symlink() and config.read_bytes() == b'{"sample_size": 64}'

@@ -26,6 +26,20 @@ def snapshot_of(path: str) -> str | None:
     return repo
 
 
+def blobs_of(path: str) -> str | None:
+    """The `blobs/` folder of the cache repository whose snapshot holds `path` (the snapshot
+    itself or a folder in it, such as a pipeline's `unet/`), or None."""
+    folder = os.path.normpath(os.path.abspath(path))
+    while True:
+        repo = snapshot_of(folder)
+        if repo is not None:
+            return os.path.join(repo, "blobs")
+        parent = os.path.dirname(folder)
+        if parent == folder:
+            return None
+        folder = parent
+
+
 def snapshots(repo: str) -> list[str]:
     """The revisions a cache repository holds, newest first."""
     folder = os.path.join(repo, "snapshots")

@@ -4,10 +4,10 @@ holds), carried into the output entry by entry.
 Nothing here walks into a link or opens anything but a regular file:
 - a folder is recreated and its entries carried by the same rules;
 - a link is recreated with the same target text, except (for -o) in a Hugging Face cache
-  snapshot (`.../snapshots/<revision>/`), whose files are links into the repository's
-  `blobs/` folder: a link to a regular file there is copied, since it is what a loader
-  would read. A link to any other file outside the folder is never followed (a downloaded
-  folder may link to ~/.ssh/id_rsa);
+  snapshot (`.../snapshots/<revision>/`, or a folder in it), whose files are links into
+  the repository's `blobs/` folder: a link to a regular file there is copied, since it is
+  what a loader would read. A link to any other file outside the folder is never followed
+  (a downloaded folder may link to ~/.ssh/id_rsa);
 - a regular file is copied (and fsynced), or for --in-place hard-linked;
 - a FIFO, socket or device is never opened: -o leaves it out (the plan lists it, see
   `special_files`), --in-place keeps it by a hard link.
@@ -21,6 +21,7 @@ import stat
 from collections.abc import Sequence
 
 from ckptfix.core.errors import WriteError
+from ckptfix.layouts.hub import blobs_of
 from ckptfix.write.results import WrittenFile
 
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
@@ -95,17 +96,10 @@ def _copy_file(source: str, target: str) -> int:
         os.close(reader)
 
 
-def _blobs(root: str) -> str | None:
-    """The `blobs/` folder of the Hugging Face cache repository whose snapshot `root` is."""
-    if os.path.basename(os.path.dirname(root)) != "snapshots":
-        return None
-    return os.path.join(os.path.dirname(os.path.dirname(root)), "blobs")
-
-
 def _carry_link(source: str, target: str, root: str, link: bool) -> int | None:
     """Recreate a link, or copy the cache blob it points to (-o only). Returns the bytes
     copied, None for a link."""
-    blobs = _blobs(root)
+    blobs = blobs_of(root)
     if not link and blobs is not None:
         try:
             pointed = os.stat(source)
