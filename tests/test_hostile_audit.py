@@ -292,3 +292,31 @@ def test_a_folder_inside_a_cache_snapshot_copies_its_blobs(
     assert run.code == 0, run.stderr
     config = out / "config.json"
     assert not config.is_symlink() and config.read_bytes() == b'{"sample_size": 64}'
+
+
+def test_a_folder_swapped_for_a_link_during_the_copy_is_not_followed(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Extra files were copied by path: a sub-folder replaced by a link to ~/.ssh after it
+    was listed (someone else writing in the folder) had the secret copied into OUT. They are
+    now read through the descriptors of the folders that were listed."""
+    from ckptfix.write import extras
+
+    secret = tmp_path / "home" / ".ssh"
+    secret.mkdir(parents=True)
+    (secret / "a.txt").write_bytes(b"PRIVATE KEY")
+    (model / "sub").mkdir()
+    (model / "sub" / "a.txt").write_bytes(b"notes")
+    real_copy = extras._copy_file
+
+    def swap_then_copy(entry: object, target: str) -> int:
+        if str(getattr(entry, "shown", entry)).endswith(os.path.join("sub", "a.txt")):
+            os.rename(model / "sub", model / "sub.moved")
+            os.symlink(secret, model / "sub")
+        return real_copy(entry, target)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(extras, "_copy_file", swap_then_copy)
+    out = tmp_path / "out"
+    run = cli("reshard", model, "-o", out)
+    assert run.code == 0, run.stderr
+    assert (out / "sub" / "a.txt").read_bytes() == b"notes"

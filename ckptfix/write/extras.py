@@ -18,13 +18,16 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 from ckptfix.core.errors import WriteError
 from ckptfix.layouts.hub import blobs_of
 from ckptfix.write.results import WrittenFile
 
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _CHUNK = 2**30
 
 
@@ -74,14 +77,31 @@ def _copy_data(source: int, target: int) -> int:
     return copied
 
 
-def _copy_file(source: str, target: str) -> int:
-    """Copy a regular file with its permission bits and times; fsync it."""
-    reader = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+@dataclass(frozen=True)
+class _Entry:
+    """An entry being carried: its name in the folder open as `dir_fd`, its path from the
+    source root, and the path shown in errors."""
+
+    dir_fd: int
+    name: str
+    relative: str
+    shown: str
+
+
+def _copy_file(entry: _Entry | str, target: str) -> int:
+    """Copy a regular file with its permission bits and times; fsync it. An entry is opened
+    relative to its folder's descriptor, never through a path a link could redirect."""
+    if isinstance(entry, _Entry):
+        shown = entry.shown
+        reader = os.open(entry.name, _READ_FLAGS, dir_fd=entry.dir_fd)
+    else:
+        shown = entry
+        reader = os.open(entry, _READ_FLAGS)
     try:
         info = os.fstat(reader)
         if not stat.S_ISREG(info.st_mode):  # swapped for something else since it was listed
             raise WriteError(
-                source, "is no longer a regular file: it changed during the run", "run again"
+                shown, "is no longer a regular file: it changed during the run", "run again"
             )
         writer = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
@@ -96,11 +116,12 @@ def _copy_file(source: str, target: str) -> int:
         os.close(reader)
 
 
-def _carry_link(source: str, target: str, root: str, link: bool) -> int | None:
+def _carry_link(entry: _Entry, target: str, root: str, link: bool) -> int | None:
     """Recreate a link, or copy the cache blob it points to (-o only). Returns the bytes
     copied, None for a link."""
     blobs = blobs_of(root)
     if not link and blobs is not None:
+        source = os.path.join(root, entry.relative)
         try:
             pointed = os.stat(source)
         except OSError:  # dangling, or a loop
@@ -108,23 +129,23 @@ def _carry_link(source: str, target: str, root: str, link: bool) -> int | None:
         resolved = os.path.realpath(source)
         if pointed is not None and stat.S_ISREG(pointed.st_mode) and _inside(resolved, blobs):
             return _copy_file(resolved, target)
-    os.symlink(os.readlink(source), target)
+    os.symlink(os.readlink(entry.name, dir_fd=entry.dir_fd), target)
     return None
 
 
-def _hard_link(source: str, target: str, regular: bool) -> None:
+def _hard_link(entry: _Entry, target: str, regular: bool) -> None:
     try:
-        os.link(source, target, follow_symlinks=False)
+        os.link(entry.name, target, src_dir_fd=entry.dir_fd, follow_symlinks=False)
     except OSError as exc:
         if exc.errno not in _NO_LINK:
             raise
         if not regular:
             raise WriteError(
-                source,
+                entry.shown,
                 "cannot keep a FIFO, socket or device across file systems",
                 "move it out of the folder, then run again",
             ) from exc
-        _copy_file(source, target)
+        _copy_file(entry, target)
 
 
 def _fsync_dir(path: str) -> None:
@@ -135,34 +156,80 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+class _Carrier:
+    """Carries entries into `staging` by the rules above; folders are walked through their
+    descriptors (O_NOFOLLOW), so a folder swapped for a link during the run is refused,
+    never walked into."""
+
+    def __init__(self, source_root: str, staging: str, link: bool) -> None:
+        self.source_root, self.staging, self.link = source_root, staging, link
+        self.root = os.path.realpath(source_root)
+        self.written: list[WrittenFile] = []
+        self.folders: list[tuple[str, int]] = []
+
+    def carry(self, entry: _Entry) -> int | None:
+        """Carry one entry; for a folder, return its descriptor (the caller walks it)."""
+        info = os.stat(entry.name, dir_fd=entry.dir_fd, follow_symlinks=False)
+        target, mode = os.path.join(self.staging, entry.relative), info.st_mode
+        if stat.S_ISDIR(mode):
+            folder = os.open(entry.name, _FOLDER_FLAGS, dir_fd=entry.dir_fd)
+            os.mkdir(target)
+            self.folders.append((target, mode))
+            return folder
+        if stat.S_ISLNK(mode):
+            copied = _carry_link(entry, target, self.root, self.link)
+            if copied is not None:
+                self.written.append(WrittenFile(entry.relative, copied))
+        elif stat.S_ISREG(mode):
+            if self.link:
+                _hard_link(entry, target, regular=True)
+                size = info.st_size
+            else:
+                size = _copy_file(entry, target)
+            self.written.append(WrittenFile(entry.relative, size))
+        elif self.link:
+            _hard_link(entry, target, regular=False)
+        return None
+
+    def walk(self, top: int, names: Sequence[str]) -> None:
+        """Depth first, parents before children; one descriptor open per level."""
+        stack: list[tuple[int, str, Iterator[str]]] = [(top, "", iter(names))]
+        try:
+            while stack:
+                fd, folder, pending = stack[-1]
+                name = next(pending, None)
+                if name is None:
+                    stack.pop()
+                    if fd != top:
+                        os.close(fd)
+                    continue
+                relative = os.path.join(folder, name)
+                shown = os.path.join(self.source_root, relative)
+                child = self.carry(_Entry(fd, name, relative, shown))
+                if child is not None:
+                    with os.scandir(child) as listing:
+                        children = sorted(item.name for item in listing)
+                    stack.append((child, relative, iter(children)))
+        finally:
+            for fd, _, _ in stack:
+                if fd != top:
+                    os.close(fd)
+
+
 def copy_extra(
     source_root: str, names: Sequence[str], staging: str, *, link: bool = False
 ) -> list[WrittenFile]:
     """Carry the named entries of `source_root` into `staging` by the rules above (`link`:
     hard-link, for --in-place); returns the regular files written, with their sizes."""
-    root = os.path.realpath(source_root)
-    written = []
-    folders = []
-    for relative, info in _walk(source_root, names):
-        source, target = os.path.join(source_root, relative), os.path.join(staging, relative)
-        mode = info.st_mode
-        if stat.S_ISDIR(mode):
-            os.mkdir(target)
-            folders.append((target, mode))
-        elif stat.S_ISLNK(mode):
-            copied = _carry_link(source, target, root, link)
-            if copied is not None:
-                written.append(WrittenFile(relative, copied))
-        elif stat.S_ISREG(mode):
-            if link:
-                _hard_link(source, target, regular=True)
-                size = info.st_size
-            else:
-                size = _copy_file(source, target)
-            written.append(WrittenFile(relative, size))
-        elif link:
-            _hard_link(source, target, regular=False)
-    for target, mode in reversed(folders):  # innermost first: permissions may forbid writing
+    carrier = _Carrier(source_root, staging, link)
+    top = os.open(source_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        carrier.walk(top, names)
+    finally:
+        os.close(top)
+    for target, mode in reversed(
+        carrier.folders
+    ):  # innermost first: permissions may forbid writing
         _fsync_dir(target)
         os.chmod(target, stat.S_IMODE(mode))
-    return written
+    return carrier.written
