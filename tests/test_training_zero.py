@@ -7,6 +7,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,6 +29,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 zero_saved = fixtures.zero_saved  # fixtures shared by the training tests
+copy_of = fixtures.copy_of
 NAMES = [f"zero{stage}_{dtype}" for stage, dtype in ZERO_CONFIGS if stage]  # zero_to_fp32's
 
 
@@ -181,6 +185,54 @@ def test_hash_is_the_digest_of_what_zero_to_fp32_reconstructs(
     assert result.identical, result.to_dict()
     run = cli("diff", folder, tmp_path / "out", "--values")
     assert run.code == 0 and run.stdout.startswith("identical: 8 tensors"), run.stdout
+
+
+def test_a_dynamic_loss_scaler_is_read_as_data(
+    zero_saved: Path, copy_of: Callable[[Path], Path], tmp_path: Path
+) -> None:
+    """fp16 runs save a DynamicLossScaler (which holds a torch dtype); DeepSpeed cannot train
+    fp16 on CPU, so a saved stage-2 checkpoint gets one put in by DeepSpeed's own class."""
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    folder = copy_of(zero_saved / "zero2_fp32")
+    for path in (folder / "global_step2").glob("*optim_states.pt"):
+        states = torch.load(path, weights_only=False)  # our own fixture
+        optimizer = states["optimizer_state_dict"]
+        optimizer["loss_scaler"] = DynamicLossScaler(
+            init_scale=2.0**16,
+            scale_window=1000,
+            min_scale=1.0,
+            delayed_shift=2,
+            consecutive_hysteresis=False,
+            dtype=torch.float16,
+        )
+        optimizer["dynamic_loss_scale"] = True
+        torch.save(states, path)
+    oracle = _oracle(folder)
+    written, dropped = _converted(folder, tmp_path / "out")
+    for key, tensor in oracle.items():
+        assert torch_bytes(written[dropped.get(key, key)]) == torch_bytes(tensor), key
+
+
+def test_deepspeed_is_never_imported(zero_saved: Path, tmp_path: Path) -> None:
+    probe = (
+        "import sys, ckptfix\n"
+        "for name in ('zero2_bf16', 'zero3_bf16'):\n"
+        "    folder = sys.argv[1] + '/' + name\n"
+        "    assert ckptfix.inspect(folder).tensor_count == 8\n"
+        "    ckptfix.convert(folder, sys.argv[2] + '/' + name)\n"
+        "    ckptfix.hash_checkpoint(folder)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(zero_saved), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "zero3_bf16" / "model.safetensors").is_file()
 
 
 def test_buffers_are_written_in_fp32_like_zero_to_fp32(zero_saved: Path) -> None:
