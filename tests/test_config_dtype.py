@@ -1,4 +1,4 @@
-"""convert --dtype sets the dtype config.json names, keeping every other byte (issue 10.9)."""
+"""convert --dtype sets the dtype config.json names, keeping every other byte."""
 
 from __future__ import annotations
 
