@@ -591,6 +591,14 @@ def bench_remote(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_startup(repeat: int) -> None:
+    """Start-up time (`ckptfix inspect --help` and others): bench/startup.py."""
+    import startup
+
+    for row in startup.bench_startup(repeat):
+        print(row, flush=True)
+
+
 def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
@@ -609,11 +617,22 @@ def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
-    jobs = ["hash", "reshard", "convert", "to-torch", "dcp", "zero", "inspect", "remote"]
+    jobs = [
+        "startup",
+        "hash",
+        "reshard",
+        "convert",
+        "to-torch",
+        "dcp",
+        "zero",
+        "inspect",
+        "remote",
+    ]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
     writes = max(3, args.repeat // 2 + 1)
     runs: dict[str, Callable[[], object]] = {
+        "startup": lambda: bench_startup(args.repeat),
         "hash": lambda: [
             print(row, flush=True)
             for row in bench_hash(ensure_inputs(), args.repeat)

@@ -64,7 +64,7 @@ def _annotate_error(path: str, exc: CkptfixError) -> None:
     from ckptfix.reports.locations import display_path
 
     file = display_path(exc.path or path, _root())
-    title = exc.code or "ckptfix"
+    title = exc.code or exc.label
     print(command("error", exc.message(), title=title, file=file), flush=True)
 
 

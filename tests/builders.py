@@ -593,3 +593,11 @@ def tiny_gpt2(**overrides: Any) -> Any:
     }
     torch.manual_seed(0)
     return GPT2LMHeadModel(GPT2Config(**settings)).eval()
+
+
+def tiny_models() -> dict[str, Any]:
+    """The two tiny transformers models the interop tests convert: untied and tied."""
+    return {
+        "llama-untied": tiny_llama(bos_token_id=0, eos_token_id=1),
+        "gpt2-tied": tiny_gpt2(),
+    }

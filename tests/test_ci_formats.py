@@ -72,6 +72,27 @@ def test_github_annotations_exact(workspace: Factory) -> None:
     assert cli("inspect", "mix.safetensors", "--format", "github", "--fail-on", "info").code == 1
 
 
+def test_findings_on_the_checked_folder_itself_have_no_file(workspace: Factory) -> None:
+    """Findings that name the folder given (several-checkpoints, no-weights) are folder-level:
+    no `file=` in GitHub's annotations; SARIF and GitLab, which need a location, use PATH."""
+    workspace.safetensors("multi/x.safetensors")
+    workspace.safetensors("multi/y.safetensors")
+    (workspace.root / "empty").mkdir()
+    text = messages("multi") | messages("empty")
+    run = cli("inspect", "multi", "empty/", "--format", "github")
+    assert run.code == 1
+    assert run.stdout.splitlines() == [
+        f"::warning title=several-checkpoints::multi: {text['several-checkpoints']}",
+        f"::error title=no-weights::empty: {text['no-weights']}",
+    ]
+    document = cli("inspect", "multi", "--format", "sarif").json()
+    (result,) = document["runs"][0]["results"]
+    uri = result["locations"][0]["physicalLocation"]["artifactLocation"]["uri"]
+    assert (result["ruleId"], uri) == ("several-checkpoints", "multi")
+    (issue,) = cli("inspect", "multi", "--format", "gitlab").json()
+    assert (issue["check_name"], issue["location"]["path"]) == ("several-checkpoints", "multi")
+
+
 def test_github_escaping() -> None:
     assert github.escape_data("100% a\r\nb:c,d") == "100%25 a%0D%0Ab:c,d"
     assert github.escape_property("dir:x,y/100%\n") == "dir%3Ax%2Cy/100%25%0A"

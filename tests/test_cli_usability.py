@@ -1,5 +1,5 @@
-"""The smaller usability problems of issue 10 (item 11): help text, piped output, option
-values that match nothing, and the format a rewrite keeps."""
+"""Smaller usability points: help text, piped output, option values that match nothing, and
+the format a rewrite keeps."""
 
 from __future__ import annotations
 

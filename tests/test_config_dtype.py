@@ -1,4 +1,4 @@
-"""convert --dtype sets the dtype config.json names, keeping every other byte (issue 10.9)."""
+"""convert --dtype sets the dtype config.json names, keeping every other byte."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -111,6 +112,7 @@ def test_convert_without_a_cast_copies_config_json_unchanged(tmp_path: Path) -> 
     assert (tmp_path / "out" / "config.json").read_bytes() == ORIGINAL.encode()
 
 
+@pytest.mark.slow  # transformers interop
 def test_transformers_loads_the_cast_model_in_the_cast_dtype(tmp_path: Path) -> None:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

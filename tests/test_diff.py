@@ -3,6 +3,7 @@ numbers against the same quantities computed by torch in memory."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -13,7 +14,7 @@ from ckptfix.ops.compare import DECODERS
 from ckptfix.ops.diff import DiffOptions, diff
 from tests import hash_oracle as oracle
 from tests.builders import Factory, Spec
-from tests.helpers import cli
+from tests.helpers import cli, measured
 
 if TYPE_CHECKING:
     import torch
@@ -323,3 +324,26 @@ def test_no_names_in_common_suggests_stripping(tmp_path: Path) -> None:
         "different: 1 only in A, 1 only in B; no names in common (try --strip-prefix auto) "
         "→ exit 1 (--fail-on any)"
     )
+
+
+@pytest.mark.slow
+def test_values_in_bounded_memory(factory: Factory) -> None:
+    """--values over two 1 GiB tensors (sparse files: no disk) that differ in their last
+    element: every element decoded, in well under 150 MiB."""
+    shape = (2**29,)
+    a = factory.sparse_safetensors("a.safetensors", "BF16", shape)
+    b = factory.sparse_safetensors("b.safetensors", "BF16", shape)
+    with open(b, "r+b") as handle:
+        handle.seek(-2, 2)
+        handle.write(b"\x80\x3f")  # bf16 1.0, little-endian
+    run = measured("diff", a, b, "--values", "--json", timeout=300)
+    assert run.code == 1, run.stderr
+    (change,) = json.loads(run.stdout)["bytes_changed"]
+    assert change["values"] == {
+        "numel": 2**29,
+        "differing": 1,
+        "max_abs": 1.0,
+        "max_rel": 1.0,
+        "non_finite": 0,
+    }
+    assert run.peak_rss < 150 * 2**20, run.peak_rss

@@ -12,8 +12,8 @@ from huggingface_hub import save_torch_state_dict
 from ckptfix.ops.diff import diff
 from ckptfix.ops.hash import hash_checkpoint
 from tests import hash_oracle as oracle
+from tests.builders import tiny_models
 from tests.helpers import cli
-from tests.test_interop_matrix import tiny_models
 
 if TYPE_CHECKING:
     import torch

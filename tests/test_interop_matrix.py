@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import pytest
 from safetensors import safe_open
 
-from tests.builders import tiny_gpt2, tiny_llama
+from tests.builders import tiny_models
 from tests.helpers import cli, torch_bytes
 
 if TYPE_CHECKING:
@@ -16,13 +16,6 @@ if TYPE_CHECKING:
 
 # Every test here loads real transformers, huggingface_hub or accelerate models.
 pytestmark = pytest.mark.slow
-
-
-def tiny_models() -> dict[str, torch.nn.Module]:
-    return {
-        "llama-untied": tiny_llama(bos_token_id=0, eos_token_id=1),
-        "gpt2-tied": tiny_gpt2(),
-    }
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""The loader matrix (issue 10): a rewrite is correct only when the consumer that would have
+"""The loader matrix: a rewrite is correct only when the consumer that would have
 loaded the input loads the output with identical results.
 
 Each cell builds an input with the real library (once per session, copied per cell), computes
@@ -85,8 +85,7 @@ CELLS: dict[str, tuple[str, ...]] = {
     "timm-checkpoint": ("convert", "convert-torch"),
 }
 
-# Cells that fail today, with the issue's problem number and what the loader says. Empty:
-# every cell of issue 10 passes.
+# Cells that fail today, with what the loader says. Empty: every cell passes.
 XFAIL: dict[tuple[str, str], str] = {}
 
 

@@ -53,7 +53,7 @@ def test_annotations_inside_github_actions(
         "::warning file=plain.safetensors,title=missing-format-metadata::"
         + lines["missing-format-metadata"],
         f"::error file=model.safetensors,title=lfs-pointer::{lines['lfs-pointer']}",
-        "::error file=gone.bin,title=ckptfix::no such file or directory (rule input-not-found; check the path)",
+        "::error file=gone.bin,title=input-not-found::no such file or directory (rule input-not-found; check the path)",
     ]
     # the plain lines on stderr are unchanged: at or above --fail-on only
     assert [line.split(":")[0] for line in captured.err.splitlines()] == ["error", "error"]

@@ -10,21 +10,19 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from ckptfix.ops.diff import diff
+from ckptfix.ops.hash import hash_checkpoint
 from ckptfix.ops.load import load
+from tests import hash_oracle
 from tests import training_fixtures as fixtures
-from tests.helpers import cli
+from tests.helpers import cli, torch_bytes
 
 if TYPE_CHECKING:
     import torch
 
 pytestmark = pytest.mark.slow
 dcp_saved = fixtures.dcp_saved  # fixtures shared by the training tests
-
-
-def _bytes(tensor: torch.Tensor) -> bytes:
-    import torch
-
-    return bytes(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+copy_of = fixtures.copy_of
 
 
 def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
@@ -32,7 +30,7 @@ def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> 
     for name, tensor in want.items():
         assert got[name].dtype == tensor.dtype, name
         assert got[name].shape == tensor.shape, name
-        assert _bytes(got[name]) == _bytes(tensor), name
+        assert torch_bytes(got[name]) == torch_bytes(tensor), name
 
 
 def _written(out: Path) -> dict[str, torch.Tensor]:
@@ -80,6 +78,46 @@ def test_safetensors_format_converts_to_the_gathered_tensors(
     run = cli("convert", dcp_saved / "safetensors", "-o", tmp_path / "out")
     assert run.code == 0, run.stderr
     assert_same(_written(tmp_path / "out"), reference)
+
+
+def test_older_metadata_without_version_or_transforms(
+    dcp_saved: Path, copy_of: Any, tmp_path: Path
+) -> None:
+    """`.metadata` as older torch wrote it: no `version`, no `storage_meta`, no
+    `transform_descriptors` in any _StorageInfo."""
+    import torch
+
+    folder = copy_of(dcp_saved / "torch_save")
+
+    def age(metadata: Any) -> None:
+        for attribute in ("version", "storage_meta"):
+            vars(metadata).pop(attribute, None)
+        for info in metadata.storage_data.values():
+            vars(info).pop("transform_descriptors", None)
+
+    fixtures.edit_metadata(folder, age)
+    raw = (folder / ".metadata").read_bytes()
+    assert b"version" not in raw and b"transform_descriptors" not in raw
+    run = cli("convert", folder, "-o", tmp_path / "out")
+    assert run.code == 0, run.stderr
+    assert_same(
+        _written(tmp_path / "out"), torch.load(dcp_saved / "reference.pt", weights_only=True)
+    )
+    layouts = [
+        cli("inspect", f, "--json").json()["layout"] for f in (folder, dcp_saved / "torch_save")
+    ]
+    assert layouts[0] == layouts[1]
+
+
+def test_hash_is_the_gathered_model_in_both_formats(dcp_saved: Path, tmp_path: Path) -> None:
+    import torch
+
+    expected = hash_oracle.digest(torch.load(dcp_saved / "reference.pt", weights_only=True))
+    for serialization in ("torch_save", "safetensors"):
+        assert hash_checkpoint(dcp_saved / serialization).digest == expected, serialization
+    assert diff(dcp_saved / "torch_save", dcp_saved / "safetensors").identical
+    assert cli("convert", dcp_saved / "safetensors", "-o", tmp_path / "out").code == 0
+    assert diff(dcp_saved / "torch_save", tmp_path / "out").identical
 
 
 def test_flat_app_state_takes_the_top_level_tensors(
@@ -155,7 +193,9 @@ def test_key_picks_another_part_of_the_app_state(dcp_saved: Path, tmp_path: Path
     written = _written(tmp_path / "o")
     assert "state.0.weight.exp_avg" in written
     oracle = _torch_reading(dcp_saved / "torch_save", tmp_path)["optim"]["state"]
-    assert _bytes(written["state.0.weight.exp_avg"]) == _bytes(oracle["0.weight"]["exp_avg"])
+    assert torch_bytes(written["state.0.weight.exp_avg"]) == torch_bytes(
+        oracle["0.weight"]["exp_avg"]
+    )
     missing = cli("inspect", dcp_saved / "torch_save", "--json")
     assert missing.code == 0
     bad = cli("convert", dcp_saved / "torch_save", "-o", tmp_path / "x", "--key", "nope")
@@ -184,7 +224,7 @@ def test_convert_options_work_on_dcp(dcp_saved: Path, tmp_path: Path) -> None:
         if name == "plain.bias":
             continue
         want = tensor.to(torch.bfloat16) if tensor.is_floating_point() else tensor
-        assert _bytes(written[name]) == _bytes(want), name
+        assert torch_bytes(written[name]) == torch_bytes(want), name
         assert written[name].dtype == want.dtype
     dry = cli("convert", dcp_saved / "torch_save", "-o", tmp_path / "dry", "--dry-run", "--json")
     assert dry.code == 0

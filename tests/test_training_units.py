@@ -93,6 +93,7 @@ def test_overlap_check_agrees_with_comparing_every_pair(
         assert meet(*found) and found[0] is not found[1]
 
 
+@pytest.mark.slow
 def test_many_chunks_are_checked_in_bounded_time() -> None:
     import time
 

@@ -7,16 +7,21 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from safetensors import safe_open
 
+from ckptfix.ops.diff import diff
+from ckptfix.ops.hash import hash_checkpoint
 from ckptfix.ops.load import load
+from tests import hash_oracle
 from tests import training_fixtures as fixtures
-from tests.helpers import cli
-from tests.test_training_dcp import _bytes
+from tests.helpers import cli, torch_bytes
 from tests.training_frameworks import ZERO_CONFIGS
 
 if TYPE_CHECKING:
@@ -24,6 +29,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.slow
 zero_saved = fixtures.zero_saved  # fixtures shared by the training tests
+copy_of = fixtures.copy_of
 NAMES = [f"zero{stage}_{dtype}" for stage, dtype in ZERO_CONFIGS if stage]  # zero_to_fp32's
 
 
@@ -63,7 +69,7 @@ def test_master_weights_are_what_zero_to_fp32_reconstructs(
         got = written[dropped.get(key, key)]
         assert got.dtype == tensor.dtype, key
         assert got.shape == tensor.shape, key
-        assert _bytes(got) == _bytes(tensor), key
+        assert torch_bytes(got) == torch_bytes(tensor), key
     extra = set(written) - set(oracle)
     if name.startswith("zero1"):
         # DeepSpeed stage 1 records no frozen_param_shapes, so zero_to_fp32.py loses the
@@ -74,7 +80,7 @@ def test_master_weights_are_what_zero_to_fp32_reconstructs(
             weights_only=False,
         )["module"]
         for key in extra:
-            assert _bytes(written[key]) == _bytes(module[key])
+            assert torch_bytes(written[key]) == torch_bytes(module[key])
             assert written[key].dtype == module[key].dtype
     else:
         assert extra == set()
@@ -97,7 +103,7 @@ def test_module_weights_are_the_training_dtype_copy(
     for key, tensor in module.items():
         got = written[dropped.get(key, key)]
         assert (got.dtype, got.shape) == (tensor.dtype, tensor.shape), key
-        assert _bytes(got) == _bytes(tensor), key
+        assert torch_bytes(got) == torch_bytes(tensor), key
     if name.endswith("bf16"):
         assert written["body.weight"].dtype == torch.bfloat16
 
@@ -114,7 +120,11 @@ def test_stage0_weights_are_the_module(zero_saved: Path, tmp_path: Path) -> None
     assert dropped == {"head.weight": "embed.weight"}
     for key, tensor in module.items():
         got = written[dropped.get(key, key)]
-        assert (got.dtype, got.shape, _bytes(got)) == (tensor.dtype, tensor.shape, _bytes(tensor))
+        assert (got.dtype, got.shape, torch_bytes(got)) == (
+            tensor.dtype,
+            tensor.shape,
+            torch_bytes(tensor),
+        )
     layout = cli("inspect", zero_saved / "zero0_fp32", "--json").json()["layout"]
     assert (layout["stage"], layout["weights"]) == (0, "module")
 
@@ -136,7 +146,7 @@ def test_tag_folder_itself_is_accepted(zero_saved: Path, tmp_path: Path) -> None
     oracle = _oracle(zero_saved / "zero2_bf16")
     written, dropped = _converted(tag, tmp_path / "out")
     for key, tensor in oracle.items():
-        assert _bytes(written[dropped.get(key, key)]) == _bytes(tensor)
+        assert torch_bytes(written[dropped.get(key, key)]) == torch_bytes(tensor)
 
 
 @pytest.mark.parametrize("name", ["zero2_bf16", "zero3_fp32"])
@@ -160,6 +170,69 @@ def test_inspect_reports_stage_tag_and_optimizer_bytes(zero_saved: Path, name: s
     assert any(item["code"] == "training-state" for item in report["findings"])
     human = cli("inspect", zero_saved / name)
     assert f"DeepSpeed ZeRO-{stage} · 2 rank(s) · tag global_step2 · step 2" in human.stdout
+
+
+@pytest.mark.parametrize("name", ["zero2_bf16", "zero3_bf16", "zero3_fp32"])
+def test_hash_is_the_digest_of_what_zero_to_fp32_reconstructs(
+    zero_saved: Path, tmp_path: Path, name: str
+) -> None:
+    """hash and diff see the model a conversion writes: master weights, frozen parameters,
+    the tied alias, and the bf16 buffer as the F32 that zero_to_fp32.py and convert write."""
+    folder = zero_saved / name
+    assert hash_checkpoint(folder).digest == hash_oracle.digest(_oracle(folder))
+    _converted(folder, tmp_path / "out")
+    result = diff(folder, tmp_path / "out")
+    assert result.identical, result.to_dict()
+    run = cli("diff", folder, tmp_path / "out", "--values")
+    assert run.code == 0 and run.stdout.startswith("identical: 8 tensors"), run.stdout
+
+
+def test_a_dynamic_loss_scaler_is_read_as_data(
+    zero_saved: Path, copy_of: Callable[[Path], Path], tmp_path: Path
+) -> None:
+    """fp16 runs save a DynamicLossScaler (which holds a torch dtype); DeepSpeed cannot train
+    fp16 on CPU, so a saved stage-2 checkpoint gets one put in by DeepSpeed's own class."""
+    import torch
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    folder = copy_of(zero_saved / "zero2_fp32")
+    for path in (folder / "global_step2").glob("*optim_states.pt"):
+        states = torch.load(path, weights_only=False)  # our own fixture
+        optimizer = states["optimizer_state_dict"]
+        optimizer["loss_scaler"] = DynamicLossScaler(
+            init_scale=2.0**16,
+            scale_window=1000,
+            min_scale=1.0,
+            delayed_shift=2,
+            consecutive_hysteresis=False,
+            dtype=torch.float16,
+        )
+        optimizer["dynamic_loss_scale"] = True
+        torch.save(states, path)
+    oracle = _oracle(folder)
+    written, dropped = _converted(folder, tmp_path / "out")
+    for key, tensor in oracle.items():
+        assert torch_bytes(written[dropped.get(key, key)]) == torch_bytes(tensor), key
+
+
+def test_deepspeed_is_never_imported(zero_saved: Path, tmp_path: Path) -> None:
+    probe = (
+        "import sys, ckptfix\n"
+        "for name in ('zero2_bf16', 'zero3_bf16'):\n"
+        "    folder = sys.argv[1] + '/' + name\n"
+        "    assert ckptfix.inspect(folder).tensor_count == 8\n"
+        "    ckptfix.convert(folder, sys.argv[2] + '/' + name)\n"
+        "    ckptfix.hash_checkpoint(folder)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'deepspeed'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(zero_saved), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"
+    assert (tmp_path / "zero3_bf16" / "model.safetensors").is_file()
 
 
 def test_buffers_are_written_in_fp32_like_zero_to_fp32(zero_saved: Path) -> None:

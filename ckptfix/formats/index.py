@@ -61,12 +61,6 @@ def check_shard_name(name: str, path: str, weight_ext: str | None) -> None:
         )
 
 
-def read_small_file(path: str | os.PathLike[str], display: str, limit: int, what: str) -> bytes:
-    """The whole of a JSON side file (index, config), refusing one over `limit` bytes or
-    one that cannot be read, with a rule that names why."""
-    return LOCAL.read_small(os.fspath(path), display, limit, what)
-
-
 def read_index(
     path: str | os.PathLike[str], display: str, weight_ext: str | None, folder: Folder = LOCAL
 ) -> ShardIndex:

@@ -84,10 +84,6 @@ def _tag_missing(root: str, tag: str | None) -> Checkpoint:
     return Checkpoint(root, FORMAT, (), training=layout)
 
 
-def _rank(match: re.Match[str], group: int) -> int:
-    return int(match.group(group))
-
-
 def _files(tag_dir: str) -> tuple[dict[int | None, str], dict[int, str]]:
     """Model-states files (by rank; None for `mp_rank_00_model_states.pt`) and optimizer
     files by rank. Tensor- or pipeline-parallel checkpoints are refused."""

@@ -115,14 +115,6 @@ class Family:
         """The family without its variant: what counts towards `mixed-formats`."""
         return self.label if self.stem == "loose" else f"{self.stem}*.{self.ext}"
 
-    def owns(self, name: str) -> bool:
-        parsed = parse_weight_name(name)
-        return parsed is not None and (parsed.stem, parsed.variant, parsed.ext) == (
-            self.stem,
-            self.variant,
-            self.ext,
-        )
-
 
 @dataclass(frozen=True)
 class FolderLayout:

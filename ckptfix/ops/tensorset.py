@@ -44,8 +44,13 @@ class TensorSet:
     aliases: dict[str, str] = field(default_factory=dict)  # dropped -> kept, from the record
     training_checkpoint: bool = False
     checkpoint: Checkpoint | None = field(default=None, repr=False, compare=False)
+    # The tensors a training layout casts on the way out, as written (ops.cast_source).
+    cast_sources: dict[str, ByteSource] = field(default_factory=dict, repr=False, compare=False)
 
     def source(self, label: str) -> ByteSource:
+        cast = self.cast_sources.get(label)
+        if cast is not None:
+            return cast
         assert self.checkpoint is not None
         return self.checkpoint.source(label)
 
@@ -59,6 +64,7 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
     files it would read have errors."""
     chosen = choose_source(checkpoint, report, torch=True)
     stored = {tensor.name: tensor for tensor in chosen.tensors}
+    cast_sources = _as_written(stored, chosen.dtypes, checkpoint)
     aliases: dict[str, str] = {}
     if alias_record:
         aliases = _alias_record(chosen.metadata, chosen.index_metadata, checkpoint.path)
@@ -66,8 +72,30 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
     tensors = dict(stored)
     tensors.update({dropped: stored[kept] for dropped, kept in aliases.items()})
     return TensorSet(
-        checkpoint.path, tensors, aliases, chosen.training_checkpoint, checkpoint=checkpoint
+        checkpoint.path,
+        tensors,
+        aliases,
+        chosen.training_checkpoint,
+        checkpoint=checkpoint,
+        cast_sources=cast_sources,
     )
+
+
+def _as_written(
+    stored: dict[str, TensorInfo], dtypes: Mapping[str, str], checkpoint: Checkpoint
+) -> dict[str, ByteSource]:
+    """Replace each tensor the layout writes in another dtype (`dtypes`, e.g. a DeepSpeed
+    checkpoint's bf16 buffers, written as F32) by the tensor as written; its sources."""
+    sources: dict[str, ByteSource] = {}
+    for name, target in dtypes.items():
+        tensor = stored.get(name)
+        if tensor is None or tensor.dtype == target:
+            continue
+        from ckptfix.ops.cast_source import cast_tensor
+
+        stored[name], source = cast_tensor(tensor, target, checkpoint.source)
+        sources[source.label] = source
+    return sources
 
 
 @contextmanager

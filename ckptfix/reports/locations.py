@@ -65,11 +65,17 @@ def is_file_report(report: Report) -> bool:
 
 
 def located(reports: Sequence[Report]) -> Iterator[Located]:
-    """Every finding of every report, in order, with its file decided."""
+    """Every finding of every report, in order, with its file decided. A finding that
+    names the checked folder itself (`several-checkpoints`, `no-weights`, `training-state`,
+    the manifest's) is a folder-level one: no file."""
     for report in reports:
         own_file = report.path if is_file_report(report) else None
+        folder = None if own_file is not None else os.path.normpath(report.path)
         for item in report.findings:
-            yield Located(item, report.path, item.file or own_file)
+            file = item.file or own_file
+            if file is not None and os.path.normpath(file) == folder:
+                file = None
+            yield Located(item, report.path, file)
 
 
 def fingerprints(items: Sequence[Located], root: str) -> list[str]:
