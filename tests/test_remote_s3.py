@@ -379,3 +379,123 @@ def test_an_unreachable_endpoint(failing: Any, monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{probe.getsockname()[1]}")
     line = _error(["inspect", "s3://bucket/m"], "remote-unreachable")
     assert "the connection failed" in line
+
+
+def test_a_server_that_ignores_range(failing: Any, tmp_path: Path) -> None:
+    # HEAD answers as S3 would (size, ETag); the ranged GET gets the whole file with a 200
+    path = Factory(tmp_path).safetensors(
+        "bucket/model.safetensors", [Spec("w", "F32", (4096, 4096))]
+    )
+    failing.behaviour.ignore_range = True
+    line = _error(["inspect", "s3://bucket/model.safetensors"], "remote-no-range")
+    assert line.startswith("error: s3://bucket/model.safetensors: the server ignores range")
+    # refused from the status line: the connection is closed with the 64 MiB body unread
+    assert failing.behaviour.gets() == ["bytes=0-65535"]
+    assert failing.behaviour.bytes_sent < path.stat().st_size // 4
+
+
+def test_reads_are_pinned_to_the_etag_or_the_version(s3: Any, bucket: str, tmp_path: Path) -> None:
+    from ckptfix.io.remote import Settings
+    from ckptfix.io.remote_s3 import s3_client
+
+    path = Factory(tmp_path).safetensors("model.safetensors", [Spec("w")])
+    s3.upload_file(str(path), bucket, "model.safetensors")
+    sent: list[tuple[str | None, str | None]] = []
+
+    def sending(request: Any, **_: Any) -> None:
+        pin = request.headers.get("If-Match")
+        version = request.url.partition("versionId=")[2]
+        sent.append((pin.decode() if isinstance(pin, bytes) else pin, version))
+
+    client = s3_client(Settings.from_env())
+    client.meta.events.register("before-send.s3.GetObject", sending)
+    try:
+        assert cli("inspect", f"s3://{bucket}/model.safetensors").code == 0
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        s3.upload_file(str(path), bucket, "model.safetensors")  # now a version
+        assert cli("inspect", f"s3://{bucket}/model.safetensors").code == 0
+    finally:
+        client.meta.events.unregister("before-send.s3.GetObject", sending)
+    head = s3.head_object(Bucket=bucket, Key="model.safetensors")
+    assert sent == [(head["ETag"], ""), (None, head["VersionId"])]
+
+
+# --- concurrency: the shards' reads in flight at once, never more than the bound --------------
+
+
+def test_requests_in_flight_are_bounded(
+    s3: Any, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+    import time
+
+    from ckptfix.io.remote import Settings
+    from ckptfix.io.remote_s3 import s3_client
+
+    folder = Factory(tmp_path).sharded("m", [[Spec(f"t{i}")] for i in range(12)])
+    upload_tree(s3, bucket, folder, "m")
+    monkeypatch.setenv("CKPTFIX_REMOTE_CONCURRENCY", "3")
+    lock, now, most = threading.Lock(), [0], [0]
+
+    def sending(**_: Any) -> None:  # botocore's hook just before a GetObject is sent
+        with lock:
+            now[0] += 1
+            most[0] = max(most[0], now[0])
+        time.sleep(0.05)  # long enough for the other threads to reach theirs
+        with lock:
+            now[0] -= 1
+
+    client = s3_client(Settings.from_env())  # the client the run below shares
+    client.meta.events.register("before-send.s3.GetObject", sending)
+    try:
+        run = cli("inspect", f"s3://{bucket}/m", "--json")
+    finally:
+        client.meta.events.unregister("before-send.s3.GetObject", sending)
+    assert run.code == 0, run.stderr
+    assert run.json()["remote"]["requests"] == 2 + 13
+    assert most[0] == 3
+
+
+# --- tensor data from S3: hash, diff and convert agree with the local copy, in bounded memory --
+
+
+def test_diff_and_convert_from_s3_match_the_local_copy(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    from tests.helpers import tree_digests
+
+    factory = Factory(tmp_path / "src")
+    folder = factory.sharded("m", [[Spec("a", "BF16", (300, 70))], [Spec("b"), Spec("c")]])
+    factory.bytes("m/tokenizer.json", b'{"version": "1.0"}')
+    upload_tree(s3, bucket, folder, "m")
+    url = f"s3://{bucket}/m"
+    assert cli("diff", folder, url, "--json").code == 0
+    want = cli("convert", folder, "-o", tmp_path / "local", "--max-shard", "30KB")
+    got = cli("convert", url, "-o", tmp_path / "remote", "--max-shard", "30KB", "--json")
+    assert want.code == got.code == 0, got.stderr
+    assert tree_digests(tmp_path / "remote") == tree_digests(tmp_path / "local")
+    assert (
+        got.json()["remote"]["bytes_fetched"]
+        >= (folder / "model-00001-of-00002.safetensors").stat().st_size
+    )
+
+
+def test_a_256_mib_tensor_streams_in_bounded_memory(s3: Any, bucket: str, tmp_path: Path) -> None:
+    from tests.helpers import measured
+
+    data = bytes(range(256)) * (2**20)  # 256 MiB, one F32 tensor
+    path = Factory(tmp_path).safetensors("big.safetensors", [Spec("w", "F32", (2**26,), data)])
+    s3.upload_file(str(path), bucket, "big.safetensors")
+    url = f"s3://{bucket}/big.safetensors"
+    base = measured("inspect", url)
+    hashed = measured("hash", url, "--json")
+    converted = measured("convert", url, "-o", tmp_path / "out", "--json")
+    assert base.code == hashed.code == converted.code == 0, converted.stderr
+    assert json.loads(hashed.stdout)["digest"] == cli("hash", path, "--json").json()["digest"]
+    assert (tmp_path / "out" / "model.safetensors").stat().st_size == path.stat().st_size
+    # copied by ranged reads and read back to verify: the tensor's bytes twice, little more
+    remote = json.loads(converted.stdout)["remote"]
+    assert abs(remote["bytes_fetched"] - 2 * len(data)) < 2**20, remote
+    # hashed in 16 MiB ranges, copied in 64 MiB ones: far less than the tensor's 256 MiB
+    assert hashed.peak_rss - base.peak_rss < 64 * 2**20, (hashed.peak_rss, base.peak_rss)
+    assert converted.peak_rss - base.peak_rss < 150 * 2**20, (converted.peak_rss, base.peak_rss)
