@@ -116,6 +116,17 @@ def write_folder(
     tmp.rename(folder)
 
 
+def many_tensors() -> Path:
+    """50 shards of 2,000 tiny tensors each (156 KiB headers)."""
+    CACHE.mkdir(exist_ok=True)
+    many = CACHE / "many-50x2000"
+    if not many.exists():
+        print(f"building {many} ...", flush=True)
+        shards = [[(f"blocks.{s}.t{t}.weight", (4,)) for t in range(2000)] for s in range(50)]
+        write_folder(many, shards, "F32", 4)
+    return many
+
+
 def ensure_inputs() -> dict[str, Path]:
     CACHE.mkdir(exist_ok=True)
     single = CACHE / "llama-2gb.safetensors"
@@ -126,11 +137,7 @@ def ensure_inputs() -> dict[str, Path]:
     if not five.exists():
         print(f"building {five} ...", flush=True)
         write_folder(five, split(llama_tensors(), 5))
-    many = CACHE / "many-50x2000"
-    if not many.exists():
-        print(f"building {many} ...", flush=True)
-        shards = [[(f"blocks.{s}.t{t}.weight", (4,)) for t in range(2000)] for s in range(50)]
-        write_folder(many, shards, "F32", 4)
+    many = many_tensors()
     half = CACHE / "llama-0.5gb.safetensors"
     if not half.exists():
         print(f"building {half} ...", flush=True)
@@ -587,7 +594,7 @@ def bench_remote(repeat: int) -> None:
     """inspect over S3 and a Hub on 127.0.0.1: bench/remote.py."""
     import remote
 
-    for row in remote.bench_remote(ensure_inputs(), CACHE, repeat):
+    for row in remote.bench_remote(many_tensors(), CACHE, repeat):
         print(row, flush=True)
 
 

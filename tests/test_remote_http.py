@@ -264,11 +264,18 @@ def test_an_unreachable_server(server: HttpServer, monkeypatch: pytest.MonkeyPat
 def test_a_missing_extra_is_a_usage_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    monkeypatch.setitem(sys.modules, "s3fs", None)  # `import s3fs` raises ImportError
+    monkeypatch.setitem(sys.modules, "botocore.session", None)  # its import raises ImportError
     run = cli("inspect", "s3://bucket/model")
     assert run.code == 2
     assert run.error_lines == [
-        "error: s3://bucket/model: reading s3:// URLs needs fsspec and s3fs (s3fs is not "
+        "error: s3://bucket/model: reading s3:// URLs needs botocore (botocore is not "
+        "installed) (rule usage; pip install 'ckptfix[remote]')"
+    ]
+    monkeypatch.setitem(sys.modules, "gcsfs", None)
+    run = cli("inspect", "gs://bucket/model")
+    assert run.code == 2
+    assert run.error_lines == [
+        "error: gs://bucket/model: reading gs:// URLs needs fsspec and gcsfs (gcsfs is not "
         "installed) (rule usage; pip install 'ckptfix[remote]')"
     ]
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 # `signal` builds its enums when imported (about 3 ms, during which Ctrl-C would still print
 # a traceback); its C core is there at once.
 import _signal  # type: ignore[import-not-found]
+import gc
 import os
 
 TYPE_CHECKING = False
@@ -47,3 +48,8 @@ def main() -> None:
         # ignored signals alone.
         for number in _NAMES:
             _signal.signal(number, _signal.SIG_IGN)
+        # Nor is anything the command made needed any more (its files are closed, its output
+        # written): frozen, the objects still alive are not traversed again by the collection
+        # at shutdown, which took 0.1-0.3 s of a run that had built botocore's S3 client
+        # (measured; 0.02-0.04 s of a local inspect).
+        gc.freeze()

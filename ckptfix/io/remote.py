@@ -76,7 +76,8 @@ class Settings:
 
 
 class Backend(Protocol):
-    """One fsspec file system, as the remote sources use it (io.remote_backends)."""
+    """One store, as the remote sources use it: botocore's S3 client (io.remote_s3) or an
+    fsspec file system (io.remote_backends)."""
 
     scheme: str  # "s3", "gs", "hf", "http"
 

@@ -1,12 +1,13 @@
-"""The fsspec file systems behind remote URLs, each used for ranged reads only.
+"""The backends behind remote URLs, each used for ranged reads only.
 
-Never fsspec's buffered `open().read()`, whose read-ahead fetches megabytes per file: every
-read is one request for exactly the range wanted. S3 reads go through s3fs's client with
-If-Match (or the version id), HTTP(S) reads through the aiohttp session of fsspec's HTTP
-file system with Range and If-Match, checked for a 206 before the body is read (a server
-that ignores Range would otherwise send the whole file). gs:// and hf:// use
-`cat_file(path, start, end)`. fsspec and the backend are imported only when a URL is read;
-without them the error says how to install them.
+s3:// is botocore's S3 client (io.remote_s3). The other schemes are fsspec file systems, never
+read through fsspec's buffered `open().read()`, whose read-ahead fetches megabytes per file:
+every read is one request for exactly the range wanted. HTTP(S) reads go through the aiohttp
+session of fsspec's HTTP file system with Range and If-Match, checked for a 206 before the
+body is read (a server that ignores Range would otherwise send the whole file); hf:// reads
+are ranged GETs on huggingface_hub's session; gs:// uses `cat_file(path, start, end)`. Each
+backend's packages are imported only when a URL of its scheme is read; without them the error
+says how to install them.
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from ckptfix.core.errors import UsageError
-from ckptfix.io.remote import Info, Settings, no_range
+from ckptfix.io.remote import Backend, Info, Settings, no_range
 
 SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http", "https": "http"}
-_PACKAGES = {"s3": "s3fs", "gs": "gcsfs", "hf": "huggingface_hub", "http": "aiohttp"}
+_PACKAGES = {
+    "s3": "botocore",
+    "gs": "fsspec and gcsfs",
+    "hf": "fsspec and huggingface_hub",
+    "http": "fsspec and aiohttp",
+}
 
 
 def scheme_of(url: str) -> str:
@@ -27,11 +33,11 @@ def scheme_of(url: str) -> str:
 
 
 def missing_extra(url: str, exc: ImportError) -> UsageError:
-    package = _PACKAGES[scheme_of(url)]
+    missing = exc.name.partition(".")[0] if exc.name else str(exc)
     return UsageError(
         url,
-        f"reading {url.split('://', 1)[0]}:// URLs needs fsspec and {package} "
-        f"({exc.name or exc} is not installed)",
+        f"reading {url.split('://', 1)[0]}:// URLs needs {_PACKAGES[scheme_of(url)]} "
+        f"({missing} is not installed)",
         "pip install 'ckptfix[remote]'",
     )
 
@@ -61,31 +67,6 @@ class GenericBackend:
         lfs = info.get("lfs")
         sha = lfs.get("sha256") if isinstance(lfs, dict) else None
         return (*(info.get(key) for key in keys), sha)
-
-
-class S3Backend(GenericBackend):
-    """s3fs, with reads pinned to the listed version (VersionId) or ETag (If-Match)."""
-
-    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
-        from fsspec.asyn import sync
-
-        bucket, key, _ = self.fs.split_path(path)
-        pin: dict[str, str] = {}
-        if info.get("VersionId"):
-            pin["VersionId"] = str(info["VersionId"])
-        elif info.get("ETag"):
-            pin["IfMatch"] = str(info["ETag"])
-
-        async def get() -> bytes:
-            response = await self.fs._call_s3(
-                "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin
-            )
-            try:
-                return bytes(await response["Body"].read())
-            finally:
-                response["Body"].close()
-
-        return bytes(sync(self.fs.loop, get))
 
 
 class HttpError(Exception):
@@ -212,12 +193,14 @@ def _range_starts(response: Any, start: int) -> bool:
     return bool(unit == "bytes" and spec.split("-", 1)[0].strip() == str(start))
 
 
-def make_backend(url: str, settings: Settings) -> GenericBackend:
+def make_backend(url: str, settings: Settings) -> Backend:
     """The backend for a URL's scheme; a missing package is a usage error (exit 2)."""
     scheme = scheme_of(url)
     try:
         if scheme == "s3":
-            return S3Backend(scheme, _s3(settings))
+            from ckptfix.io.remote_s3 import S3Backend, s3_client
+
+            return S3Backend(s3_client(settings))
         if scheme == "http":
             return HttpBackend(scheme, _http(settings))
         if scheme == "gs":
@@ -232,20 +215,6 @@ def make_backend(url: str, settings: Settings) -> GenericBackend:
         return HubBackend(scheme, HfFileSystem(skip_instance_cache=True), settings.timeout)
     except ImportError as exc:
         raise missing_extra(url, exc) from exc
-
-
-def _s3(settings: Settings) -> Any:
-    import s3fs
-
-    # One attempt per call in botocore and s3fs alike: RemoteSession retries, and counts.
-    config = {
-        "connect_timeout": settings.timeout,
-        "read_timeout": settings.timeout,
-        "retries": {"max_attempts": 1, "mode": "standard"},
-    }
-    fs = s3fs.S3FileSystem(config_kwargs=config, skip_instance_cache=True)
-    fs.retries = 1  # s3fs's own retry loop: one attempt
-    return fs
 
 
 def _http(settings: Settings) -> Any:

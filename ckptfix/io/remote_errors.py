@@ -1,5 +1,5 @@
-"""What went wrong with a remote request, in one line: each backend (botocore through s3fs,
-aiohttp, huggingface_hub, gcsfs) raises its own exceptions, often wrapped in another; this
+"""What went wrong with a remote request, in one line: each backend (botocore, aiohttp,
+huggingface_hub, gcsfs) raises its own exceptions, often wrapped in another; this
 module looks through the chain for an HTTP status or a known kind of failure and says which
 rule it breaks, whether trying again may help, and what the user can do.
 
@@ -82,7 +82,7 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         current = current.__cause__ or current.__context__
 
 
-def _status(exc: BaseException) -> int | None:
+def status_of(exc: BaseException) -> int | None:
     """The HTTP status an exception carries: aiohttp's `status`, requests' and httpx's
     `response.status_code`, botocore's `response["ResponseMetadata"]`."""
     status = getattr(exc, "status", None)
@@ -99,7 +99,7 @@ def _status(exc: BaseException) -> int | None:
     return None
 
 
-def _boto_code(exc: BaseException) -> str | None:
+def boto_code(exc: BaseException) -> str | None:
     response = getattr(exc, "response", None)
     if isinstance(response, dict) and isinstance(response.get("Error"), dict):
         code = response["Error"].get("Code")
@@ -159,14 +159,14 @@ _ENDPOINT_FIX = "check the network and the endpoint (AWS_ENDPOINT_URL, HF_ENDPOI
 
 
 def _one(exc: BaseException, scheme: str) -> Failure | None:
-    code = _boto_code(exc)
+    code = boto_code(exc)
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
         return Failure(
             "remote-credentials", f"the credentials were refused ({code})", _CREDENTIALS_FIX["s3"]
         )
     if code in ("NoSuchBucket", "NoSuchKey"):
         return Failure("remote-not-found", f"no such file or folder ({code})", "check the URL")
-    status = _status(exc)
+    status = status_of(exc)
     if status is not None:
         return from_status(status, scheme)
     by_name = _by_name(exc, scheme)
@@ -203,7 +203,7 @@ def classify(exc: BaseException, scheme: str) -> Failure | None:
 def is_precondition_failed(exc: BaseException) -> bool:
     """A read pinned to an ETag (If-Match) found the object replaced."""
     return any(
-        _status(item) == 412 or _boto_code(item) == "PreconditionFailed" for item in _chain(exc)
+        status_of(item) == 412 or boto_code(item) == "PreconditionFailed" for item in _chain(exc)
     )
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.gather import Sources, tensor_chunks
-from ckptfix.ops.digest import CHUNK, content_header
+from ckptfix.ops.digest import chunk_size, content_header
 
 if TYPE_CHECKING:
     import numpy as np
@@ -108,8 +108,9 @@ def compare_pair(
     measured = values and Stats.supports(tensor_a.dtype)
     stats = Stats(tensor_a.dtype, tensor_a.numel) if measured else None
     equal = True
-    left_chunks = tensor_chunks(sources_a, tensor_a, CHUNK)
-    right_chunks = tensor_chunks(sources_b, tensor_b, CHUNK)
+    chunk = max(chunk_size(sources_a, tensor_a), chunk_size(sources_b, tensor_b))
+    left_chunks = tensor_chunks(sources_a, tensor_a, chunk)
+    right_chunks = tensor_chunks(sources_b, tensor_b, chunk)
     for left, right in aligned(left_chunks, right_chunks):
         if stop.is_set():
             break

@@ -63,7 +63,8 @@ def _load_file(path: str, options: ReadOptions, folder: Folder) -> Checkpoint:
 
 
 def _load_url(url: str, options: ReadOptions) -> Checkpoint:
-    """fsspec and the backend are imported here, and only here (the remote extra)."""
+    """The remote backends (botocore, fsspec, ...) are imported from here, and only from here
+    (the remote extra)."""
     from ckptfix.io.remote_folder import open_url
 
     target = open_url(url)
