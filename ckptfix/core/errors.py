@@ -143,6 +143,16 @@ class Interrupted(CkptfixError):
         super().__init__(path, f"{what}; the output was left as it was" if path else what)
 
 
+class RepairRefusedError(CkptfixError):
+    """`ckptfix fix` cannot repair a finding, so it wrote nothing; `rule` is the finding's code."""
+
+    kind = "cannot-repair"
+
+    def __init__(self, path: str | None, code: str, what: str, fix: str | None = None) -> None:
+        super().__init__(path, what, fix, rule=code)
+        self.code = code
+
+
 class UnsafePickleError(CkptfixError):
     """A pickle names a global outside the allowlist; it was not loaded."""
 

@@ -36,7 +36,7 @@ def inspect(
     if parts and manifest is None:
         return _pipeline_report(os.fspath(path), parts, options, read)
     with load(path, read) as checkpoint:
-        report = report_of(checkpoint, checks.run(checkpoint, options))
+        report = report_of(checkpoint, checks.run(checkpoint, options), max_shard=max_shard)
         if manifest is not None:
             from ckptfix.ops.manifest import read_manifest, verified_report
 
@@ -59,7 +59,8 @@ def _pipeline_report(
     reports = []
     for part in parts:
         with load(os.path.join(root, part), read) as checkpoint:
-            reports.append(report_of(checkpoint, checks.run(checkpoint, options)))
+            found = checks.run(checkpoint, options)
+            reports.append(report_of(checkpoint, found, max_shard=options.max_shard))
     findings = sorted(
         (item for report in reports for item in report.findings),
         key=lambda item: -item.severity.rank,
@@ -78,7 +79,14 @@ def _pipeline_report(
     )
 
 
-def report_of(checkpoint: Checkpoint, findings: list[Finding]) -> Report:
+def report_of(
+    checkpoint: Checkpoint, findings: list[Finding], *, max_shard: int = DEFAULT_MAX_SHARD
+) -> Report:
+    """The report of a checkpoint: its files, the tensors its loader loads, and the findings,
+    each with its `fix` (what `ckptfix fix` would do about it, or what else repairs it)."""
+    from ckptfix.plan.repair_verdicts import annotate
+
+    findings = annotate(checkpoint, findings, max_shard)
     files = [
         FileSummary(record.label, record.format, record.size, len(record.tensors), record.metadata)
         for record in checkpoint.files
