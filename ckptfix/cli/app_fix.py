@@ -42,8 +42,7 @@ def fix_command(
     \b
     Example: ckptfix fix ./my-model --in-place
     """
-    from ckptfix.core.findings import error_line as refusal_line
-    from ckptfix.core.findings import finding
+    from ckptfix.core.errors import RepairRefusedError
     from ckptfix.ops.fix import FixOptions, fix
 
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
@@ -55,7 +54,8 @@ def fix_command(
         from ckptfix.cli import render_fix
 
         render_fix.fix_result(result, in_place=in_place)
-    for refusal in result.plan.refusals:  # --dry-run of a checkpoint fix refuses
-        item = finding(refusal.code, f"{refusal.what} ({refusal.fix})", file=refusal.file)
-        error_line(refusal_line(item))
+    for item in result.plan.refusals:  # --dry-run of a checkpoint fix refuses
+        error_line(
+            RepairRefusedError(item.file, item.code, item.what, item.fix, rule=item.rule).line()
+        )
     raise typer.Exit(result.exit_code)

@@ -76,7 +76,7 @@ def _entry_lines(plan: RepairPlan, in_place: bool) -> list[Text]:
 
 def _summary(plan: RepairPlan) -> Text:
     repaired, refused, kept = plan.count("repair"), plan.count("refuse"), plan.count("keep")
-    text = f"{repaired} finding(s) repaired, {refused} cannot be, {kept} info left as it is"
+    text = f"{repaired} finding(s) repaired, {refused} cannot be, {kept} left as they are"
     if plan.refused:
         codes = ", ".join(dict.fromkeys(refusal.code for refusal in plan.refusals))
         return Text(f"{text} → refused ({codes}): nothing is written", style="bold red")

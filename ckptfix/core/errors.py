@@ -144,13 +144,22 @@ class Interrupted(CkptfixError):
 
 
 class RepairRefusedError(CkptfixError):
-    """`ckptfix fix` cannot repair a finding, so it wrote nothing; `rule` is the finding's code."""
+    """`ckptfix fix` cannot repair a finding, so it wrote nothing: `code` is the finding's
+    code, `rule` the validation rule broken when there is one (a corrupt file)."""
 
     kind = "cannot-repair"
 
-    def __init__(self, path: str | None, code: str, what: str, fix: str | None = None) -> None:
-        super().__init__(path, what, fix, rule=code)
+    def __init__(
+        self,
+        path: str | None,
+        code: str,
+        what: str,
+        fix: str | None = None,
+        *,
+        rule: str | None = None,
+    ) -> None:
         self.code = code
+        super().__init__(path, what, fix, rule=rule or code)
 
 
 class UnsafePickleError(CkptfixError):

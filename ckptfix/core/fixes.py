@@ -10,6 +10,8 @@ the checkpoint's path), or `none:` and why.
 
 from __future__ import annotations
 
+import shlex
+
 REPAIRED_BY_FIX = frozenset(
     {
         "index-missing-file",  # when another shard of the family holds the tensors
@@ -24,6 +26,10 @@ REPAIRED_BY_FIX = frozenset(
         "shard-numbering",  # with an index, or with every part of the numbering present
     }
 )
+
+# Warnings about what a tensor is, not about damage: fix cannot change them, does not refuse
+# a checkpoint for them, and leaves them in the result (reported as left as they are).
+LEFT_AS_IS = frozenset({"huge-numel", "oversized-tensor"})
 
 _CONVERT = "ckptfix convert SRC -o OUT"
 
@@ -43,7 +49,7 @@ FIXES: dict[str, str] = {
     "shard-numbering": "ckptfix fix SRC -o OUT (or --in-place): renumber and index the shards, "
     "when none is missing",
     "shadowed-shards": "ckptfix fix SRC -o OUT (or --in-place): take the stale single file out",
-    "missing-format-metadata": 'ckptfix fix SRC --in-place: add "format": "pt" to the header',
+    "missing-format-metadata": 'ckptfix fix SRC -o OUT (or --in-place): add "format": "pt" to the header',
     "shared-storage": _CONVERT,
     "non-contiguous": _CONVERT,
     "wasted-storage": _CONVERT,
@@ -77,7 +83,18 @@ FIXES: dict[str, str] = {
 }
 
 
+_BY_FIX = "ckptfix fix SRC -o OUT (or --in-place): "
+
+
+def fix_action(code: str) -> str | None:
+    """What `ckptfix fix` does about a finding of `code` in general (None when it does not
+    repair it): for a checkpoint it has not planned, such as one it refuses for another
+    finding."""
+    text = FIXES.get(code, "")
+    return text.removeprefix(_BY_FIX) if text.startswith(_BY_FIX) else None
+
+
 def default_fix(code: str, path: str = "SRC") -> str:
     """What repairs a finding of `code` when nothing more is known, for the checkpoint at `path`."""
     text = FIXES.get(code, "none: see the message")
-    return text.replace("SRC", path) if path != "SRC" else text
+    return text.replace("SRC", shlex.quote(path)) if path != "SRC" else text

@@ -22,6 +22,7 @@ from ckptfix.core.errors import (
     VerificationError,
 )
 from ckptfix.core.findings import Severity
+from ckptfix.core.fixes import LEFT_AS_IS
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.io.urls import is_url
 from ckptfix.ops.inspect import report_of
@@ -135,7 +136,7 @@ def _refused(plan: RepairPlan) -> RepairRefusedError:
     fix = first.fix
     if len(plan.refusals) > 1:
         fix += f"; {len(plan.refusals) - 1} more, see `ckptfix fix {plan.path} --dry-run`"
-    return RepairRefusedError(first.file, first.code, first.what, fix)
+    return RepairRefusedError(first.file, first.code, first.what, fix, rule=first.rule)
 
 
 def fix(
@@ -220,6 +221,9 @@ def _stage(
         else:
             staging.commit()
     where = claim.out
+    if plan.single_file and options.in_place:  # the file itself, its header rewritten
+        only = written[0]
+        return WriteResult(where, (WrittenFile(where, only.bytes),), True, replaced=(where,))
     files = tuple(WrittenFile(os.path.join(where, item.path), item.bytes) for item in written)
     replaced: tuple[str, ...] = ()
     if options.in_place:
@@ -248,7 +252,11 @@ def _verify(plan: RepairPlan, staging: str, name: str | None, out: str) -> None:
     with load(path) as result:
         found = checks.run(result, checks.CheckOptions(DEFAULT_MAX_SHARD))
         held = {(tensor.name, os.path.relpath(tensor.file, staging)) for tensor in result.tensors}
-    bad = [item for item in found if item.severity.rank >= Severity.WARNING.rank]
+    bad = [
+        item
+        for item in found
+        if item.severity.rank >= Severity.WARNING.rank and item.code not in LEFT_AS_IS
+    ]
     planned = {(tensor, kept.target) for kept in plan.kept_files for tensor in kept.tensors}
     if bad or (held != planned and not plan.single_file):
         what = f"{bad[0].code}: {bad[0].message}" if bad else "tensors differ from the plan"

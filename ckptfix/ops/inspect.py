@@ -71,6 +71,8 @@ def _pipeline_report(
         files=tuple(item for report in reports for item in report.files),
         tensors=tuple(tensor for report in reports for tensor in report.tensors),
         findings=tuple(findings),
+        repairable=sum(report.repairable for report in reports),
+        fix_refused=tuple(dict.fromkeys(code for report in reports for code in report.fix_refused)),
         checkpoint={
             "components": {
                 part: report.checkpoint for part, report in zip(parts, reports, strict=True)
@@ -86,7 +88,7 @@ def report_of(
     each with its `fix` (what `ckptfix fix` would do about it, or what else repairs it)."""
     from ckptfix.plan.repair_verdicts import annotate
 
-    findings = annotate(checkpoint, findings, max_shard)
+    annotated = annotate(checkpoint, findings, max_shard)
     files = [
         FileSummary(record.label, record.format, record.size, len(record.tensors), record.metadata)
         for record in checkpoint.files
@@ -105,7 +107,9 @@ def report_of(
         format=checkpoint.kind,
         files=tuple(files),
         tensors=checkpoint.model_tensors,
-        findings=tuple(findings),
+        findings=tuple(annotated.findings),
+        repairable=annotated.repairable,
+        fix_refused=annotated.refused,
         layout=checkpoint.training.to_dict() if checkpoint.training is not None else None,
         checkpoint=checkpoint.choice.to_dict() if checkpoint.choice is not None else None,
     )

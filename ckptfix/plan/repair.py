@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfix.core.errors import CkptfixError
+
 # The folder inside the model folder that holds what `fix --in-place` takes out. Loaders
 # read only the top level of a model folder (transformers, diffusers, peft, vLLM, ...), and
 # ckptfix neither reads it as part of the checkpoint nor copies it with -o.
@@ -28,15 +30,32 @@ class Refusal:
     what: str
     fix: str  # the way out
     tensors: tuple[str, ...] = ()
+    rule: str | None = None  # the validation rule broken (a corrupt file), when there is one
+
+    @property
+    def label(self) -> str:
+        """What its error line names: the rule broken, else the finding code."""
+        return self.rule or self.code
 
     def to_dict(self) -> dict[str, object]:
         return {
             "code": self.code,
+            "rule": self.label,
             "file": self.file,
             "tensors": list(self.tensors),
             "message": self.what,
             "fix": self.fix,
         }
+
+
+def read_refusal(label: str, error: CkptfixError | None) -> Refusal:
+    """A weight file that could not be read: nothing can be rebuilt from it."""
+    code = (error.code if error is not None else None) or "corrupt-file"
+    what = error.what if error is not None else "file could not be read"
+    fix = (error.fix if error is not None else None) or "download it again"
+    rule = error.rule if error is not None else None
+    fix += ", then run `ckptfix fix` again"
+    return Refusal(code, label, what, fix, rule=rule)
 
 
 @dataclass(frozen=True)
@@ -98,6 +117,7 @@ class Move:
     source: str
     aside: str
     reason: str
+    stale: tuple[str, ...] = field(default=(), compare=False)  # copies kept in other files
 
     def to_dict(self) -> dict[str, object]:
         return {"source": self.source, "aside": f"{ASIDE}/{self.aside}", "reason": self.reason}

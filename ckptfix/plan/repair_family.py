@@ -27,7 +27,7 @@ from ckptfix.formats.index import ShardIndex
 from ckptfix.layouts.choice import single_name
 from ckptfix.layouts.huggingface import family_key
 from ckptfix.layouts.names import Family, parse_weight_name
-from ckptfix.plan.repair import FamilyPlan, IndexPlan, KeptFile, Move, Refusal
+from ckptfix.plan.repair import FamilyPlan, IndexPlan, KeptFile, Move, Refusal, read_refusal
 from ckptfix.plan.shards import OutputName
 
 _AGAIN = "then run `ckptfix fix` again"
@@ -94,11 +94,7 @@ def _reads(
         if record is not None and record.read is not None:
             reads[name] = record.read
             continue
-        error = record.error if record is not None else None
-        code = (error.code if error is not None else None) or "corrupt-file"
-        what = error.what if error is not None else "file could not be read"
-        fix = (error.fix if error is not None else None) or "download it again"
-        refusals.append(Refusal(code, label, what, f"{fix}; the shards are what fix rebuilds from"))
+        refusals.append(read_refusal(label, record.error if record is not None else None))
     return reads, refusals
 
 
@@ -213,9 +209,9 @@ def _targets(family: Family, names: Sequence[str]) -> list[str]:
     parsed = [parse_weight_name(name) for name in names]
     numbered = [item for item in parsed if item is not None and item.total is not None]
     parts = sorted(item.part or 0 for item in numbered)
-    if len(numbered) == count and parts == list(range(1, count + 1)):
-        if {item.total for item in numbered} == {count}:
-            return list(names)
+    complete = len(numbered) == count and parts == list(range(1, count + 1))
+    if complete and {item.total for item in numbered} == {count}:
+        return list(names)
     if not numbered and single not in names:
         return list(names)  # names of their own (the index says where): left as they are
     output = OutputName(family.stem, family.ext, family.variant)
@@ -236,7 +232,7 @@ def _moved(member: _Member, kept_in: Mapping[str, str]) -> Move:
             f"{name_list(list(member.dropped), 2)}, kept in {', '.join(holders)}; "
             "rewritten without them"
         )
-    return Move(member.name, member.name, why)
+    return Move(member.name, member.name, why, member.dropped)
 
 
 def _index_plan(

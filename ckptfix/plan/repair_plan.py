@@ -19,7 +19,7 @@ from ckptfix.core.findings import Finding, name_list, split_message
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.layouts.diffusers import no_weights_message
 from ckptfix.layouts.names import Family
-from ckptfix.plan.repair import FamilyPlan, KeptFile, Move, Refusal, RepairPlan
+from ckptfix.plan.repair import FamilyPlan, KeptFile, Move, Refusal, RepairPlan, read_refusal
 from ckptfix.plan.repair_family import index_of, members, plan_family
 
 
@@ -63,11 +63,7 @@ def _single_file(checkpoint: Checkpoint) -> RepairPlan:
     record = checkpoint.files[0]
     name = os.path.basename(path)
     if record.read is None:
-        error = record.error
-        code = (error.code if error is not None else None) or "corrupt-file"
-        what = error.what if error is not None else "file could not be read"
-        fix = (error.fix if error is not None else None) or "download it again"
-        return RepairPlan(path, True, refusals=(Refusal(code, path, what, fix),))
+        return RepairPlan(path, True, refusals=(read_refusal(path, record.error),))
     if record.format != "safetensors":
         what = f"file is {record.format}, which fix does not rewrite"
         fix = f"`ckptfix convert {path} -o OUT` writes it as safetensors"

@@ -4,7 +4,8 @@
 file) will be: the kept files under their new names with the tensors they keep and the
 header metadata they will have, the index as planned, the config as it is. `checks.run`
 over it gives the findings `ckptfix inspect OUT` would report; each one at warning level or
-above is a refusal, so fix never writes a checkpoint that still has one.
+above is a refusal, so fix never writes a checkpoint that still has one (but for the sizes
+of tensors, core.fixes.LEFT_AS_IS, which no repair changes).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import replace
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint, FileRecord, IndexRecord
 from ckptfix.core.findings import Severity, split_message
-from ckptfix.core.fixes import default_fix
+from ckptfix.core.fixes import LEFT_AS_IS, default_fix
 from ckptfix.formats.index import ShardIndex
 from ckptfix.layouts.choice import choose
 from ckptfix.layouts.names import FolderLayout, layout_of
@@ -94,13 +95,13 @@ def result_refusals(
     renamed = _renamed_back(checkpoint.path, plan)
     refusals = []
     for item in found:
-        if item.severity.rank < Severity.WARNING.rank:
+        if item.severity.rank < Severity.WARNING.rank or item.code in LEFT_AS_IS:
             continue
-        what, _, fix = split_message(item.message)
+        what, rule, fix = split_message(item.message)
         way_out = fix or default_fix(item.code, checkpoint.path).removeprefix("none: ")
         file = renamed.get(item.file, item.file) if item.file else None
         what = f"the repaired checkpoint would still have this: {what}"
-        refusals.append(Refusal(item.code, file, what, way_out, item.tensors))
+        refusals.append(Refusal(item.code, file, what, way_out, item.tensors, rule or None))
     return tuple(refusals)
 
 

@@ -1,16 +1,19 @@
 """Each finding of the source against a RepairPlan: what fix does about it (`repair`), that
-fix cannot repair it (`refuse`), or that it is info left as it is (`keep`); and the `fix`
+fix cannot repair it (`refuse`), or that it is left as it is (`keep`: info, and the sizes
+of tensors, core.fixes.LEFT_AS_IS); and the `fix`
 text every finding carries in reports: the command that repairs it, or why none can."""
 
 from __future__ import annotations
 
 import os
+import shlex
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, Severity
-from ckptfix.core.fixes import default_fix
+from ckptfix.core.fixes import LEFT_AS_IS, default_fix, fix_action
+from ckptfix.io.urls import is_url
 from ckptfix.plan.repair import FamilyPlan, FindingAction, KeptFile, Move, Refusal, RepairPlan
 
 _INDEX_CODES = (
@@ -73,6 +76,30 @@ def _moved(move: Move) -> str:
     return f"take {move.source} out ({move.reason})"
 
 
+def _duplicate_action(item: Finding, context: _Context) -> str | None:
+    """A name stored twice: which copy stays, and what happens to the files with the
+    others."""
+    names = set(item.tensors)
+    holders = [kept.target for kept, _ in context.kept.values() if names & set(kept.tensors)]
+    if not holders:
+        return None
+    family = next(iter(context.kept.values()))[1]
+    index = family.index.file if family.index is not None else "the index"
+    parts = [f"keep the copy in {', '.join(holders)}, the one {index} points to"]
+    for kept, _ in context.kept.values():
+        if names & set(kept.dropped):
+            stale = len(names & set(kept.dropped))
+            parts.append(
+                f"rewrite {kept.source} without its stale cop{'y' if stale == 1 else 'ies'}"
+            )
+    parts += [
+        f"take {move.source} out"
+        for move in context.plan.moves
+        if names & set(move.stale) and move.source not in context.kept
+    ]
+    return "; ".join(dict.fromkeys(parts))
+
+
 def _file_action(item: Finding, context: _Context) -> str | None:
     """What happens to the finding's own file: taken out, renamed into the index, or its
     header rewritten."""
@@ -81,7 +108,9 @@ def _file_action(item: Finding, context: _Context) -> str | None:
     found = context.kept.get(name)
     if item.code == "missing-format-metadata" and found is not None and found[0].add_format:
         return f'rewrite the header of {name} with "format": "pt" (tensor bytes unchanged)'
-    if found is not None and item.code in ("orphan-file", "duplicate-name", "shadowed-shards"):
+    if item.code == "duplicate-name":
+        return _duplicate_action(item, context) or (_moved(move) if move is not None else None)
+    if found is not None and item.code in ("orphan-file", "shadowed-shards"):
         kept, family = found
         index = family.index.file if family.index is not None else "the checkpoint"
         how = "rewritten without its stale copies" if kept.dropped else "kept"
@@ -144,10 +173,12 @@ def _verdict(item: Finding, context: _Context) -> FindingAction:
     if refusal is not None:
         return made("refuse", refusal.fix)
     action = _action(item, context)
+    if action is None and plan.refused:  # not planned: its family is refused
+        action = fix_action(item.code)
     if action is not None:
         return made("repair", action)
-    if item.severity is Severity.INFO:
-        return made("keep", f"left as it is (info): {default_fix(item.code, plan.path)}")
+    if item.severity is Severity.INFO or item.code in LEFT_AS_IS:
+        return made("keep", f"left as it is: {default_fix(item.code, plan.path)}")
     if plan.checked:  # the result was checked and does not have it
         return made("repair", "gone from the repaired checkpoint")
     return made("refuse", default_fix(item.code, plan.path).removeprefix("none: "))
@@ -161,24 +192,52 @@ def verdicts(
     return tuple(_verdict(item, context) for item in findings)
 
 
-def fix_text(action: FindingAction, path: str) -> str:
-    """A finding's `fix`: `ckptfix fix PATH: <what it does>`, another command, or `none: why`."""
+def fix_command(path: str) -> str:
+    """`ckptfix fix PATH -o OUT (or --in-place)`, PATH quoted for a shell where it needs it;
+    a URL is repaired from a local copy."""
+    if is_url(path):
+        return "ckptfix fix on a local copy (-o OUT or --in-place)"
+    return f"ckptfix fix {shlex.quote(path)} -o OUT (or --in-place)"
+
+
+def fix_text(action: FindingAction, plan: RepairPlan) -> str:
+    """A finding's `fix`: `ckptfix fix PATH -o OUT (or --in-place): <what it does>`, another
+    command, or `none: why`. While fix refuses the checkpoint for another finding, the
+    repair waits for that one."""
     if action.verdict == "repair":
-        return f"ckptfix fix {path}: {action.action}"
+        text = f"{fix_command(plan.path)}: {action.action}"
+        if plan.refused:
+            codes = ", ".join(dict.fromkeys(refusal.code for refusal in plan.refusals))
+            text += f", once what it cannot repair ({codes}) is resolved"
+        return text
     if action.verdict == "keep":
-        return action.action.removeprefix("left as it is (info): ")
+        return action.action.removeprefix("left as it is: ")
     text = action.action
     return text if text.startswith(("ckptfix ", "none: ")) else f"none: {text}"
 
 
-def annotate(checkpoint: Checkpoint, findings: Sequence[Finding], max_shard: int) -> list[Finding]:
+@dataclass(frozen=True)
+class Annotated:
+    """Findings with their `fix`, and how many of them `ckptfix fix` would repair now (0
+    while it refuses the checkpoint)."""
+
+    findings: list[Finding]
+    repairable: int = 0
+    refused: tuple[str, ...] = ()  # the codes fix cannot repair, when it refuses
+
+
+def annotate(checkpoint: Checkpoint, findings: Sequence[Finding], max_shard: int) -> Annotated:
     """The findings with their `fix`, from the plan `ckptfix fix` would make for them."""
     if not findings:
-        return list(findings)
+        return Annotated(list(findings))
     from ckptfix.plan.repair_plan import plan_repair
 
     plan = plan_repair(checkpoint, findings, max_shard=max_shard)
-    return [
-        replace(item, fix=fix_text(action, checkpoint.path))
+    annotated = [
+        replace(item, fix=fix_text(action, plan))
         for item, action in zip(findings, plan.findings, strict=True)
     ]
+    if plan.refused:
+        codes = tuple(dict.fromkeys(refusal.code for refusal in plan.refusals))
+        return Annotated(annotated, 0, codes)
+    return Annotated(annotated, plan.count("repair"))
