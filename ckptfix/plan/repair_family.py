@@ -99,21 +99,34 @@ def _reads(
 
 
 def _chosen_copies(
-    names: Sequence[str], reads: Mapping[str, FileRead], weight_map: Mapping[str, str]
+    names: Sequence[str], reads: Mapping[str, FileRead], index: ShardIndex | None
 ) -> tuple[dict[str, str], dict[str, list[str]]]:
     """Which file keeps each tensor name, and the names held twice that nothing decides
-    (with their files)."""
+    (with their files). A copy the index maps the name to wins. A name the index does not
+    map at all keeps its one copy in a shard the index lists when every other copy is in a
+    stale file: one outside the index whose every tensor a listed shard holds too (a stale
+    single-file export or orphan beside the current shards)."""
+    weight_map = index.weight_map if index is not None else {}
+    listed = set(index.shard_names) if index is not None else set()
     holders: dict[str, list[str]] = defaultdict(list)
     for name in names:
         for tensor in reads[name].tensors:
             holders[tensor.name].append(name)
+    stale = {
+        name
+        for name in names
+        if name not in listed and all(set(holders[t.name]) & listed for t in reads[name].tensors)
+    }
     kept_in: dict[str, str] = {}
     undecided: dict[str, list[str]] = {}
     for held, files in holders.items():
+        current = [file for file in files if file in listed]
         if len(files) == 1:
             kept_in[held] = files[0]
         elif weight_map.get(held) in files:
             kept_in[held] = weight_map[held]
+        elif held not in weight_map and len(current) == 1 and set(files) - listed <= stale:
+            kept_in[held] = current[0]
         else:
             undecided[held] = files
     return kept_in, undecided
@@ -276,7 +289,7 @@ def plan_family(
     reads, refusals = _reads(root, names, records)
     if refusals:
         return FamilyOutcome(None, refusals=tuple(refusals))
-    kept_in, undecided = _chosen_copies(names, reads, index.weight_map if index else {})
+    kept_in, undecided = _chosen_copies(names, reads, index)
     refusals = _undecided_refusals(root, undecided)
     refusals += _unheld_refusals(checkpoint, index, kept_in) if index else []
     first = family.files[0] if family.files else family.index or ""
