@@ -51,6 +51,10 @@ def _missing_tensor(f: Factory, name: str) -> None:
     f.index(f"{name}/{INDEX}", {**MAP, "model.norm.weight": TWO}, TOTAL)
 
 
+def _missing_file(f: Factory, name: str) -> None:
+    f.index(f"{name}/{INDEX}", {**MAP, "lm_head.weight": "model-00003-of-00003.safetensors"}, TOTAL)
+
+
 def _lost_index(f: Factory, name: str) -> None:
     (f.root / name / INDEX).unlink()
 
@@ -92,6 +96,10 @@ REPAIRABLE: dict[str, tuple[Callable[[Factory, str], None], set[str]]] = {
     "missing-tensor": (
         _missing_tensor,
         {"index-missing-tensor", "index-unlisted-tensor", "index-total-size"},
+    ),
+    "missing-file": (
+        _missing_file,
+        {"index-missing-file", "orphan-file", "shard-numbering", "tied-config-mismatch"},
     ),
     "lost-index": (_lost_index, {"shard-numbering"}),
     "numbering": (_numbering, {"shard-numbering"}),

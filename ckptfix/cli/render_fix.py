@@ -57,9 +57,19 @@ def _file_lines(plan: RepairPlan, in_place: bool) -> list[Text]:
             state = "written anew" if index.write else "kept as it is"
             total = index.metadata.get("total_size")
             lines.append(Text(f"  index: {index.file}, {state} (total_size {total:,})"))
+    return lines + _move_lines(plan, in_place)
+
+
+def _move_lines(plan: RepairPlan, in_place: bool) -> list[Text]:
+    lines = []
+    rewritten = {kept.source for kept in plan.kept_files}
     for move in plan.moves:
+        if move.source in rewritten and not in_place:
+            continue  # its rewrite stands in for it in OUT (the line above says so)
         where = f" → {ASIDE}/{move.aside}" if in_place else ""
         verb = "moved aside" if in_place else "left out"
+        if move.source in rewritten:
+            verb = "original moved aside"
         lines.append(Text(f"  {verb}: {move.source}{where} ({move.reason})", style="yellow"))
     return lines
 
@@ -75,7 +85,8 @@ def _entry_lines(plan: RepairPlan, in_place: bool) -> list[Text]:
 
 
 def _summary(plan: RepairPlan) -> Text:
-    repaired, refused, kept = plan.count("repair"), plan.count("refuse"), plan.count("keep")
+    repaired, refused = plan.count("repair"), plan.count("refuse")
+    kept = plan.count("keep") + len(plan.remaining)
     text = f"{repaired} finding(s) repaired, {refused} cannot be, {kept} left as they are"
     if plan.refused:
         codes = ", ".join(dict.fromkeys(refusal.code for refusal in plan.refusals))
@@ -112,6 +123,10 @@ def fix_result(result: FixResult, *, in_place: bool) -> None:
         console.print(_findings_table(plan))
     else:
         console.print(Text(f"{plan.path}: no findings"))
+    for item in plan.remaining:
+        where = f"{_shown(plan, item.file)}: " if item.file else ""
+        stays = f"! {item.code} stays: {where}{item.message}"
+        console.print(Text(stays, style="yellow"), soft_wrap=True)
     for line in _file_lines(plan, in_place) + _entry_lines(plan, in_place):
         console.print(line, soft_wrap=True)
     for refusal in plan.refusals:

@@ -172,6 +172,9 @@ class RepairPlan:
     moves: tuple[Move, ...] = ()
     refusals: tuple[Refusal, ...] = ()
     findings: tuple[FindingAction, ...] = ()
+    # Warnings the repaired checkpoint still has, which no repair changes (the sizes of
+    # tensors: core.fixes.LEFT_AS_IS).
+    remaining: tuple[FindingAction, ...] = ()
     # The folder's other entries (ops.fix fills these in): copied or carried as they are,
     # and those -o leaves out with the reason.
     copied: tuple[str, ...] = ()
@@ -208,6 +211,7 @@ class RepairPlan:
             "refused": self.refused,
             "refusals": [item.to_dict() for item in self.refusals],
             "findings": [item.to_dict() for item in self.findings],
+            "remaining": [item.to_dict() for item in self.remaining],
             "families": [family.to_dict() for family in self.families],
             "moved": [move.to_dict() for move in self.moves],
             "copied_files": list(self.copied),

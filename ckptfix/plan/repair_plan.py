@@ -32,13 +32,13 @@ def plan_repair(
 ) -> RepairPlan:
     """The repair of `checkpoint` (its `findings` as checks.run found them). `taken` are
     the paths already inside the aside folder, which moved files must not overwrite."""
-    from ckptfix.plan.repair_result import result_refusals
+    from ckptfix.plan.repair_result import result_check
     from ckptfix.plan.repair_verdicts import verdicts
 
     plan = _plan(checkpoint, taken)
     if not plan.refused:
-        refusals = result_refusals(checkpoint, plan, max_shard)
-        plan = replace(plan, refusals=refusals, checked=True)
+        refusals, remaining = result_check(checkpoint, plan, max_shard)
+        plan = replace(plan, refusals=refusals, remaining=remaining, checked=True)
     return replace(plan, findings=verdicts(checkpoint, findings, plan))
 
 

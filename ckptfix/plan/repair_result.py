@@ -21,7 +21,7 @@ from ckptfix.core.fixes import LEFT_AS_IS, default_fix
 from ckptfix.formats.index import ShardIndex
 from ckptfix.layouts.choice import choose
 from ckptfix.layouts.names import FolderLayout, layout_of
-from ckptfix.plan.repair import KeptFile, Refusal, RepairPlan
+from ckptfix.plan.repair import FindingAction, KeptFile, Refusal, RepairPlan
 
 
 def _kept_record(record: FileRecord, kept: KeptFile, label: str) -> FileRecord:
@@ -86,23 +86,31 @@ def result_checkpoint(checkpoint: Checkpoint, plan: RepairPlan) -> Checkpoint:
     )
 
 
-def result_refusals(
+def result_check(
     checkpoint: Checkpoint, plan: RepairPlan, max_shard: int
-) -> tuple[Refusal, ...]:
-    """Every finding at warning level or above that the repaired checkpoint would have."""
+) -> tuple[tuple[Refusal, ...], tuple[FindingAction, ...]]:
+    """Every finding at warning level or above that the repaired checkpoint would have: as
+    refusals, but for the sizes of tensors (LEFT_AS_IS), which no repair changes and which
+    are returned second, as findings left as they are."""
     result = result_checkpoint(checkpoint, plan)
     found = checks.run(result, checks.CheckOptions(max_shard=max_shard))
     renamed = _renamed_back(checkpoint.path, plan)
-    refusals = []
+    refusals, remaining = [], []
     for item in found:
-        if item.severity.rank < Severity.WARNING.rank or item.code in LEFT_AS_IS:
+        if item.severity.rank < Severity.WARNING.rank:
+            continue
+        file = renamed.get(item.file, item.file) if item.file else None
+        if item.code in LEFT_AS_IS:
+            action = f"left as it is: {default_fix(item.code, checkpoint.path)}"
+            remaining.append(
+                FindingAction(item.code, item.severity.value, file, item.message, "keep", action)
+            )
             continue
         what, rule, fix = split_message(item.message)
         way_out = fix or default_fix(item.code, checkpoint.path).removeprefix("none: ")
-        file = renamed.get(item.file, item.file) if item.file else None
         what = f"the repaired checkpoint would still have this: {what}"
         refusals.append(Refusal(item.code, file, what, way_out, item.tensors, rule or None))
-    return tuple(refusals)
+    return tuple(refusals), tuple(remaining)
 
 
 def _renamed_back(root: str, plan: RepairPlan) -> Mapping[str, str]:
