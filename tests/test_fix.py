@@ -460,3 +460,22 @@ def test_huge_tensor_is_left_as_it_is(factory: Factory, tmp_path: Path) -> None:
     assert [item["source"] for item in repair["moved"]] == [INDEX]
     check = cli("inspect", folder, "--fail-on", "warning", "--json")
     assert [item["code"] for item in check.json()["findings"]] == ["huge-numel"]
+
+
+def test_inspect_plans_without_writers_or_torch(factory: Factory) -> None:
+    """The `fix` of inspect's findings comes from the repair planner alone (data, no I/O):
+    no writer, staging or torch is imported for it."""
+    import subprocess
+    import sys
+
+    folder = broken(factory, "duplicate")
+    code = (
+        "import sys; from ckptfix.cli.entry import main; sys.argv = ['ckptfix', 'inspect', "
+        f"{str(folder)!r}]\n"
+        "try:\n    main()\nexcept SystemExit:\n"
+        "    loaded = sorted(m for m in sys.modules if m.startswith(('ckptfix.write', "
+        "'ckptfix.ops.rewrite', 'ckptfix.ops.fix', 'torch')))\n"
+        "    print(loaded, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.stderr.strip().splitlines()[-1] == "[]"

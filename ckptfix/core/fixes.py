@@ -11,6 +11,9 @@ the checkpoint's path), or `none:` and why.
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass, field
+
+from ckptfix.core.findings import Finding
 
 REPAIRED_BY_FIX = frozenset(
     {
@@ -98,3 +101,13 @@ def default_fix(code: str, path: str = "SRC") -> str:
     """What repairs a finding of `code` when nothing more is known, for the checkpoint at `path`."""
     text = FIXES.get(code, "none: see the message")
     return text.replace("SRC", shlex.quote(path)) if path != "SRC" else text
+
+
+@dataclass(frozen=True)
+class Annotated:
+    """Findings with their `fix`, and how many of them `ckptfix fix` would repair now (0
+    while it refuses the checkpoint, for the codes in `refused`)."""
+
+    findings: list[Finding] = field(default_factory=list)
+    repairable: int = 0
+    refused: tuple[str, ...] = ()

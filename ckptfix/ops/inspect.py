@@ -8,6 +8,7 @@ from dataclasses import replace
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding
+from ckptfix.core.fixes import Annotated
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.formats.base import ReadOptions
 from ckptfix.layouts.diffusers import components
@@ -81,14 +82,22 @@ def _pipeline_report(
     )
 
 
+def _annotated(checkpoint: Checkpoint, findings: list[Finding], max_shard: int) -> Annotated:
+    """The findings with their `fix`; the repair planner is imported only when there are
+    findings to plan for (a clean inspect loads no planner)."""
+    if not findings:
+        return Annotated([])
+    from ckptfix.plan.repair_verdicts import annotate
+
+    return annotate(checkpoint, findings, max_shard)
+
+
 def report_of(
     checkpoint: Checkpoint, findings: list[Finding], *, max_shard: int = DEFAULT_MAX_SHARD
 ) -> Report:
     """The report of a checkpoint: its files, the tensors its loader loads, and the findings,
     each with its `fix` (what `ckptfix fix` would do about it, or what else repairs it)."""
-    from ckptfix.plan.repair_verdicts import annotate
-
-    annotated = annotate(checkpoint, findings, max_shard)
+    annotated = _annotated(checkpoint, findings, max_shard)
     files = [
         FileSummary(record.label, record.format, record.size, len(record.tensors), record.metadata)
         for record in checkpoint.files

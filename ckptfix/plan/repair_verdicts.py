@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, Severity
-from ckptfix.core.fixes import LEFT_AS_IS, default_fix, fix_action
+from ckptfix.core.fixes import LEFT_AS_IS, Annotated, default_fix, fix_action
 from ckptfix.io.urls import is_url
 from ckptfix.plan.repair import FamilyPlan, FindingAction, KeptFile, Move, Refusal, RepairPlan
 
@@ -216,16 +216,6 @@ def fix_text(action: FindingAction, plan: RepairPlan) -> str:
         return action.action.removeprefix("left as it is: ")
     text = action.action
     return text if text.startswith(("ckptfix ", "none: ")) else f"none: {text}"
-
-
-@dataclass(frozen=True)
-class Annotated:
-    """Findings with their `fix`, and how many of them `ckptfix fix` would repair now (0
-    while it refuses the checkpoint)."""
-
-    findings: list[Finding]
-    repairable: int = 0
-    refused: tuple[str, ...] = ()  # the codes fix cannot repair, when it refuses
 
 
 def annotate(checkpoint: Checkpoint, findings: Sequence[Finding], max_shard: int) -> Annotated:
