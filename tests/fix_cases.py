@@ -21,7 +21,7 @@ ONE = "model-00001-of-00002.safetensors"
 TWO = "model-00002-of-00002.safetensors"
 INDEX = "model.safetensors.index.json"
 MAP = {"model.embed_tokens.weight": ONE, "model.norm.weight": ONE, "lm_head.weight": TWO}
-STALE = bytes(range(256)) * 1  # other bytes than the seeded ones, for stale copies
+STALE = bytes(range(256))  # other bytes than the seeded ones, for stale copies
 
 
 def stale(spec: Spec) -> Spec:
@@ -115,6 +115,17 @@ def broken(f: Factory, case: str, name: str = "broken") -> Path:
     folder = clean(f, name)
     REPAIRABLE[case][0](f, name)
     return folder
+
+
+def lfs_folder(f: Factory) -> tuple[Path, str]:
+    """The clean folder with its second shard an LFS pointer, and the error line fix gives."""
+    folder = clean(f, "m")
+    path = f.lfs_pointer(f"m/{TWO}")
+    return folder, (
+        f"error: {path}: file is a Git LFS pointer to a 4.98 GB object (oid "
+        "sha256:abababababab…), not the weights (rule lfs-pointer; run `git lfs pull`, or "
+        "download the file itself, then run `ckptfix fix` again)"
+    )
 
 
 def loaded(folder: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
