@@ -64,7 +64,7 @@ def test_fix_to_out(factory: Factory, tmp_path: Path, case: str) -> None:
     assert run.code == 0, run.stderr
     assert run.stderr == ""
     document = run.json()
-    repair = document["repair"]
+    repair = document["plan"]
     assert repair["refused"] is False and repair["refusals"] == []
     assert {item["code"] for item in document["findings"]} == REPAIRABLE[case][1]
     assert {item["verdict"] for item in repair["findings"]} == {"repair"}
@@ -151,7 +151,7 @@ def test_out_keeps_the_users_other_files(factory: Factory, tmp_path: Path) -> No
     assert (out / "generation_config.json").read_bytes() == b"{}"
     assert not (out / "pytorch_model.bin").exists()
     assert not (out / ASIDE).exists()
-    assert run.json()["repair"]["left_out"] == {}
+    assert run.json()["plan"]["left_out"] == {}
 
 
 def test_out_leaves_the_aside_folder_out(factory: Factory, tmp_path: Path) -> None:
@@ -160,7 +160,7 @@ def test_out_leaves_the_aside_folder_out(factory: Factory, tmp_path: Path) -> No
     out = tmp_path / "out"
     run = cli("fix", folder, "-o", out, "--json")
     assert run.code == 0, run.stderr
-    assert run.json()["repair"]["left_out"] == {ASIDE: "what ckptfix fix took out"}
+    assert run.json()["plan"]["left_out"] == {ASIDE: "what ckptfix fix took out"}
     assert not (out / ASIDE).exists()
 
 
@@ -207,7 +207,7 @@ def test_dry_run_changes_nothing(factory: Factory, tmp_path: Path) -> None:
     assert run.code == 0, run.stderr
     document = run.json()
     assert document["written"] is None
-    assert document["repair"]["findings"] == [
+    assert document["plan"]["findings"] == [
         {
             "code": "duplicate-name",
             "severity": "error",
@@ -305,7 +305,7 @@ def test_huge_tensor_is_left_as_it_is(factory: Factory, tmp_path: Path) -> None:
     factory.index("huge/model.safetensors.index.json", {"huge": "model.safetensors"}, 1)
     run = cli("fix", folder, "--in-place", "--json")
     assert run.code == 0, run.stderr
-    repair = run.json()["repair"]
+    repair = run.json()["plan"]
     verdicts = {item["code"]: item["verdict"] for item in repair["findings"]}
     assert verdicts == {
         "huge-numel": "keep",
@@ -337,3 +337,25 @@ def test_inspect_plans_without_writers_or_torch(factory: Factory) -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert done.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_a_torch_checkpoint_is_for_convert(tmp_path: Path) -> None:
+    import torch
+
+    path = tmp_path / "tied.bin"
+    weight = torch.arange(16, dtype=torch.float32).reshape(4, 4)
+    torch.save({"embed.weight": weight, "lm_head.weight": weight}, path)
+    inspected = cli("inspect", path, "--json")
+    assert [(item["code"], item["fix"]) for item in inspected.json()["findings"]] == [
+        ("shared-storage", f"ckptfix convert {path} -o OUT")
+    ]
+    last = cli("inspect", path).stdout.splitlines()[-1]
+    assert last.endswith(
+        f"; `ckptfix fix {path}` repairs none: it rewrites safetensors checkpoints only"
+    )
+    run = cli("fix", path, "-o", tmp_path / "out")
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: {path}: file is torch-zip, which fix does not rewrite (rule "
+        f"unsupported-format; `ckptfix convert {path} -o OUT` writes it as safetensors)"
+    ]

@@ -73,7 +73,7 @@ def test_transformers_loads_the_repaired_folder(tmp_path: Path, mode: str) -> No
     out = tmp_path / "out" if mode == "-o" else folder
     run = cli("fix", folder, *(["-o", out] if mode == "-o" else ["--in-place"]), "--json")
     assert run.code == 0, run.stderr
-    moved = {item["source"] for item in run.json()["repair"]["moved"]}
+    moved = {item["source"] for item in run.json()["plan"]["moved"]}
     assert moved == {"model.safetensors", "pytorch_model.bin", INDEX}
     weights, logits = _load(out)
     assert weights == expected

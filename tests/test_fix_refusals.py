@@ -119,7 +119,7 @@ def test_refusal_dry_run_prints_the_plan(factory: Factory) -> None:
     run = cli("fix", folder, "--in-place", "--dry-run", "--json")
     assert run.code == 1
     assert run.error_lines == [line]
-    repair = run.json()["repair"]
+    repair = run.json()["plan"]
     assert repair["refused"] is True
     verdicts = {item["code"]: item["verdict"] for item in repair["findings"]}
     assert verdicts == {"lfs-pointer": "refuse", "missing-format-metadata": "repair"}

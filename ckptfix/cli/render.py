@@ -183,8 +183,11 @@ def repair_clause(result: Report) -> str:
         if result.format == "diffusers-pipeline"
         else (f"`ckptfix fix {result.path}`")
     )
-    if result.fix_refused:
-        return f"{command} repairs none until {', '.join(result.fix_refused)} is resolved"
+    found = [code for code in result.fix_refused if result.count_code(code)]
+    if found:
+        return f"{command} repairs none until {', '.join(found)} is resolved"
+    if result.fix_refused:  # not a finding: a checkpoint fix does not rewrite (torch, DCP)
+        return f"{command} repairs none: it rewrites safetensors checkpoints only"
     return f"{command} would repair {result.repairable}"
 
 

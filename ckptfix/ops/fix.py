@@ -61,7 +61,7 @@ class FixResult:
 
     def to_dict(self) -> dict[str, object]:
         document = self.report.to_dict()
-        document["repair"] = self.plan.to_dict()
+        document["plan"] = self.plan.to_dict()
         document["written"] = self.written.to_dict() if self.written is not None else None
         document["moved"] = [{"from": old, "to": new} for old, new in self.moved]
         return document

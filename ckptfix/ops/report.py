@@ -79,6 +79,9 @@ class Report:
     def count(self, severity: Severity) -> int:
         return sum(1 for item in self.findings if item.severity is severity)
 
+    def count_code(self, code: str) -> int:
+        return sum(1 for item in self.findings if item.code == code)
+
     def exit_code(self, fail_on: str = "error") -> int:
         """0 when no finding is at or above `fail_on`, else 1 (README, "Exit codes")."""
         if fail_on == "never":
