@@ -47,8 +47,8 @@ class FixOptions:
 @dataclass(frozen=True)
 class FixResult:
     """The source's report, the repair plan, what was written (None for --dry-run, and for
-    --in-place when nothing needed repair) and, for --in-place, where each file taken out
-    went."""
+    --in-place when nothing needed repair) and, for --in-place, every file that moved: a
+    shard renamed, or a file taken out into the aside folder."""
 
     report: Report
     plan: RepairPlan
@@ -177,7 +177,12 @@ def _write(
     moved: tuple[tuple[str, str], ...] = ()
     if options.in_place:
         root = claim.out
-        moved = tuple(
+        renamed = [
+            (os.path.join(root, kept.source), os.path.join(root, kept.target))
+            for kept in plan.kept_files
+            if kept.target != kept.source
+        ]
+        moved = tuple(renamed) + tuple(
             (os.path.join(root, move.source), os.path.join(root, ASIDE, move.aside))
             for move in plan.moves
         )
