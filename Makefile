@@ -69,6 +69,9 @@ demo: $(DEMO)
 	@$(BIN)/ckptfix inspect demo-out/sample-model; echo "(exit code $$?: this sample has errors on purpose)"
 	@echo; echo "\$$ ckptfix reshard demo-out/sample-model -o demo-out/never"
 	@$(BIN)/ckptfix reshard demo-out/sample-model -o demo-out/never; echo "(exit code $$?: refused, nothing written)"
+	@echo; echo "\$$ ckptfix fix demo-out/sample-model -o demo-out/repaired-model"
+	@rm -rf demo-out/repaired-model
+	@$(BIN)/ckptfix fix demo-out/sample-model -o demo-out/repaired-model; echo "(exit code $$?)"
 	@echo; echo "\$$ ckptfix inspect demo-out/fixable-model --fail-on warning"
 	@$(BIN)/ckptfix inspect demo-out/fixable-model --fail-on warning; echo "(exit code $$?)"
 	@echo; echo "\$$ ckptfix reshard demo-out/fixable-model -o demo-out/fixed-model --max-shard 100KB"

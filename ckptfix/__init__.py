@@ -18,12 +18,14 @@ if TYPE_CHECKING:
         CkptfixError,
         CorruptFileError,
         InputNotFoundError,
+        RepairRefusedError,
         UnsafePickleError,
         UsageError,
     )
     from ckptfix.core.findings import Finding, Severity
     from ckptfix.core.tensor import TensorInfo
     from ckptfix.ops.diff import DiffResult, diff
+    from ckptfix.ops.fix import FixResult, fix
     from ckptfix.ops.hash import HashResult, hash_checkpoint
     from ckptfix.ops.inspect import inspect
     from ckptfix.ops.report import FileSummary, Report
@@ -35,8 +37,10 @@ _EXPORTS = {
     "DiffResult": "ckptfix.ops.diff",
     "FileSummary": "ckptfix.ops.report",
     "Finding": "ckptfix.core.findings",
+    "FixResult": "ckptfix.ops.fix",
     "HashResult": "ckptfix.ops.hash",
     "InputNotFoundError": "ckptfix.core.errors",
+    "RepairRefusedError": "ckptfix.core.errors",
     "Report": "ckptfix.ops.report",
     "RewriteResult": "ckptfix.ops.rewrite",
     "Severity": "ckptfix.core.findings",
@@ -46,6 +50,7 @@ _EXPORTS = {
     "convert": "ckptfix.ops.rewrite",
     "dedupe": "ckptfix.ops.rewrite",
     "diff": "ckptfix.ops.diff",
+    "fix": "ckptfix.ops.fix",
     "hash_checkpoint": "ckptfix.ops.hash",
     "inspect": "ckptfix.ops.inspect",
     "reshard": "ckptfix.ops.rewrite",
@@ -57,8 +62,10 @@ __all__ = [
     "DiffResult",
     "FileSummary",
     "Finding",
+    "FixResult",
     "HashResult",
     "InputNotFoundError",
+    "RepairRefusedError",
     "Report",
     "RewriteResult",
     "Severity",
@@ -69,6 +76,7 @@ __all__ = [
     "convert",
     "dedupe",
     "diff",
+    "fix",
     "hash_checkpoint",
     "inspect",
     "reshard",

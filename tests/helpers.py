@@ -44,6 +44,17 @@ def cli(*args: str | os.PathLike[str]) -> Run:
     return Run(result.exit_code, result.stdout, result.stderr)
 
 
+def local_fixes(document: Any, local: str | os.PathLike[str]) -> Any:
+    """A report of a URL with each finding's `fix` as the report of its local copy at
+    `local` says it: fix repairs a local copy, so for a URL it names none."""
+    command = f"ckptfix fix {os.fspath(local)} -o OUT (or --in-place)"
+    for item in document["findings"]:
+        remote = "ckptfix fix on a local copy (-o OUT or --in-place)"
+        assert item["fix"].startswith(("none: ", "ckptfix ")), item
+        item["fix"] = item["fix"].replace(remote, command)
+    return document
+
+
 def tree_snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root with its bytes: for proving that nothing changed."""
     return {

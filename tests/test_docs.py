@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "ckptfix"
 README = (ROOT / "README.md").read_text(encoding="utf-8")
-COMMANDS = ["inspect", "reshard", "convert", "dedupe", "hash", "diff"]
+COMMANDS = ["inspect", "fix", "reshard", "convert", "dedupe", "hash", "diff"]
 
 
 def section(text: str, heading: str) -> str:

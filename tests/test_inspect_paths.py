@@ -102,9 +102,12 @@ def test_text_output_has_a_heading_per_path_and_a_total(inputs: Factory) -> None
     verdicts = [line for line in lines if "→ exit" in line]
     assert verdicts == [
         "0 error(s), 0 warning(s), 0 info → exit 0 (--fail-on error)  clean",
-        "0 error(s), 1 warning(s), 0 info → exit 0 (--fail-on error)",
-        "1 error(s), 0 warning(s), 0 info → exit 1 (--fail-on error)",
-        "3 paths: 1 error(s), 1 warning(s), 0 info → exit 1 (--fail-on error)",
+        "0 error(s), 1 warning(s), 0 info → exit 0 (--fail-on error); "
+        "`ckptfix fix plain.safetensors` would repair 1",
+        "1 error(s), 0 warning(s), 0 info → exit 1 (--fail-on error); "
+        "`ckptfix fix stub.safetensors` repairs none until lfs-pointer is resolved",
+        "3 paths: 1 error(s), 1 warning(s), 0 info → exit 1 (--fail-on error); "
+        "`ckptfix fix` would repair 1",
     ]
     assert lines[-1] == verdicts[-1]
 

@@ -439,4 +439,4 @@ def main() -> None:
 
 
 # Commands defined in their own modules register on `app` when imported.
-from ckptfix.cli import app_hash  # noqa: E402, F401
+from ckptfix.cli import app_fix, app_hash  # noqa: E402, F401

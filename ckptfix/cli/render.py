@@ -72,6 +72,8 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
                 head.append(item.file, style="dim")
             console.print(head)
             console.print(Text(f"    {item.message}"), soft_wrap=True)
+            if item.fix is not None:
+                console.print(Text(f"    fix: {item.fix}", style="dim"), soft_wrap=True)
     console.print(_verdict(result, fail_on))
     if result.remote is not None:
         console.print(Text(remote_line(result.remote), style="dim"))
@@ -168,7 +170,25 @@ def _verdict(result: Report, fail_on: str) -> Text:
     verdict.append(f" → exit {result.exit_code(fail_on)} (--fail-on {fail_on})")
     if not result.findings:
         verdict.append("  clean", style="green")
+    else:
+        verdict.append(f"; {repair_clause(result)}")
     return verdict
+
+
+def repair_clause(result: Report) -> str:
+    """How many findings `ckptfix fix PATH` would repair, or what stops it (a pipeline's
+    components are repaired one at a time)."""
+    command = (
+        "`ckptfix fix` on its components"
+        if result.format == "diffusers-pipeline"
+        else (f"`ckptfix fix {result.path}`")
+    )
+    found = [code for code in result.fix_refused if result.count_code(code)]
+    if found:
+        return f"{command} repairs none until {', '.join(found)} is resolved"
+    if result.fix_refused:  # not a finding: a checkpoint fix does not rewrite (torch, DCP)
+        return f"{command} repairs none: it rewrites safetensors checkpoints only"
+    return f"{command} would repair {result.repairable}"
 
 
 def reports(results: list[Report], *, show_tensors: bool, fail_on: str) -> None:
@@ -188,6 +208,8 @@ def reports(results: list[Report], *, show_tensors: bool, fail_on: str) -> None:
         style="bold",
     )
     verdict.append(f" → exit {code} (--fail-on {fail_on})")
+    if any(result.findings for result in results):
+        verdict.append(f"; `ckptfix fix` would repair {sum(r.repairable for r in results)}")
     console.print(verdict)
 
 

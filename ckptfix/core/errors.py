@@ -143,6 +143,25 @@ class Interrupted(CkptfixError):
         super().__init__(path, f"{what}; the output was left as it was" if path else what)
 
 
+class RepairRefusedError(CkptfixError):
+    """`ckptfix fix` cannot repair a finding, so it wrote nothing: `code` is the finding's
+    code, `rule` the validation rule broken when there is one (a corrupt file)."""
+
+    kind = "cannot-repair"
+
+    def __init__(
+        self,
+        path: str | None,
+        code: str,
+        what: str,
+        fix: str | None = None,
+        *,
+        rule: str | None = None,
+    ) -> None:
+        self.code = code
+        super().__init__(path, what, fix, rule=rule or code)
+
+
 class UnsafePickleError(CkptfixError):
     """A pickle names a global outside the allowlist; it was not loaded."""
 

@@ -75,14 +75,20 @@ class Finding:
     message: str
     file: str | None = None
     tensors: tuple[str, ...] = field(default=())
+    # How to repair it: the command that does, or why none can (core.fixes; set for the
+    # checkpoint at hand by plan.repair_verdicts when a report is made).
+    fix: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, object]:
+        from ckptfix.core.fixes import default_fix
+
         return {
             "code": self.code,
             "severity": self.severity.value,
             "file": self.file,
             "tensors": list(self.tensors),
             "message": self.message,
+            "fix": self.fix if self.fix is not None else default_fix(self.code),
         }
 
 

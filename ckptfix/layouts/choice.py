@@ -60,7 +60,8 @@ class Choice:
         }
 
 
-def _single_name(family: Family) -> str:
+def single_name(family: Family) -> str:
+    """The name of a family's one-file form: `model.safetensors`, `model.fp16.safetensors`."""
     variant = f".{family.variant}" if family.variant else ""
     return f"{family.stem}{variant}.{family.ext}"
 
@@ -69,7 +70,7 @@ def _family_choice(family: Family, shards: Mapping[str, Sequence[str]]) -> Choic
     """What a loader reads of one family: its single file, else its index's shards, else
     its numbered files (an index lost)."""
     loader = LOADERS[family.stem]
-    single = _single_name(family)
+    single = single_name(family)
     if single in family.files:
         return Choice(family, (single,), None, loader)
     if family.index is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import stat
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ckptfix.io.folder import LOCAL, Folder
@@ -125,7 +126,12 @@ class FolderLayout:
 
 def scan_folder(root: str, folder: Folder = LOCAL) -> FolderLayout:
     """Sort the top-level files of a model folder into weight families and their indexes."""
-    names = folder.file_names(root)
+    return layout_of(folder.file_names(root))
+
+
+def layout_of(names: Sequence[str]) -> FolderLayout:
+    """Sort the names of a folder's top-level files into weight families and their indexes
+    (also for a folder that exists only as a plan, such as what `ckptfix fix` would leave)."""
     families: dict[tuple[str, str | None, str], Family] = {}
 
     def family(stem: str, variant: str | None, ext: str) -> Family:

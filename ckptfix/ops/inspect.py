@@ -8,6 +8,7 @@ from dataclasses import replace
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding
+from ckptfix.core.fixes import Annotated
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.formats.base import ReadOptions
 from ckptfix.layouts.diffusers import components
@@ -36,7 +37,7 @@ def inspect(
     if parts and manifest is None:
         return _pipeline_report(os.fspath(path), parts, options, read)
     with load(path, read) as checkpoint:
-        report = report_of(checkpoint, checks.run(checkpoint, options))
+        report = report_of(checkpoint, checks.run(checkpoint, options), max_shard=max_shard)
         if manifest is not None:
             from ckptfix.ops.manifest import read_manifest, verified_report
 
@@ -59,7 +60,8 @@ def _pipeline_report(
     reports = []
     for part in parts:
         with load(os.path.join(root, part), read) as checkpoint:
-            reports.append(report_of(checkpoint, checks.run(checkpoint, options)))
+            found = checks.run(checkpoint, options)
+            reports.append(report_of(checkpoint, found, max_shard=options.max_shard))
     findings = sorted(
         (item for report in reports for item in report.findings),
         key=lambda item: -item.severity.rank,
@@ -70,6 +72,8 @@ def _pipeline_report(
         files=tuple(item for report in reports for item in report.files),
         tensors=tuple(tensor for report in reports for tensor in report.tensors),
         findings=tuple(findings),
+        repairable=sum(report.repairable for report in reports),
+        fix_refused=tuple(dict.fromkeys(code for report in reports for code in report.fix_refused)),
         checkpoint={
             "components": {
                 part: report.checkpoint for part, report in zip(parts, reports, strict=True)
@@ -78,7 +82,22 @@ def _pipeline_report(
     )
 
 
-def report_of(checkpoint: Checkpoint, findings: list[Finding]) -> Report:
+def _annotated(checkpoint: Checkpoint, findings: list[Finding], max_shard: int) -> Annotated:
+    """The findings with their `fix`; the repair planner is imported only when there are
+    findings to plan for (a clean inspect loads no planner)."""
+    if not findings:
+        return Annotated([])
+    from ckptfix.plan.repair_verdicts import annotate
+
+    return annotate(checkpoint, findings, max_shard)
+
+
+def report_of(
+    checkpoint: Checkpoint, findings: list[Finding], *, max_shard: int = DEFAULT_MAX_SHARD
+) -> Report:
+    """The report of a checkpoint: its files, the tensors its loader loads, and the findings,
+    each with its `fix` (what `ckptfix fix` would do about it, or what else repairs it)."""
+    annotated = _annotated(checkpoint, findings, max_shard)
     files = [
         FileSummary(record.label, record.format, record.size, len(record.tensors), record.metadata)
         for record in checkpoint.files
@@ -97,7 +116,9 @@ def report_of(checkpoint: Checkpoint, findings: list[Finding]) -> Report:
         format=checkpoint.kind,
         files=tuple(files),
         tensors=checkpoint.model_tensors,
-        findings=tuple(findings),
+        findings=tuple(annotated.findings),
+        repairable=annotated.repairable,
+        fix_refused=annotated.refused,
         layout=checkpoint.training.to_dict() if checkpoint.training is not None else None,
         checkpoint=checkpoint.choice.to_dict() if checkpoint.choice is not None else None,
     )

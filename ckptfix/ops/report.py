@@ -51,6 +51,11 @@ class Report:
     checkpoint: dict[str, object] | None = None
     # Read from a URL: requests made and bytes fetched (the JSON's "remote" object).
     remote: dict[str, int] | None = None
+    # How many findings `ckptfix fix` would repair (0 while it refuses the checkpoint for
+    # the codes in `fix_refused`); inspect's summary line says so (not part of the JSON,
+    # where each finding's `fix` says it).
+    repairable: int = 0
+    fix_refused: tuple[str, ...] = ()
 
     @property
     def tensor_count(self) -> int:
@@ -73,6 +78,9 @@ class Report:
 
     def count(self, severity: Severity) -> int:
         return sum(1 for item in self.findings if item.severity is severity)
+
+    def count_code(self, code: str) -> int:
+        return sum(1 for item in self.findings if item.code == code)
 
     def exit_code(self, fail_on: str = "error") -> int:
         """0 when no finding is at or above `fail_on`, else 1 (README, "Exit codes")."""

@@ -19,6 +19,7 @@ from ckptfix.layouts.names import parse_weight_name
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
+from ckptfix.plan.repair import ASIDE
 from ckptfix.write.extras import special_files
 from ckptfix.write.staging import is_staging_folder
 
@@ -27,6 +28,7 @@ OTHER_WEIGHTS = "other weight file"
 VERSION_CONTROL = "version control"  # a clone of a Hub repository keeps every LFS object there
 STAGING_FOLDER = "ckptfix staging folder"  # a killed run's, recognised by its marker
 NOT_REGULAR = "not a regular file"  # FIFO, socket, device: never opened
+ASIDE_FOLDER = "what ckptfix fix took out"  # plan.repair.ASIDE: stale weights, never copied
 
 
 @dataclass(frozen=True)
@@ -130,7 +132,7 @@ def choose_source(checkpoint: Checkpoint, report: Report, *, torch: bool = False
         key=lambda tensor: (order[tensor.file], tensor.byte_range),
     )
     ours = set(names) | ({choice.index} if choice.index else set())
-    extra, reasons = _other_entries(checkpoint, ours)
+    extra, reasons = other_entries(checkpoint, ours)
     left_out = sorted(reasons)
     return RewriteSource(
         path=path,
@@ -242,8 +244,9 @@ def _family_files(checkpoint: Checkpoint, choice: Choice) -> tuple[list[str], di
     return sorted(record.index.shard_names), metadata
 
 
-def _other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], dict[str, str]]:
-    """The folder's other entries: those copied, and those left out with the reason."""
+def other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], dict[str, str]]:
+    """The folder's entries other than `ours`: those copied, and those left out with the
+    reason."""
     path, layout = checkpoint.path, checkpoint.layout
     weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
     reasons: dict[str, str] = {}
@@ -256,6 +259,8 @@ def _other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], d
             reasons[entry] = OTHER_WEIGHTS
         elif entry == ".git":
             reasons[entry] = VERSION_CONTROL
+        elif entry == ASIDE:
+            reasons[entry] = ASIDE_FOLDER
         elif is_staging_folder(os.path.join(path, entry)):
             reasons[entry] = STAGING_FOLDER
         else:

@@ -233,3 +233,20 @@ def copy_extra(
         _fsync_dir(target)
         os.chmod(target, stat.S_IMODE(mode))
     return carrier.written
+
+
+def carry_file(source: str, target: str, *, link: bool) -> int:
+    """One regular file into the staging folder under a name of its own (a shard `ckptfix
+    fix` keeps as it is, or renames): hard-linked for --in-place, else copied and fsynced.
+    Returns its size."""
+    if link:
+        folder = os.open(
+            os.path.dirname(source) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+        )
+        try:
+            _hard_link(_Entry(folder, os.path.basename(source), source, source), target, True)
+        finally:
+            os.close(folder)
+        return os.lstat(target).st_size
+    # A link (a Hugging Face cache snapshot's, into blobs/): the file a loader would read.
+    return _copy_file(os.path.realpath(source) if os.path.islink(source) else source, target)

@@ -24,7 +24,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from ckptfix.core.errors import OutputConflictError, UsageError
@@ -362,6 +362,26 @@ class Staging:
         self.signals.raise_deferred()  # a signal kept until now still stops the write
         with self.signals.held():
             self._swap()
+        self.signals.raise_deferred()
+
+    def commit_file(self, name: str, target: str, unchanged: Callable[[], bool]) -> None:
+        """A single file rewritten in place: rename the staged file `name` over `target` (the
+        real file), if `unchanged()` says it is still as it was read; the staging folder is
+        then removed as usual. Signals wait during the swap, as for `commit`."""
+        self.signals.raise_deferred()
+        with self.signals.held():
+            if not unchanged():
+                raise OutputConflictError(
+                    target,
+                    "file changed during the run; it was left as it is now and nothing was written",
+                    "run again",
+                )
+            staged_file = os.path.join(self.path, name)
+            os.chmod(staged_file, stat.S_IMODE(os.stat(target).st_mode))
+            os.rename(staged_file, target)
+            _fsync_dir(os.path.dirname(target))
+            self.signals.committed = True
+            self.replaced = (target,)
         self.signals.raise_deferred()
 
     def _swap(self) -> None:

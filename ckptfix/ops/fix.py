@@ -1,0 +1,272 @@
+"""`ckptfix fix`: repair what the shard headers make recoverable, or refuse and write nothing.
+
+Load and check once, plan the repair (plan.repair_plan: data), then write it as the other
+write commands write: into a marked staging folder beside OUT (write.repair), read back and
+checked as `inspect` checks it, and swapped in atomically (write.staging). `--in-place`
+keeps every other entry of the folder by hard links and moves what it takes out into
+PATH/ckptfix-aside/; `-o` copies the repaired checkpoint and the folder's other files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from ckptfix import checks
+from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.errors import (
+    InputNotFoundError,
+    RepairRefusedError,
+    UsageError,
+    VerificationError,
+)
+from ckptfix.core.findings import Severity
+from ckptfix.core.fixes import LEFT_AS_IS
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.io.urls import is_url
+from ckptfix.ops.inspect import report_of
+from ckptfix.ops.load import load
+from ckptfix.ops.report import Report
+from ckptfix.plan.repair import ASIDE, RepairPlan
+from ckptfix.plan.repair_plan import plan_repair
+from ckptfix.plan.source import STAGING_FOLDER, other_entries
+from ckptfix.write.output import check_free_space, wrap_os_error
+from ckptfix.write.repair import RepairJob, Rewrite, fill, rewrites
+from ckptfix.write.results import Progress, WriteResult, WrittenFile
+from ckptfix.write.staging import Claim, claim_output, staged
+
+
+@dataclass(frozen=True)
+class FixOptions:
+    in_place: bool = False
+    dry_run: bool = False
+    progress: Progress | None = None
+
+
+@dataclass(frozen=True)
+class FixResult:
+    """The source's report, the repair plan, what was written (None for --dry-run, and for
+    --in-place when nothing needed repair) and, for --in-place, every file that moved: a
+    shard renamed, or a file taken out into the aside folder."""
+
+    report: Report
+    plan: RepairPlan
+    written: WriteResult | None
+    moved: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        return 1 if self.plan.refused else 0
+
+    def to_dict(self) -> dict[str, object]:
+        document = self.report.to_dict()
+        document["plan"] = self.plan.to_dict()
+        document["written"] = self.written.to_dict() if self.written is not None else None
+        document["moved"] = [{"from": old, "to": new} for old, new in self.moved]
+        return document
+
+
+def _check_arguments(source: str, out: str | os.PathLike[str] | None, in_place: bool) -> None:
+    if is_url(source):
+        raise UsageError(
+            source, "fix repairs local checkpoints only", "download it, then fix the copy"
+        )
+    if not os.path.lexists(source):
+        raise InputNotFoundError(source, "no such file or directory", "check the path")
+    if in_place and out is not None and os.path.abspath(os.fspath(out)) != os.path.abspath(source):
+        raise UsageError("--in-place", "takes no -o folder other than PATH", "drop -o")
+    if not in_place and out is None:
+        raise UsageError("-o", "an output folder is required", "pass -o OUT, or --in-place")
+    if in_place:
+        _refuse_hub_snapshot(source)
+
+
+def _refuse_hub_snapshot(source: str) -> None:
+    """A Hugging Face cache snapshot's files are links into the cache's blobs/, named by
+    their hash: a file rewritten in their place would break the cache."""
+    from ckptfix.layouts.hub import snapshot_of
+
+    folder = source if os.path.isdir(source) else os.path.dirname(os.path.abspath(source))
+    repo = snapshot_of(folder)
+    if repo is not None:
+        raise UsageError(
+            source,
+            f"is in a snapshot of the Hugging Face cache ({os.path.basename(repo)}), whose "
+            "files are links into the cache's blobs/, which a repair in place would corrupt",
+            "write the repaired checkpoint elsewhere with -o OUT",
+        )
+
+
+def _claim(source: str, out: str | os.PathLike[str] | None, options: FixOptions) -> Claim:
+    if options.in_place and not os.path.isdir(source):  # one file: replaced by a rename
+        return Claim(source, os.path.realpath(source), None, None)
+    target = source if options.in_place else os.fspath(out or "")
+    try:
+        return claim_output(target, [source], in_place=options.in_place, write=not options.dry_run)
+    except OSError as exc:
+        raise wrap_os_error(exc, target) from exc
+
+
+def _aside_contents(root: str) -> list[str]:
+    """The paths already in the aside folder (files taken out by an earlier fix)."""
+    folder = os.path.join(root, ASIDE)
+    found = []
+    for current, _, files in os.walk(folder):
+        found += [os.path.relpath(os.path.join(current, name), folder) for name in files]
+    return found
+
+
+def _with_entries(plan: RepairPlan, checkpoint: Checkpoint, in_place: bool) -> RepairPlan:
+    """The folder's other entries: copied to OUT (or carried, --in-place), or left out."""
+    if plan.single_file or not plan.families:
+        return plan
+    ours = {kept.source for kept in plan.kept_files} | {move.source for move in plan.moves}
+    ours |= {index.file for index in plan.indexes}
+    extra, reasons = other_entries(checkpoint, {name for name in ours if "/" not in name})
+    if in_place:  # everything stays but a killed run's staging folder
+        kept = [n for n, why in reasons.items() if why != STAGING_FOLDER and "/" not in n]
+        left = {n: why for n, why in reasons.items() if why == STAGING_FOLDER}
+        return replace(plan, copied=tuple(sorted(extra + kept)), left_out=left)
+    return replace(plan, copied=tuple(extra), left_out=dict(reasons))
+
+
+def _refused(plan: RepairPlan) -> RepairRefusedError:
+    first = plan.refusals[0]
+    fix = first.fix
+    if len(plan.refusals) > 1:
+        fix += f"; {len(plan.refusals) - 1} more, see `ckptfix fix {plan.path} --dry-run`"
+    return RepairRefusedError(first.file, first.code, first.what, fix, rule=first.rule)
+
+
+def fix(
+    src: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    options: FixOptions | None = None,
+) -> FixResult:
+    """Repair a checkpoint folder or safetensors file into OUT, or in place. Raises
+    RepairRefusedError (nothing written) when a finding cannot be repaired; with
+    `dry_run`, returns the plan with its refusals instead."""
+    options = options or FixOptions()
+    source = os.fspath(src)
+    _check_arguments(source, out, options.in_place)
+    with _claim(source, out, options) as claim, load(source) as checkpoint:
+        found = checks.run(checkpoint, checks.CheckOptions(DEFAULT_MAX_SHARD))
+        report = report_of(checkpoint, found)
+        taken = _aside_contents(source) if options.in_place and checkpoint.kind == "folder" else []
+        plan = plan_repair(checkpoint, report.findings, taken=taken)
+        plan = _with_entries(plan, checkpoint, options.in_place)
+        if options.dry_run:
+            return FixResult(report, plan, None)
+        if plan.refused:
+            raise _refused(plan)
+        if options.in_place and not plan.changes:
+            return FixResult(report, plan, None)
+        return _write(checkpoint, report, plan, claim, options)
+
+
+def _write(
+    checkpoint: Checkpoint, report: Report, plan: RepairPlan, claim: Claim, options: FixOptions
+) -> FixResult:
+    found = rewrites(checkpoint, plan, claim.out)
+    try:
+        _check_space(plan, found, claim, options.in_place)
+        written = _stage(checkpoint, plan, found, claim, options)
+    except OSError as exc:
+        raise wrap_os_error(exc, claim.out) from exc
+    moved: tuple[tuple[str, str], ...] = ()
+    if options.in_place:
+        root = claim.out
+        renamed = [
+            (os.path.join(root, kept.source), os.path.join(root, kept.target))
+            for kept in plan.kept_files
+            if kept.target != kept.source
+        ]
+        moved = tuple(renamed) + tuple(
+            (os.path.join(root, move.source), os.path.join(root, ASIDE, move.aside))
+            for move in plan.moves
+        )
+    return FixResult(report, plan, written, moved)
+
+
+def _check_space(plan: RepairPlan, found: list[Rewrite], claim: Claim, in_place: bool) -> None:
+    """What the write needs: the rewritten shards, and with -o the copies too."""
+    needed = sum(rewrite.header_bytes + rewrite.plan.total_size for rewrite in found)
+    if not in_place:
+        needed += sum(kept.nbytes for kept in plan.kept_files if not kept.rewritten)
+    folder = os.path.dirname(claim.real)
+    while not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    check_free_space(folder, needed, claim.out)
+
+
+def _stage(
+    checkpoint: Checkpoint,
+    plan: RepairPlan,
+    found: list[Rewrite],
+    claim: Claim,
+    options: FixOptions,
+) -> WriteResult:
+    with staged(claim) as staging:
+        job = RepairJob(
+            checkpoint,
+            plan,
+            staging.path,
+            claim.out,
+            options.in_place,
+            staging.checkpoint,
+            options.progress,
+        )
+        written = fill(job, found)
+        staging.checkpoint()
+        name = plan.kept_files[0].target if plan.single_file else None
+        _verify(plan, staging.path, name, claim.out)
+        if plan.single_file and options.in_place:
+            staging.commit_file(name or "", claim.real, _unchanged(claim.real))
+        else:
+            staging.commit()
+    where = claim.out
+    if plan.single_file and options.in_place:  # the file itself, its header rewritten
+        only = written[0]
+        return WriteResult(where, (WrittenFile(where, only.bytes),), True, replaced=(where,))
+    files = tuple(WrittenFile(os.path.join(where, item.path), item.bytes) for item in written)
+    replaced: tuple[str, ...] = ()
+    if options.in_place:
+        replaced = tuple(
+            os.path.join(where, kept.source)
+            for kept in plan.kept_files
+            if kept.add_format and not kept.dropped
+        )
+    return WriteResult(where, files, verified=True, replaced=replaced)
+
+
+def _unchanged(path: str) -> Callable[[], bool]:
+    before = _identity(path)
+    return lambda: _identity(path) == before
+
+
+def _identity(path: str) -> tuple[int, int, int, int]:
+    info = os.stat(path)
+    return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+
+def _verify(plan: RepairPlan, staging: str, name: str | None, out: str) -> None:
+    """Read what was staged back as `inspect` would: no finding at warning level or above,
+    and exactly the planned tensors in the planned files."""
+    path = os.path.join(staging, name) if name is not None else staging
+    with load(path) as result:
+        found = checks.run(result, checks.CheckOptions(DEFAULT_MAX_SHARD))
+        held = {(tensor.name, os.path.relpath(tensor.file, staging)) for tensor in result.tensors}
+    bad = [
+        item
+        for item in found
+        if item.severity.rank >= Severity.WARNING.rank and item.code not in LEFT_AS_IS
+    ]
+    planned = {(tensor, kept.target) for kept in plan.kept_files for tensor in kept.tensors}
+    if bad or (held != planned and not plan.single_file):
+        what = f"{bad[0].code}: {bad[0].message}" if bad else "tensors differ from the plan"
+        raise VerificationError(
+            out,
+            f"the repaired checkpoint does not check out ({what})",
+            "this is a bug; please report it",
+        )

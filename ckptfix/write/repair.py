@@ -1,0 +1,165 @@
+"""Executing a RepairPlan into a staging folder: shards whose header changes go through the
+streaming safetensors writer (and are verified against their sources like any rewrite);
+shards already right are carried unchanged (hard-linked for --in-place, copied for -o),
+under their new names where they are renumbered; the index is written or carried; what is
+taken out goes into the aside folder (--in-place) by a hard link. Nothing here deletes a
+file it did not create."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from ckptfix.core.checkpoint import Checkpoint, FileRecord
+from ckptfix.plan.repair import ASIDE, FamilyPlan, KeptFile, RepairPlan
+from ckptfix.plan.select import OutTensor
+from ckptfix.plan.shards import PlannedShard, ShardPlan
+from ckptfix.write.extras import carry_file, copy_extra
+from ckptfix.write.output import write_index
+from ckptfix.write.results import Progress, WrittenFile
+from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """The shards of one family whose header changes, as the safetensors writer takes them."""
+
+    plan: ShardPlan
+    tensors: dict[str, OutTensor]
+    metadata: list[dict[str, str]]
+    header_bytes: int = 0  # what the new headers take, for the free-space check
+
+
+def _source_label(checkpoint: Checkpoint, plan: RepairPlan, kept: KeptFile) -> str:
+    return checkpoint.path if plan.single_file else os.path.join(checkpoint.path, kept.source)
+
+
+def rewrites(checkpoint: Checkpoint, plan: RepairPlan, out: str) -> list[Rewrite]:
+    """The shards to rewrite, family by family (tensor names are unique within one), each
+    header checked against the format's size limit before anything is written."""
+    records: Mapping[str, FileRecord] = {record.label: record for record in checkpoint.files}
+    found = []
+    for family in plan.families:
+        rewritten = [kept for kept in family.files if kept.rewritten]
+        if not rewritten:
+            continue
+        tensors: dict[str, OutTensor] = {}
+        metadata: list[dict[str, str]] = []
+        for kept in rewritten:
+            record = records[_source_label(checkpoint, plan, kept)]
+            wanted = set(kept.tensors)
+            tensors.update({t.name: OutTensor.same(t) for t in record.tensors if t.name in wanted})
+            metadata.append(
+                {**(record.metadata or {}), **({"format": "pt"} if kept.add_format else {})}
+            )
+        shards = tuple(PlannedShard(kept.target, kept.tensors, kept.nbytes) for kept in rewritten)
+        shard_plan = ShardPlan(max(kept.nbytes for kept in rewritten), shards, None)
+        sizes = checked_headers(shard_plan, tensors, metadata, out)
+        found.append(Rewrite(shard_plan, tensors, metadata, sum(sizes)))
+    return found
+
+
+@dataclass
+class RepairJob:
+    """Where and how to execute a plan: the staging folder, the output as shown, --in-place
+    (links instead of copies, and the aside folder), and the safe point between files."""
+
+    checkpoint: Checkpoint
+    plan: RepairPlan
+    staging: str
+    out: str
+    in_place: bool
+    safe_point: Callable[[], None]
+    progress: Progress | None = None
+
+
+def _nested(plan: RepairPlan) -> list[str]:
+    """Planned files inside sub-folders, which come along with their folder."""
+    names = {kept.source for kept in plan.kept_files} | {move.source for move in plan.moves}
+    return sorted(name for name in names if "/" in name)
+
+
+def _carry(job: RepairJob, family: FamilyPlan) -> list[WrittenFile]:
+    written = []
+    for kept in family.files:
+        if kept.rewritten:
+            continue
+        target = os.path.join(job.staging, kept.target)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        source = _source_label(job.checkpoint, job.plan, kept)
+        written.append(WrittenFile(kept.target, carry_file(source, target, link=job.in_place)))
+        job.safe_point()
+    return written
+
+
+def _index(job: RepairJob, family: FamilyPlan) -> list[WrittenFile]:
+    index = family.index
+    if index is None:
+        return []
+    path = os.path.join(job.staging, index.file)
+    if not index.write:  # already exactly right: kept as it is
+        source = os.path.join(job.checkpoint.path, index.file)
+        return [WrittenFile(index.file, carry_file(source, path, link=job.in_place))]
+    shards = ShardPlan(
+        0, tuple(PlannedShard(k.target, k.tensors, k.nbytes) for k in family.files), index.file
+    )
+    metadata = {key: value for key, value in index.metadata.items() if key != "total_size"}
+    return [WrittenFile(index.file, write_index(path, shards, metadata))]
+
+
+def _aside(job: RepairJob) -> None:
+    """--in-place: each file taken out is linked into the aside folder (the old folder, its
+    other name, is removed by the swap)."""
+    for move in job.plan.moves:
+        target = os.path.join(job.staging, ASIDE, move.aside)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        carry_file(os.path.join(job.checkpoint.path, move.source), target, link=True)
+        job.safe_point()
+
+
+def _write_rewrites(job: RepairJob, found: Sequence[Rewrite]) -> list[WrittenFile]:
+    written = []
+    for rewrite in found:
+        for shard in rewrite.plan.shards:
+            os.makedirs(os.path.dirname(os.path.join(job.staging, shard.file)), exist_ok=True)
+        shard_job = ShardJob(
+            rewrite.tensors,
+            rewrite.metadata,
+            {},
+            job.checkpoint.source,
+            staging=job.staging,
+            out=job.out,
+            progress=_progress(job),
+        )
+        written += write_shards(rewrite.plan, shard_job)
+    return written
+
+
+def _progress(job: RepairJob) -> Progress:
+    def advance(done: int, total: int) -> None:
+        job.safe_point()
+        if job.progress is not None:
+            job.progress(done, total)
+
+    return advance
+
+
+def fill(job: RepairJob, found: Sequence[Rewrite]) -> list[WrittenFile]:
+    """Everything the repaired checkpoint holds, in the staging folder (see the module
+    docstring); returns the files written, copied or linked, with their sizes."""
+    plan = job.plan
+    written: list[WrittenFile] = []
+    if not plan.single_file:
+        written += copy_extra(plan.path, plan.copied, job.staging, link=job.in_place)
+        for name in _nested(plan):  # brought along by its folder: placed by the plan instead
+            path = os.path.join(job.staging, name)
+            if os.path.lexists(path):
+                os.remove(path)
+    written += _write_rewrites(job, found)
+    for family in plan.families:
+        written += _carry(job, family)
+        written += _index(job, family)
+    if job.in_place and plan.moves:
+        _aside(job)
+    return written
