@@ -627,7 +627,7 @@ def test_ctrl_c_during_start_up_is_quiet(factory: Factory) -> None:
         assert "Traceback" not in stderr, (delay, stderr)
         assert (process.returncode, stderr) in (
             (0, ""),
-            (130, "error: interrupted by SIGINT\n"),
+            (130, "error: interrupted by SIGINT (rule interrupted)\n"),
         ), (delay, process.returncode, stderr)
         outcomes.append(str(process.returncode))
     assert outcomes.count("130") >= 10, outcomes  # most signals did land during start-up

@@ -159,10 +159,10 @@ def test_key_picks_another_part_of_the_app_state(dcp_saved: Path, tmp_path: Path
     missing = cli("inspect", dcp_saved / "torch_save", "--json")
     assert missing.code == 0
     bad = cli("convert", dcp_saved / "torch_save", "-o", tmp_path / "x", "--key", "nope")
-    assert bad.code == 1
+    assert bad.code == 2
     assert bad.error_lines == [
-        f"error: {dcp_saved / 'torch_save'}: no tensors at key 'nope' "
-        "(keys with tensors: model, optim)"
+        f"error: --key: {dcp_saved / 'torch_save'} has no tensors at key 'nope' "
+        "(rule usage; keys with tensors: model, optim)"
     ]
     assert not (tmp_path / "x").exists()
 

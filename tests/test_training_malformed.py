@@ -266,6 +266,7 @@ def test_parallel_parts_are_refused_not_dropped(
     assert run.code == 1
     assert run.error_lines == [
         f"error: {tag}: {name} belongs to a tensor-, pipeline- or expert-parallel checkpoint, "
-        "whose parts ckptfix does not merge (convert it with DeepSpeed's ds_to_universal.py first)"
+        "whose parts ckptfix does not merge (rule unsupported-format; convert it with DeepSpeed's "
+        "ds_to_universal.py first)"
     ]
     assert not (tmp_path / "never").exists()

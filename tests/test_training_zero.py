@@ -126,7 +126,7 @@ def test_stage3_has_no_module_weights(zero_saved: Path, tmp_path: Path) -> None:
     assert run.code == 2
     assert run.error_lines == [
         "error: --zero-weights: module: a ZeRO-3 checkpoint keeps no full weights in `module` "
-        "(only placeholders) (use --zero-weights master)"
+        "(only placeholders) (rule usage; use --zero-weights master)"
     ]
     assert not (tmp_path / "o").exists()
 

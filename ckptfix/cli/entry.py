@@ -26,7 +26,7 @@ _NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
 
 
 def _quit(signum: int, frame: FrameType | None) -> None:
-    os.write(2, f"error: interrupted by {_NAMES[signum]}\n".encode())
+    os.write(2, f"error: interrupted by {_NAMES[signum]} (rule interrupted)\n".encode())
     os._exit(128 + signum)
 
 

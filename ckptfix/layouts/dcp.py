@@ -19,7 +19,7 @@ from ckptfix.core.errors import (
     CkptfixError,
     CorruptFileError,
     DuplicateNameError,
-    UnsupportedFormatError,
+    UsageError,
 )
 from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.tensor import Piece, TensorInfo
@@ -88,8 +88,10 @@ def choose_model(meta: DcpMetadata, key: str, root: str) -> tuple[str, dict[str,
             listed = ", ".join(
                 sorted(k or "(top level)" for k in _parts(meta.paths, [*meta.tensors]))
             )
-            raise UnsupportedFormatError(
-                root, f"no tensors at key {key!r}", f"keys with tensors: {listed[:120]}"
+            raise UsageError(
+                "--key",
+                f"{root} has no tensors at key {key!r}",
+                f"keys with tensors: {listed[:120]}",
             )
         return key, names
     parts = _parts(meta.paths, list(meta.tensors))
