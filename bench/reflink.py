@@ -1,11 +1,12 @@
 """`make bench` job for zero-copy writes (`bench.py --only reflink`).
 
-On an XFS image (reflink=1) loop-mounted under .bench-cache/: `ckptfix reshard` of the
-2.2 GB fixture into 500 MB shards, against a plain copy of the file (`cp --reflink=never`,
-since coreutils 9 `cp` reflinks by itself where it can) + `sync`, and `cp --reflink=always`
-+ `sync` of the whole file: the physical limit, one clone and no verification. Extra disk is
-the growth of the filesystem's used space per run over the source's size. Needs root (the
-loop mount) and mkfs.xfs; says why and skips otherwise.
+On an XFS image (reflink=1) loop-mounted under .bench-cache/, then on a btrfs one:
+`ckptfix reshard` of the 2.2 GB fixture into 500 MB shards, against a plain copy of the file
+(`cp --reflink=never`, since coreutils 9 `cp` reflinks by itself where it can) + `sync`, and
+`cp --reflink=always` + `sync` of the whole file: the physical limit, one clone and no
+verification. Extra disk is the growth of the filesystem's used space per run over the
+source's size. Needs root (the loop mount) and mkfs.xfs / mkfs.btrfs; says why and skips
+otherwise.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import CKPTFIX, Measure, run
 
@@ -29,25 +32,32 @@ def _tool(name: str) -> str | None:
     return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
 
 
-def _unavailable() -> str | None:
+MKFS = {
+    "XFS": (["mkfs.xfs", "-q", "-f", "-m", "reflink=1"], "xfsprogs"),
+    "btrfs": (["mkfs.btrfs", "-q", "-f"], "btrfs-progs"),
+}
+
+
+def _unavailable(kind: str) -> str | None:
     if os.geteuid() != 0:
-        return "the XFS loop mount needs root"
-    if _tool("mkfs.xfs") is None:
-        return "mkfs.xfs is missing (apt-get install xfsprogs)"
+        return f"the {kind} loop mount needs root"
+    command, package = MKFS[kind]
+    if _tool(command[0]) is None:
+        return f"{command[0]} is missing (apt-get install {package})"
     return None
 
 
 @contextmanager
-def xfs_mount(folder: Path) -> Iterator[Path]:
-    """A fresh XFS (reflink=1) loop mount at folder/mnt, unmounted and deleted after."""
+def fs_mount(kind: str, folder: Path) -> Iterator[Path]:
+    """A fresh `kind` loop mount at folder/mnt, unmounted and deleted after."""
     folder.mkdir(parents=True, exist_ok=True)
-    image, point = folder / "xfs.img", folder / "mnt"
+    image, point = folder / "fs.img", folder / "mnt"
     point.mkdir(exist_ok=True)
     with open(image, "wb") as handle:
         handle.truncate(IMAGE_SIZE)
-    subprocess.run(
-        [_tool("mkfs.xfs") or "mkfs.xfs", "-q", "-f", "-m", "reflink=1", str(image)], check=True
-    )
+    command = MKFS[kind][0]
+    tool = _tool(command[0]) or command[0]
+    subprocess.run([tool, *command[1:], str(image)], check=True, capture_output=True)
     subprocess.run(["mount", "-o", "loop", str(image), str(point)], check=True)
     try:
         yield point
@@ -87,57 +97,79 @@ def _median(command: list[str], out: Path, point: Path, repeat: int) -> tuple[Me
     return Measure(wall, rss), int(statistics.median(extra for _, extra in runs))
 
 
-def _account(command: list[str]) -> dict[str, object]:
+def _account(command: list[str]) -> dict[str, Any]:
     done = subprocess.run(command, capture_output=True, text=True, check=True)
-    written: dict[str, object] = json.loads(done.stdout)["written"]
+    written: dict[str, Any] = json.loads(done.stdout)["written"]
     return written
 
 
-def bench_reflink(single: Path, cache: Path, repeat: int) -> list[str]:
-    reason = _unavailable()
-    if reason:
-        return [f"\nreflink: skipped ({reason})"]
-    with xfs_mount(cache / "reflink") as point:
-        source = point / single.name
-        subprocess.run(["cp", "--reflink=never", str(single), str(source)], check=True)
-        size = source.stat().st_size
-        out = point / "out"
-        copy = f"mkdir {out} && cp --reflink=never {source} {out}/ && sync {out}/{source.name}"
-        clone = f"mkdir {out} && cp --reflink=always {source} {out}/ && sync {out}/{source.name}"
-        reshard = [
-            *CKPTFIX,
-            "reshard",
-            str(source),
-            "-o",
-            str(out),
-            "--max-shard",
-            "500MB",
-            "--json",
-        ]
-        cp, cp_extra = _median(["sh", "-c", copy], out, point, repeat)
-        ours, ours_extra = _median(reshard, out, point, repeat)
-        limit, limit_extra = _median(["sh", "-c", clone], out, point, repeat)
-        written = _account(reshard)
-        shutil.rmtree(out, ignore_errors=True)
+@dataclass(frozen=True)
+class Row:
+    """One job's median wall time, peak RSS and used space added."""
+
+    measure: Measure
+    extra: int
+
+
+def _measure_on(
+    point: Path, single: Path, repeat: int
+) -> tuple[int, dict[str, Row], dict[str, Any]]:
+    """The three jobs on the mounted filesystem: sizes, rows and reshard's `written`."""
+    source = point / single.name
+    subprocess.run(["cp", "--reflink=never", str(single), str(source)], check=True)
+    out = point / "out"
+    copy = f"mkdir {out} && cp --reflink=never {source} {out}/ && sync {out}/{source.name}"
+    clone = f"mkdir {out} && cp --reflink=always {source} {out}/ && sync {out}/{source.name}"
+    reshard = [*CKPTFIX, "reshard", str(source), "-o", str(out), "--max-shard", "500MB", "--json"]
+    rows = {
+        "cp": Row(*_median(["sh", "-c", copy], out, point, repeat)),
+        "ours": Row(*_median(reshard, out, point, repeat)),
+        "limit": Row(*_median(["sh", "-c", clone], out, point, repeat)),
+    }
+    written = _account(reshard)
+    shutil.rmtree(out, ignore_errors=True)
+    return source.stat().st_size, rows, written
+
+
+def _table(
+    kind: str, size: int, rows: dict[str, Row], written: dict[str, Any], repeat: int
+) -> list[str]:
+    cp, ours, limit = rows["cp"], rows["ours"], rows["limit"]
     account, ways = written["zero_copy"], written["verified_by"]
-    assert isinstance(account, dict) and isinstance(ways, dict)
-    ratio, extra = ours.wall / cp.wall, ours_extra / size
+    ratio, extra = ours.measure.wall / cp.measure.wall, ours.extra / size
     ok = ratio <= 0.2 and extra <= 0.02
+
+    def cells(row: Row) -> str:
+        return (
+            f"{row.measure.wall:.3f} s | {row.measure.rss_mib:.0f} MiB | "
+            f"{row.measure.wall / cp.measure.wall:.3f}× | {row.extra / size:.3%}"
+        )
+
     return [
-        f"\nreshard of a {size / 1e9:.2f} GB bf16 file into 500 MB shards on XFS (reflink=1, "
-        f"loop-mounted); median of {repeat}, outputs fsynced; extra disk = used space added "
-        "over the source's size\n",
+        f"\nreshard of a {size / 1e9:.2f} GB bf16 file into 500 MB shards on {kind} "
+        f"(loop-mounted image); median of {repeat}, outputs fsynced; extra disk = used space "
+        "added over the source's size\n",
         "| job | wall | peak RSS | vs cp | extra disk | target |",
         "|---|---|---|---|---|---|",
-        f"| `cp --reflink=never` + `sync` (a plain copy) | {cp.wall:.3f} s | {cp.rss_mib:.0f} MiB "
-        f"| 1.00× | {cp_extra / size:.2%} | |",
-        f"| `ckptfix reshard --max-shard 500MB` (zero-copy, verified, fsynced, atomic) | "
-        f"{ours.wall:.3f} s | {ours.rss_mib:.0f} MiB | {ratio:.3f}× | {extra:.3%} | "
-        f"≤ 0.2× and ≤ 2%: {'met' if ok else 'MISSED'} |",
-        f"| `cp --reflink=always` + `sync` (one clone, the physical limit) | {limit.wall:.3f} s | "
-        f"{limit.rss_mib:.0f} MiB | {limit.wall / cp.wall:.3f}× | {limit_extra / size:.3%} | |",
+        f"| `cp --reflink=never` + `sync` (a plain copy) | {cells(cp)} | |",
+        "| `ckptfix reshard --max-shard 500MB` (zero-copy, verified, fsynced, atomic) | "
+        f"{cells(ours)} | ≤ 0.2× and ≤ 2%: {'met' if ok else 'MISSED'} |",
+        f"| `cp --reflink=always` + `sync` (one clone, the physical limit) | {cells(limit)} | |",
         f"\nckptfix: {account['cloned']:,} bytes cloned, {account['copied']:,} copied, "
         f"{account['padding']:,} bytes of header padding ({account['block']}-byte blocks); "
         f"verified: {ways['extents']:,} bytes by identical extents, {ways['compared']:,} "
         "compared byte for byte",
     ]
+
+
+def bench_reflink(single: Path, cache: Path, repeat: int) -> list[str]:
+    lines = []
+    for kind in MKFS:
+        reason = _unavailable(kind)
+        if reason:
+            lines.append(f"\nreflink on {kind}: skipped ({reason})")
+            continue
+        with fs_mount(kind, cache / f"reflink-{kind.lower()}") as point:
+            size, rows, written = _measure_on(point, single, repeat)
+        lines += _table(kind, size, rows, written, repeat)
+    return lines

@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 # mkfs command per filesystem: XFS with reflinks (the default of current mkfs.xfs, asked for
-# explicitly), btrfs (always has them).
+# explicitly), btrfs (always has them); ext4, which has none (the fallback).
 MKFS = {
     "xfs": ["mkfs.xfs", "-q", "-f", "-m", "reflink=1"],
     "btrfs": ["mkfs.btrfs", "-q", "-f"],
+    "ext4": ["mkfs.ext4", "-q", "-F"],
 }
 IMAGE_SIZE = 2 * 2**30  # sparse: only what is written takes disk
 _SBIN = "/usr/sbin:/sbin:/usr/bin:/bin"
@@ -38,7 +39,10 @@ def unavailable(kind: str) -> str | None:
         return "loop-mounting a filesystem image needs root"
     for tool in (MKFS[kind][0], "mount", "umount", "filefrag"):
         if _tool(tool) is None:
-            return f"{tool} is not installed (`make test` installs xfsprogs and btrfs-progs)"
+            return (
+                f"{tool} is not installed (xfsprogs, btrfs-progs, e2fsprogs: `make test` "
+                "installs the first two where missing)"
+            )
     return None
 
 

@@ -23,7 +23,7 @@ from ckptfix.plan.align import (
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard
 from ckptfix.write.safetensors import pad_header
-from ckptfix.write.zerocopy import NO_CLONING, Cloning, data_start
+from ckptfix.write.zerocopy import NO_CLONING, Cloning, data_start, lines_up
 from tests.builders import seeded_bytes
 
 BLOCK = 4096
@@ -190,3 +190,12 @@ def test_pad_header_leaves_an_aligned_header_alone() -> None:
     header = encode_header([HeaderEntry("a", "U8", (1,), 0, 1)], {"format": "pt"})
     assert pad_header(header, len(header)) == header
     assert pad_header(header, 0) == header
+
+
+def test_lines_up_only_where_every_run_lands_at_its_source_offset() -> None:
+    cloning = Cloning(BLOCK, frozenset({"src"}))
+    tensor = _tensor("a", 3 * BLOCK + 100, 5 * BLOCK)
+    assert lines_up(tensor, 100, cloning) and lines_up(tensor, 7 * BLOCK + 100, cloning)
+    assert not lines_up(tensor, 108, cloning)
+    assert not lines_up(tensor, 100, NO_CLONING)
+    assert not lines_up(tensor, 100, Cloning(BLOCK, frozenset({"elsewhere"})))

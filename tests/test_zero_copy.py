@@ -360,30 +360,103 @@ def test_extent_identity_proves_only_shared_blocks(on_xfs: Path, tmp_path: Path)
         assert not same_blocks(a.fileno(), 0, c.fileno(), 0, length)  # another filesystem
 
 
-def test_write_shards_finds_out_for_itself(on_xfs: Path) -> None:
+def test_write_shards_finds_out_for_itself(on_xfs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A caller that does not say whether sources clone (ShardJob.cloning None) gets zero-copy
-    all the same: write_shards tries in its staging folder."""
+    all the same: write_shards tries in its staging folder. Early writeback (every
+    FLUSH_EVERY bytes, here 1 MiB) does not cut a cloned run, which would copy the block
+    it is cut in: one shard of one source region copies only its two partial end blocks."""
+    import ckptfix.write.safetensors
     from ckptfix.io.source import LocalFile
     from ckptfix.plan.select import OutTensor
     from ckptfix.plan.shards import plan_shards
     from ckptfix.write.safetensors import ShardJob, write_shards
 
-    source = _source(on_xfs / "src")
+    monkeypatch.setattr(ckptfix.write.safetensors, "FLUSH_EVERY", 2**20)
+    specs = [Spec(f"layers.{i}.weight", "F32", (1000, 1001 + i)) for i in range(6)]
+    source = _source(on_xfs / "src", specs)
     tensors = {t.name: OutTensor.same(t) for t in read_header(source).tensors}
-    plan = plan_shards([(name, t.nbytes) for name, t in tensors.items()], 12 * 10**6)
+    plan = plan_shards([(name, t.nbytes) for name, t in tensors.items()], 50 * 10**6)
+    assert len(plan.shards) == 1
     out = on_xfs / "staging"
     out.mkdir()
     with LocalFile(str(source)) as file:
-        job = ShardJob(
-            tensors, [{"format": "pt"}] * len(plan.shards), {}, lambda _: file, str(out), str(out)
-        )
+        job = ShardJob(tensors, [{"format": "pt"}], {}, lambda _: file, str(out), str(out))
         write_shards(plan, job)
-    assert job.cloning is not None and job.cloning.block == _block(on_xfs)
+    block = _block(on_xfs)
+    assert job.cloning is not None and job.cloning.block == block
     account = job.tally.account(job.cloning, plan.total_size)
     written = {
         "verified": True,
         "zero_copy": account.to_dict(),
         "verified_by": dict(account.verified_by),
     }
-    _check_zero_copy(out, written, [source], _block(on_xfs))
+    _check_zero_copy(out, written, [source], block)
+    assert account.copied < 2 * block
     assert read_tensors(out) == read_tensors(source)
+
+
+def test_a_torch_bin_clones_its_largest_storage_per_shard(on_xfs: Path) -> None:
+    """A .bin's storages sit at their own offsets in the zip: one per shard lines up (the
+    largest), the rest is copied; the output is the same tensors either way."""
+    import torch
+
+    generator = torch.Generator().manual_seed(12)
+    state = {
+        "small.weight": torch.randn(3, 5, generator=generator).to(torch.bfloat16),
+        "large.weight": torch.randn(1000, 1001, generator=generator),
+        "other.weight": torch.randn(700, 300, generator=generator),
+    }
+    (on_xfs / "src").mkdir()
+    torch.save(state, on_xfs / "src" / "pytorch_model.bin")
+    run = cli("convert", on_xfs / "src", "-o", on_xfs / "out", "--json")
+    assert run.code == 0, run.stderr
+    written, block = run.json()["written"], _block(on_xfs)
+    largest = state["large.weight"].numel() * 4
+    assert written["zero_copy"]["cloned"] >= largest - 2 * block
+    assert written["verified_by"]["extents"] >= largest - 3 * block
+    assert written["verified"] is True
+    loaded = load_safetensors_folder(on_xfs / "out")
+    assert {k: torch_bytes(v) for k, v in loaded.items()} == {
+        k: torch_bytes(v) for k, v in state.items()
+    }
+
+
+def test_files_carried_whole_share_their_blocks(place: Path) -> None:
+    """The files around the weights (and the shards `fix` keeps as they are) are cloned whole
+    where the filesystem allows it: write.extras, FICLONE."""
+    factory = Factory(place)
+    source = factory.safetensors("src/model.safetensors", SPECS[:3])
+    tokenizer = factory.bytes("src/tokenizer.json", seeded_bytes(3 * 2**20 + 5, "tok"))
+    run = cli("reshard", source.parent, "-o", place / "out", "--json")
+    assert run.code == 0, run.stderr
+    copied = place / "out" / "tokenizer.json"
+    assert copied.read_bytes() == tokenizer.read_bytes()
+    assert shared_bytes(copied) >= tokenizer.stat().st_size - _block(place)
+
+
+@pytest.fixture(scope="module")
+def ext4(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with loop_mount("ext4", tmp_path_factory.mktemp("ext4")) as point:
+        yield point
+
+
+def test_ext4_has_no_reflinks_and_writes_as_before(ext4: Path) -> None:
+    """Without reflinks on the output's own filesystem: no padding (every header is exactly
+    its entries encoded), nothing shared, every byte compared, and the files are what the
+    writer wrote before zero-copy existed."""
+    source = _source(ext4 / "src")
+    factory = Factory(ext4)
+    factory.bytes("src/tokenizer.json", seeded_bytes(2**20, "tok"))
+    run = cli("reshard", source.parent, "-o", ext4 / "out", "--max-shard", "10MB", "--json")
+    assert run.code == 0, run.stderr
+    written = run.json()["written"]
+    total = sum(spec.nbytes() for spec in SPECS)
+    assert written["zero_copy"] == {"block": None, "cloned": 0, "copied": total, "padding": 0}
+    assert written["verified_by"] == {"extents": 0, "compared": total, "digest": 0}
+    for path in [*_shards(ext4 / "out"), ext4 / "out" / "tokenizer.json"]:
+        assert not any("shared" in e.flags for e in extents(path))
+    for path in _shards(ext4 / "out"):
+        assert read_header(path).data_start == _unpadded_size(path)
+    assert read_tensors(ext4 / "out") == read_tensors(source)
+    text = cli("reshard", source.parent, "-o", ext4 / "again", "--max-shard", "10MB").stdout
+    assert "zero-copy" not in text and "identical extents" not in text

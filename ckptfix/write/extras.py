@@ -6,7 +6,8 @@ Nothing here walks into a link or opens anything but a regular file:
 - a link is recreated with the same target text, except (for -o) a link to a regular file
   outside the source folder, such as the files of a Hugging Face cache snapshot (relative
   links into `../../blobs/`): that file is copied, since it is what a loader would read;
-- a regular file is copied (and fsynced), or for --in-place hard-linked;
+- a regular file is copied (and fsynced), or for --in-place hard-linked; on a filesystem
+  with reflinks the copy shares the source's blocks (FICLONE) instead of duplicating them;
 - a FIFO, socket or device is never opened: -o leaves it out (the plan lists it, see
   `special_files`), --in-place keeps it by a hard link.
 """
@@ -19,6 +20,7 @@ import stat
 from collections.abc import Sequence
 
 from ckptfix.core.errors import WriteError
+from ckptfix.write.reflink import clone_file
 from ckptfix.write.results import WrittenFile
 
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
@@ -55,6 +57,8 @@ def _inside(child: str, parent: str) -> bool:
 
 
 def _copy_data(source: int, target: int) -> int:
+    if clone_file(source, target):  # the whole file, sharing its blocks: no bytes moved
+        return os.fstat(target).st_size
     copied = 0
     try:
         while sent := os.sendfile(target, source, copied, _CHUNK):

@@ -28,12 +28,14 @@ from ckptfix.write.copy import COPY_CHUNK, Target, copy_from, write_all
 from ckptfix.write.output import create_file, write_index
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.zerocopy import (
+    NO_CLONING,
     Cloning,
     HeldRuns,
     RunCheck,
     Tally,
     data_start,
     find_cloning,
+    lines_up,
     streamed_labels,
 )
 
@@ -196,8 +198,11 @@ class _Writer:
         for name in shard.tensors:
             self.tensor(held, offset, self.job.tensors[name])
             placed.append((name, offset))
+            # Cloned bytes leave nothing to write back: they do not count (cutting the held
+            # run would copy the block it is cut in).
+            if not lines_up(self.job.tensors[name], offset, self.job.cloning or NO_CLONING):
+                unflushed += self.job.tensors[name].nbytes
             offset += self.job.tensors[name].nbytes
-            unflushed += self.job.tensors[name].nbytes
             if unflushed >= FLUSH_EVERY:  # start writeback and verification early
                 held.write()
                 self.submit(os.fdatasync, fd)

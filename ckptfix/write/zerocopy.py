@@ -88,6 +88,19 @@ def shard_runs(
         at += tensor.nbytes
 
 
+def lines_up(tensor: OutTensor, offset: int, cloning: Cloning) -> bool:
+    """Whether every byte run of `tensor`, written at file offset `offset`, comes from a
+    source that clones and lands at its source offset modulo the block: then all its whole
+    blocks are cloned, and only partial ones copied."""
+    if cloning.block is None or not tensor.streamed:
+        return False
+    return all(
+        piece.source in cloning.sources and (begin - offset - at) % cloning.block == 0
+        for piece in tensor.source.pieces
+        for begin, at, _ in piece.runs()
+    )
+
+
 def data_start(
     shard: PlannedShard,
     tensors: Mapping[str, OutTensor],
