@@ -53,21 +53,22 @@ def xfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield point
 
 
-@pytest.fixture
-def place(filesystem: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
-    """A fresh folder on the mounted filesystem for one test, removed after it."""
-    folder = filesystem / request.node.name.replace("[", "-").replace("]", "")
+def _fresh(point: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    """A fresh folder on a mounted filesystem for one test, removed after it."""
+    folder = point / request.node.name.replace("[", "-").replace("]", "")
     folder.mkdir()
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.fixture
+def place(filesystem: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
+    yield from _fresh(filesystem, request)
 
 
 @pytest.fixture
 def on_xfs(xfs: Path, request: pytest.FixtureRequest) -> Iterator[Path]:
-    folder = xfs / request.node.name.replace("[", "-").replace("]", "")
-    folder.mkdir()
-    yield folder
-    shutil.rmtree(folder, ignore_errors=True)
+    yield from _fresh(xfs, request)
 
 
 def _block(point: Path) -> int:

@@ -48,37 +48,33 @@ FICLONERANGE = _ficlonerange()
 FICLONE = None if FICLONERANGE is None else (1 << 30) | (4 << 16) | (0x94 << 8) | 9
 
 
-def clone_range(src_fd: int, src_offset: int, length: int, dst_fd: int, dst_offset: int) -> bool:
-    """Share `length` bytes of `src_fd` at `src_offset` into `dst_fd` at `dst_offset`; False
-    where this filesystem or these offsets do not allow it (nothing was changed then)."""
-    if FICLONERANGE is None:
+def _clone(request: int | None, dst_fd: int, argument: int | bytes) -> bool:
+    """One clone ioctl on `dst_fd`; False where the filesystem refuses it (FALLBACK: nothing
+    was changed then, and the caller copies)."""
+    if request is None:
         return False
     import fcntl
 
-    request = _CLONE_RANGE.pack(src_fd, src_offset, length, dst_offset)
     try:
-        fcntl.ioctl(dst_fd, FICLONERANGE, request)
+        fcntl.ioctl(dst_fd, request, argument)
     except OSError as exc:
         if exc.errno in FALLBACK:
             return False
         raise
     return True
+
+
+def clone_range(src_fd: int, src_offset: int, length: int, dst_fd: int, dst_offset: int) -> bool:
+    """Share `length` bytes of `src_fd` at `src_offset` into `dst_fd` at `dst_offset`; False
+    where this filesystem or these offsets do not allow it (nothing was changed then)."""
+    request = _CLONE_RANGE.pack(src_fd, src_offset, length, dst_offset)
+    return _clone(FICLONERANGE, dst_fd, request)
 
 
 def clone_file(src_fd: int, dst_fd: int) -> bool:
     """Make the empty file `dst_fd` share all of `src_fd`'s blocks (its size too); False where
     the filesystem does not allow it (nothing was changed then, and the caller copies)."""
-    if FICLONE is None:
-        return False
-    import fcntl
-
-    try:
-        fcntl.ioctl(dst_fd, FICLONE, src_fd)
-    except OSError as exc:
-        if exc.errno in FALLBACK:
-            return False
-        raise
-    return True
+    return _clone(FICLONE, dst_fd, src_fd)
 
 
 def clone_block(src_fd: int, folder: str) -> int | None:
