@@ -199,3 +199,35 @@ def test_lines_up_only_where_every_run_lands_at_its_source_offset() -> None:
     assert not lines_up(tensor, 108, cloning)
     assert not lines_up(tensor, 100, NO_CLONING)
     assert not lines_up(tensor, 100, Cloning(BLOCK, frozenset({"elsewhere"})))
+
+
+@pytest.mark.parametrize("start", [BLOCK, 2 * BLOCK + 6])
+def test_transformers_loads_a_padded_checkpoint(tmp_path: Path, start: int) -> None:
+    """The same padding on any filesystem: a model's file with its data start moved (to a
+    block, and to an offset that misaligns its F32 tensors) loads with identical logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.builders import tiny_llama
+
+    model = tiny_llama()
+    model.save_pretrained(tmp_path)
+    path = tmp_path / "model.safetensors"
+    header, data = read_header(path), path.read_bytes()
+    entries = [
+        HeaderEntry(
+            t.name,
+            t.dtype,
+            t.shape,
+            t.byte_range[0] - header.data_start,
+            t.byte_range[1] - header.data_start,
+        )
+        for t in header.tensors
+    ]
+    padded = pad_header(encode_header(entries, header.metadata), start)
+    assert len(padded) == start
+    path.write_bytes(padded + data[header.data_start :])
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    tokens = torch.arange(12).reshape(1, 12)
+    with torch.no_grad():
+        assert torch.equal(loaded(tokens).logits, model(tokens).logits)
