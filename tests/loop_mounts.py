@@ -52,8 +52,9 @@ def _run(command: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 @contextmanager
-def loop_mount(kind: str, folder: Path) -> Iterator[Path]:
-    """A fresh `kind` filesystem mounted at folder/mnt; skips the test where it cannot be."""
+def loop_mount(kind: str, folder: Path, options: str = "") -> Iterator[Path]:
+    """A fresh `kind` filesystem mounted at folder/mnt (with mount `options`, if any); skips
+    the test where it cannot be."""
     reason = unavailable(kind)
     if reason:
         pytest.skip(f"no {kind} loop mount: {reason}")
@@ -64,7 +65,9 @@ def loop_mount(kind: str, folder: Path) -> Iterator[Path]:
     made = _run([*MKFS[kind], str(image)])
     if made.returncode != 0:
         pytest.skip(f"no {kind} loop mount: mkfs failed: {made.stderr.strip()}")
-    mounted = _run(["mount", "-o", "loop", str(image), str(point)])
+    mounted = _run(
+        ["mount", "-o", ",".join(filter(None, ["loop", options])), str(image), str(point)]
+    )
     if mounted.returncode != 0:
         image.unlink()
         pytest.skip(f"no {kind} loop mount: mount refused: {mounted.stderr.strip()}")
