@@ -127,12 +127,18 @@ def many_tensors() -> Path:
     return many
 
 
-def ensure_inputs() -> dict[str, Path]:
+def ensure_single() -> Path:
+    """The 2.2 GB TinyLlama-shaped file alone (the one input the reflink job needs)."""
     CACHE.mkdir(exist_ok=True)
     single = CACHE / "llama-2gb.safetensors"
     if not single.exists():
         print(f"building {single} ...", flush=True)
         write_safetensors(single, llama_tensors())
+    return single
+
+
+def ensure_inputs() -> dict[str, Path]:
+    single = ensure_single()
     five = CACHE / "llama-2gb-5shards"
     if not five.exists():
         print(f"building {five} ...", flush=True)
@@ -606,6 +612,14 @@ def bench_startup(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_zero_copy(repeat: int) -> None:
+    """reshard on an XFS loop mount, zero-copy: bench/reflink.py."""
+    import reflink
+
+    for row in reflink.bench_reflink(ensure_single(), CACHE, repeat):
+        print(row, flush=True)
+
+
 def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
@@ -634,6 +648,7 @@ def main() -> None:
         "zero",
         "inspect",
         "remote",
+        "reflink",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
@@ -658,6 +673,7 @@ def main() -> None:
         "zero": lambda: bench_training("zero", writes),
         "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
         "remote": lambda: bench_remote(args.repeat),
+        "reflink": lambda: bench_zero_copy(writes),
     }
     for job in [args.only] if args.only else jobs:
         runs[job]()

@@ -323,6 +323,7 @@ def _written_notes(written: WriteResult) -> list[Text]:
             style="green",
         )
     ]
+    lines += _zero_copy_notes(written)
     if written.replaced:
         old = [os.path.relpath(path, written.path) for path in written.replaced]
         shown = ", ".join(old) if len(old) <= 3 else f"{', '.join(old[:2])} and {len(old) - 2} more"
@@ -332,6 +333,30 @@ def _written_notes(written: WriteResult) -> list[Text]:
                 style="yellow",
             )
         )
+    return lines
+
+
+def _zero_copy_notes(written: WriteResult) -> list[Text]:
+    """Where the output's filesystem clones: what was shared, and how it was verified."""
+    account = written.account
+    if account is None or account.block is None:
+        return []  # no reflinks between source and output: copied and compared, as always
+    lines = [
+        Text(
+            f"zero-copy: {format_size(account.cloned)} shared with the source "
+            f"({account.block:,}-byte blocks), {format_size(account.copied)} copied, "
+            f"{account.padding:,} bytes of header padding"
+        )
+    ]
+    if written.verified:
+        ways = account.verified_by
+        parts = [
+            f"{format_size(ways.get('extents', 0))} by identical extents",
+            f"{format_size(ways.get('compared', 0))} compared byte for byte",
+        ]
+        if ways.get("digest"):
+            parts.append(f"{format_size(ways['digest'])} by digest (cast or gathered)")
+        lines.append(Text("verified: " + ", ".join(parts)))
     return lines
 
 

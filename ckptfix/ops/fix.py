@@ -32,7 +32,7 @@ from ckptfix.plan.repair import ASIDE, RepairPlan
 from ckptfix.plan.repair_plan import plan_repair
 from ckptfix.plan.source import STAGING_FOLDER, other_entries
 from ckptfix.write.output import check_free_space, wrap_os_error
-from ckptfix.write.repair import RepairJob, Rewrite, fill, rewrites
+from ckptfix.write.repair import RepairJob, Rewrite, cloning_for, fill, rewrites, space_needed
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.staging import Claim, claim_output, staged
 
@@ -169,9 +169,12 @@ def _write(
     checkpoint: Checkpoint, report: Report, plan: RepairPlan, claim: Claim, options: FixOptions
 ) -> FixResult:
     found = rewrites(checkpoint, plan, claim.out)
+    job = RepairJob(
+        checkpoint, plan, "", claim.out, options.in_place, lambda: None, options.progress
+    )
     try:
-        _check_space(plan, found, claim, options.in_place)
-        written = _stage(checkpoint, plan, found, claim, options)
+        _check_space(job, found, claim)
+        written = _stage(job, found, claim)
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
     moved: tuple[tuple[str, str], ...] = ()
@@ -189,55 +192,42 @@ def _write(
     return FixResult(report, plan, written, moved)
 
 
-def _check_space(plan: RepairPlan, found: list[Rewrite], claim: Claim, in_place: bool) -> None:
-    """What the write needs: the rewritten shards, and with -o the copies too."""
-    needed = sum(rewrite.header_bytes + rewrite.plan.total_size for rewrite in found)
-    if not in_place:
-        needed += sum(kept.nbytes for kept in plan.kept_files if not kept.rewritten)
+def _check_space(job: RepairJob, found: list[Rewrite], claim: Claim) -> None:
+    """Refuse before writing when the output's filesystem lacks the room (write.repair.
+    space_needed); the sources that clone there are kept on the job for the writer."""
     folder = os.path.dirname(claim.real)
     while not os.path.isdir(folder):
         folder = os.path.dirname(folder)
-    check_free_space(folder, needed, claim.out)
+    job.cloning = cloning_for(job.checkpoint, job.plan, found, folder)
+    check_free_space(folder, space_needed(job, found, job.cloning), claim.out)
 
 
-def _stage(
-    checkpoint: Checkpoint,
-    plan: RepairPlan,
-    found: list[Rewrite],
-    claim: Claim,
-    options: FixOptions,
-) -> WriteResult:
+def _stage(job: RepairJob, found: list[Rewrite], claim: Claim) -> WriteResult:
+    plan, in_place = job.plan, job.in_place
     with staged(claim) as staging:
-        job = RepairJob(
-            checkpoint,
-            plan,
-            staging.path,
-            claim.out,
-            options.in_place,
-            staging.checkpoint,
-            options.progress,
-        )
+        job.staging, job.safe_point = staging.path, staging.checkpoint
         written = fill(job, found)
         staging.checkpoint()
         name = plan.kept_files[0].target if plan.single_file else None
         _verify(plan, staging.path, name, claim.out)
-        if plan.single_file and options.in_place:
+        if plan.single_file and in_place:
             staging.commit_file(name or "", claim.real, _unchanged(claim.real))
         else:
             staging.commit()
     where = claim.out
-    if plan.single_file and options.in_place:  # the file itself, its header rewritten
-        only = written[0]
-        return WriteResult(where, (WrittenFile(where, only.bytes),), True, replaced=(where,))
+    account = job.tally.account(job.cloning, sum(r.plan.total_size for r in found))
+    if plan.single_file and in_place:  # the file itself, its header rewritten
+        only = (WrittenFile(where, written[0].bytes),)
+        return WriteResult(where, only, True, replaced=(where,), account=account)
     files = tuple(WrittenFile(os.path.join(where, item.path), item.bytes) for item in written)
     replaced: tuple[str, ...] = ()
-    if options.in_place:
+    if in_place:
         replaced = tuple(
             os.path.join(where, kept.source)
             for kept in plan.kept_files
             if kept.add_format and not kept.dropped
         )
-    return WriteResult(where, files, verified=True, replaced=replaced)
+    return WriteResult(where, files, verified=True, replaced=replaced, account=account)
 
 
 def _unchanged(path: str) -> Callable[[], bool]:

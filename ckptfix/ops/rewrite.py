@@ -40,6 +40,7 @@ from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, claim_output, staged
 from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
+from ckptfix.write.zerocopy import find_cloning, shareable_bytes, streamed_labels
 
 # Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
 DROPPED_KEY = "ckptfix.dropped"
@@ -270,8 +271,13 @@ def _write(
         verify=options.verify,
     )
     try:
+        folder = _nearest_folder(os.path.dirname(claim.real))  # where staging will be
         needed = sum(headers) + plan.total_size
-        check_free_space(_nearest_folder(os.path.dirname(claim.real)), needed, claim.out)
+        if not torch:  # blocks the output can share with the source take no space
+            job.cloning = find_cloning(streamed_labels(selection.tensors), job.sources, folder)
+            needed -= shareable_bytes(plan, tensors, headers, job.cloning)
+            needed += len(plan.shards) * (job.cloning.block or 0)  # padding
+        check_free_space(folder, needed, claim.out)
         return _stage_and_commit(source, plan, job, claim, options)
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
@@ -309,7 +315,8 @@ def _stage_and_commit(
     kept = set(plan.copied_files) if options.in_place else set()  # carried over: not replaced
     replaced = tuple(os.path.join(target, name) for name in staging.replaced if name not in kept)
     files = tuple(WrittenFile(os.path.join(target, item.path), item.bytes) for item in written)
-    result = WriteResult(target, files, verified=options.verify, replaced=replaced)
+    account = None if options.to == "torch" else job.tally.account(job.cloning, plan.total_size)
+    result = WriteResult(target, files, options.verify, replaced, account)
     return RewriteResult(with_remote(source.report, source.checkpoint), plan, result)
 
 

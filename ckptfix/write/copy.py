@@ -1,6 +1,7 @@
-"""Moving and comparing byte ranges between files: in the kernel where it can
-(`copy_file_range`, which shares extents on filesystems with reflinks), through bounded
-buffers where it cannot (another filesystem, a source without a descriptor)."""
+"""Moving and comparing byte ranges between files: whole blocks cloned (shared with the
+source, FICLONERANGE) where the caller found that the filesystem allows it and the offsets
+agree, the rest in the kernel where it can (`copy_file_range`), through bounded buffers
+where it cannot (another filesystem, a source without a descriptor)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from dataclasses import dataclass
 
 from ckptfix.core.errors import SourceChangedError
 from ckptfix.io.source import ByteSource, pread_exact
+from ckptfix.plan.align import aligned_split
+from ckptfix.write.reflink import CLONE_CHUNK, clone_range
 
 COPY_CHUNK = 64 * 2**20
 COMPARE_CHUNK = 4 * 2**20
@@ -53,12 +56,15 @@ def _data_segments(
 @dataclass(frozen=True)
 class Transfer:
     """One file's bytes going into another: the descriptors, the source's label for
-    errors, and who counts the bytes done."""
+    errors, and who counts the bytes done. With `block`, whole blocks at congruent offsets
+    are cloned (see write.reflink) and counted by `cloned` as well."""
 
     src: int
     dst: int
     label: str | None = None
     advance: Callable[[int], None] | None = None
+    block: int | None = None
+    cloned: Callable[[int], None] | None = None
 
     def done(self, count: int) -> None:
         if self.advance is not None:
@@ -77,12 +83,36 @@ def copy_range(transfer: Transfer, src_offset: int, length: int, dst_offset: int
     for begin, stop in _data_segments(transfer.src, src_offset, end, transfer.label):
         if begin > done:
             transfer.done(begin - done)  # a hole: nothing to copy, counted as done
-        _copy_segment(transfer, begin, stop - begin, begin + shift)
+        _place_segment(transfer, begin, stop - begin, begin + shift)
         done = stop
     if end > done:  # a hole up to the end: extend the output now, so it is never short
         if os.fstat(transfer.dst).st_size < end + shift:
             os.ftruncate(transfer.dst, end + shift)
         transfer.done(end - done)
+
+
+def _place_segment(transfer: Transfer, src_offset: int, length: int, dst_offset: int) -> None:
+    """Clone the whole blocks of a segment where allowed, copy the head and tail around them
+    (and whatever a clone refused)."""
+    head, body = aligned_split(src_offset, dst_offset, length, transfer.block or 0)
+    if head:
+        _copy_segment(transfer, src_offset, head, dst_offset)
+    src_offset, dst_offset, length = src_offset + head, dst_offset + head, length - head
+    while body:
+        size = min(body, CLONE_CHUNK)
+        if not clone_range(transfer.src, src_offset, size, transfer.dst, dst_offset):
+            break  # copied below with the tail
+        if transfer.cloned is not None:
+            transfer.cloned(size)
+        transfer.done(size)
+        src_offset, dst_offset, length, body = (
+            src_offset + size,
+            dst_offset + size,
+            length - size,
+            body - size,
+        )
+    if length:
+        _copy_segment(transfer, src_offset, length, dst_offset)
 
 
 def _copy_segment(transfer: Transfer, src_offset: int, length: int, dst_offset: int) -> None:
@@ -119,6 +149,17 @@ class Cancelled(Exception):
     """Verification stopped because the write was abandoned."""
 
 
+@dataclass(frozen=True)
+class Target:
+    """Where copied bytes go: a descriptor and who counts the bytes done; with `block`,
+    whole blocks are cloned from local sources where the offsets agree, counted by `cloned`."""
+
+    fd: int
+    advance: Callable[[int], None] | None = None
+    block: int | None = None
+    cloned: Callable[[int], None] | None = None
+
+
 def copy_from(
     source: ByteSource,
     offset: int,
@@ -129,16 +170,24 @@ def copy_from(
 ) -> None:
     """Copy a range of a byte source into a file: kernel copies for local files, bounded
     reads and writes for the others."""
+    copy_to(source, offset, length, Target(dst, advance), dst_offset)
+
+
+def copy_to(source: ByteSource, offset: int, length: int, target: Target, at: int) -> None:
+    """Copy (or clone, see Target) a range of a byte source into a file at `at`."""
     fd = source.fileno()
     if fd is not None:
-        copy_range(Transfer(fd, dst, source.label, advance), offset, length, dst_offset)
+        transfer = Transfer(
+            fd, target.fd, source.label, target.advance, target.block, target.cloned
+        )
+        copy_range(transfer, offset, length, at)
         return
     while length:
         size = min(length, COPY_CHUNK)
-        write_all(dst, source.read_at(offset, size), dst_offset)
-        offset, dst_offset, length = offset + size, dst_offset + size, length - size
-        if advance is not None:
-            advance(size)
+        write_all(target.fd, source.read_at(offset, size), at)
+        offset, at, length = offset + size, at + size, length - size
+        if target.advance is not None:
+            target.advance(size)
 
 
 def source_equal(

@@ -8,7 +8,8 @@ Nothing here walks into a link or opens anything but a regular file:
   the repository's `blobs/` folder: a link to a regular file there is copied, since it is
   what a loader would read. A link to any other file outside the folder is never followed
   (a downloaded folder may link to ~/.ssh/id_rsa);
-- a regular file is copied (and fsynced), or for --in-place hard-linked;
+- a regular file is copied (and fsynced), or for --in-place hard-linked; on a filesystem
+  with reflinks the copy shares the source's blocks (FICLONE) instead of duplicating them;
 - a FIFO, socket or device is never opened: -o leaves it out (the plan lists it, see
   `special_files`), --in-place keeps it by a hard link.
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 from ckptfix.core.errors import WriteError
 from ckptfix.layouts.hub import blobs_of
+from ckptfix.write.reflink import clone_file
 from ckptfix.write.results import WrittenFile
 
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
@@ -61,6 +63,8 @@ def _inside(child: str, parent: str) -> bool:
 
 
 def _copy_data(source: int, target: int) -> int:
+    if clone_file(source, target):  # the whole file, sharing its blocks: no bytes moved
+        return os.fstat(target).st_size
     copied = 0
     try:
         while sent := os.sendfile(target, source, copied, _CHUNK):

@@ -8,8 +8,9 @@ file it did not create."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.plan.repair import ASIDE, FamilyPlan, KeptFile, RepairPlan
@@ -19,6 +20,7 @@ from ckptfix.write.extras import carry_file, copy_extra
 from ckptfix.write.output import write_index
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
+from ckptfix.write.zerocopy import Cloning, Tally, find_cloning, shareable_bytes, streamed_labels
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,7 @@ class Rewrite:
     plan: ShardPlan
     tensors: dict[str, OutTensor]
     metadata: list[dict[str, str]]
-    header_bytes: int = 0  # what the new headers take, for the free-space check
+    headers: tuple[int, ...] = ()  # each new header's size, its 8-byte length included
 
 
 def _source_label(checkpoint: Checkpoint, plan: RepairPlan, kept: KeptFile) -> str:
@@ -54,10 +56,38 @@ def rewrites(checkpoint: Checkpoint, plan: RepairPlan, out: str) -> list[Rewrite
                 {**(record.metadata or {}), **({"format": "pt"} if kept.add_format else {})}
             )
         shards = tuple(PlannedShard(kept.target, kept.tensors, kept.nbytes) for kept in rewritten)
-        shard_plan = ShardPlan(max(kept.nbytes for kept in rewritten), shards, None)
+        # No shard limit: a shard keeps its tensors, and may take up to one clone block of
+        # padding after its header so that its data lines up with the source's blocks.
+        shard_plan = ShardPlan(sys.maxsize, shards, None)
         sizes = checked_headers(shard_plan, tensors, metadata, out)
-        found.append(Rewrite(shard_plan, tensors, metadata, sum(sizes)))
+        found.append(Rewrite(shard_plan, tensors, metadata, tuple(sizes)))
     return found
+
+
+def cloning_for(
+    checkpoint: Checkpoint, plan: RepairPlan, found: Sequence[Rewrite], folder: str
+) -> Cloning:
+    """Which sources clone into `folder` (where staging will be): the rewritten shards'
+    and the files carried whole."""
+    labels = streamed_labels(t for rewrite in found for t in rewrite.tensors.values())
+    labels += [_source_label(checkpoint, plan, kept) for kept in plan.kept_files]
+    return find_cloning(dict.fromkeys(labels), checkpoint.source, folder)
+
+
+def space_needed(job: RepairJob, found: Sequence[Rewrite], cloning: Cloning) -> int:
+    """What the write takes on disk: the rewritten shards less the blocks they share with
+    their sources (plus padding), and with -o the files carried whole unless they clone
+    (--in-place links them)."""
+    checkpoint, plan = job.checkpoint, job.plan
+    needed = 0
+    for rewrite in found:
+        needed += sum(rewrite.headers) + rewrite.plan.total_size
+        needed -= shareable_bytes(rewrite.plan, rewrite.tensors, rewrite.headers, cloning)
+        needed += len(rewrite.plan.shards) * (cloning.block or 0)
+    for kept in [] if job.in_place else plan.kept_files:
+        if not kept.rewritten and _source_label(checkpoint, plan, kept) not in cloning.sources:
+            needed += kept.nbytes
+    return needed
 
 
 @dataclass
@@ -72,6 +102,8 @@ class RepairJob:
     in_place: bool
     safe_point: Callable[[], None]
     progress: Progress | None = None
+    cloning: Cloning | None = None  # None: the shard writer finds out
+    tally: Tally = field(default_factory=Tally)  # summed over every family's shards
 
 
 def _nested(plan: RepairPlan) -> list[str]:
@@ -131,6 +163,8 @@ def _write_rewrites(job: RepairJob, found: Sequence[Rewrite]) -> list[WrittenFil
             staging=job.staging,
             out=job.out,
             progress=_progress(job),
+            cloning=job.cloning,
+            tally=job.tally,
         )
         written += write_shards(rewrite.plan, shard_job)
     return written

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 # Called with (bytes copied so far, bytes to copy in all) as the copy advances.
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 Progress = Callable[[int, int], None]
 
@@ -19,6 +19,32 @@ class WrittenFile:
 
 
 @dataclass(frozen=True)
+class ByteAccount:
+    """How a safetensors write placed its tensor bytes and how it verified them.
+
+    `block` is the clone block of the output's filesystem, None where the sources do not
+    clone into it (no reflinks, another filesystem): then nothing is cloned or padded.
+    `verified_by` counts tensor bytes by the way they were proven equal to their source:
+    `extents` (the output maps them to the same physical blocks as the source: they are the
+    source's bytes), `compared` (read back and compared byte for byte), `digest` (cast or
+    gathered tensors: read back and compared with the digest of what was produced)."""
+
+    block: int | None
+    cloned: int  # tensor bytes shared with the source, not copied
+    copied: int  # tensor bytes written
+    padding: int  # spaces added after the headers to line the data up with the source's blocks
+    verified_by: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "block": self.block,
+            "cloned": self.cloned,
+            "copied": self.copied,
+            "padding": self.padding,
+        }
+
+
+@dataclass(frozen=True)
 class WriteResult:
     """What a write command produced: the final paths and sizes, and what it replaced."""
 
@@ -28,6 +54,9 @@ class WriteResult:
     # What the write deleted: the old OUT's top-level entries (--force), or the old files of
     # the folder that were not carried over (--in-place).
     replaced: tuple[str, ...] = ()
+    # safetensors output only (None for torch output): cloned and copied bytes, and how
+    # every tensor byte was verified
+    account: ByteAccount | None = None
 
     @property
     def bytes(self) -> int:
@@ -40,4 +69,6 @@ class WriteResult:
             "bytes": self.bytes,
             "verified": self.verified,
             "replaced": list(self.replaced),
+            "verified_by": dict(self.account.verified_by) if self.account else None,
+            "zero_copy": self.account.to_dict() if self.account else None,
         }

@@ -1,13 +1,16 @@
 """Streaming safetensors writer: tensor bytes go from source to output in the kernel
 (copy_file_range) where they are contiguous, and through bounded buffers where they are
-gathered or cast; never through a model-sized buffer. Every file is verified by reading it
-back: its header against the plan, each tensor against its source.
+gathered or cast; never through a model-sized buffer. Where the output's filesystem has
+reflinks, each shard's header is padded so that its data lines up with the source's blocks,
+and whole blocks are cloned instead of copied (write.zerocopy). Every file is verified by
+reading it back: its header against the plan, each tensor against its source.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,12 +20,24 @@ from typing import Any
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
 from ckptfix.formats.safetensors import MAX_HEADER_SIZE, HeaderEntry, encode_header, read_header
 from ckptfix.io.gather import Sources, tensor_chunks
+from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
-from ckptfix.write.copy import COPY_CHUNK, copy_from, source_equal, write_all
+from ckptfix.write.copy import COPY_CHUNK, Target, copy_from, write_all
 from ckptfix.write.output import create_file, write_index
 from ckptfix.write.results import Progress, WrittenFile
+from ckptfix.write.zerocopy import (
+    NO_CLONING,
+    Cloning,
+    HeldRuns,
+    RunCheck,
+    Tally,
+    data_start,
+    find_cloning,
+    lines_up,
+    streamed_labels,
+)
 
 FLUSH_EVERY = 256 * 2**20
 
@@ -47,6 +62,15 @@ def shard_header(
         )
         offset += tensor.nbytes
     return encode_header(entries, metadata), entries
+
+
+def pad_header(header: bytes, start: int) -> bytes:
+    """The encoded header (8-byte length + JSON) with spaces after the JSON, which the format
+    allows, so that the data starts at byte `start`."""
+    if start <= len(header):
+        return header
+    body = header[8:] + b" " * (start - len(header))
+    return struct.pack("<Q", len(body)) + body
 
 
 def checked_headers(
@@ -120,6 +144,9 @@ class ShardJob:
     progress: Progress | None = None
     digests: dict[str, bytes] = field(default_factory=dict)  # of tensors produced in memory
     cancel: threading.Event = field(default_factory=threading.Event)
+    # which sources clone into the output (None: write_shards finds out in the staging folder)
+    cloning: Cloning | None = None
+    tally: Tally = field(default_factory=Tally)  # cloned bytes, and how each was verified
 
 
 class _Writer:
@@ -143,25 +170,45 @@ class _Writer:
         if self.job.verify:
             self.submit(_verify_tensors, reader, display, placed, self.job)
 
+    def header(
+        self, shard: PlannedShard, metadata: Mapping[str, str]
+    ) -> tuple[bytes, list[HeaderEntry]]:
+        """The shard's header, padded where that lets its data be cloned, and its entries."""
+        header, entries = shard_header(shard, self.job.tensors, metadata)
+        cloning = self.job.cloning or Cloning()
+        start = data_start(shard, self.job.tensors, len(header), cloning, self.plan.max_shard)
+        self.job.tally.add("padding", start - len(header))
+        return pad_header(header, start), entries
+
     def shard(self, shard: PlannedShard, metadata: Mapping[str, str]) -> WrittenFile:
         path = os.path.join(self.job.staging, shard.file)
         display = os.path.join(self.job.out, shard.file)
-        header, entries = shard_header(shard, self.job.tensors, metadata)
+        header, entries = self.header(shard, metadata)
         fd = create_file(path)
         self.fds.append(fd)
         reader = os.open(path, os.O_RDONLY)  # for verification
         self.fds.append(reader)
+        if self.job.cloning and self.job.cloning.block:
+            # Sized up front: a write past the end would make XFS reserve blocks after it
+            # (speculative preallocation) that the clones then leave allocated.
+            os.ftruncate(fd, len(header) + shard.nbytes)
         write_all(fd, header, 0)
         offset, placed, unflushed = len(header), [], 0
+        held = HeldRuns(self.target(fd, self.job.cloning))
         for name in shard.tensors:
-            self.tensor(fd, offset, self.job.tensors[name])
+            self.tensor(held, offset, self.job.tensors[name])
             placed.append((name, offset))
+            # Cloned bytes leave nothing to write back: they do not count (cutting the held
+            # run would copy the block it is cut in).
+            if not lines_up(self.job.tensors[name], offset, self.job.cloning or NO_CLONING):
+                unflushed += self.job.tensors[name].nbytes
             offset += self.job.tensors[name].nbytes
-            unflushed += self.job.tensors[name].nbytes
             if unflushed >= FLUSH_EVERY:  # start writeback and verification early
+                held.write()
                 self.submit(os.fdatasync, fd)
                 self.verify_later(reader, display, placed)
                 placed, unflushed = [], 0
+        held.write()
         os.ftruncate(fd, offset)
         self.verify_later(reader, display, placed)
         if self.job.verify:
@@ -171,13 +218,24 @@ class _Writer:
             finished.result()  # surface a verification failure early
         return WrittenFile(shard.file, offset)
 
-    def tensor(self, fd: int, offset: int, tensor: OutTensor) -> None:
+    def target(self, fd: int, cloning: Cloning | None) -> Target:
+        """Where a shard's cloned runs go: whole blocks cloned, the rest copied."""
+        block = cloning.block if cloning is not None else None
+        return Target(fd, self.advance, block, self.job.tally.add_cloned)
+
+    def tensor(self, held: HeldRuns, offset: int, tensor: OutTensor) -> None:
+        fd, cloning = held.target.fd, self.job.cloning or Cloning()
         if tensor.streamed:  # each run of each piece, kernel to kernel where it can
             for piece in tensor.source.pieces:
                 source = self.job.sources(piece.source)
                 for begin, at, length in piece.runs():
-                    copy_from(source, begin, length, fd, offset + at, self.advance)
+                    if piece.source in cloning.sources:  # cloned, with the runs it continues
+                        held.add(source, Run(piece.source, begin, offset + at, length))
+                    else:
+                        held.write()
+                        copy_from(source, begin, length, fd, offset + at, self.advance)
             return
+        held.write()
         chunks = produce(self.job.sources, tensor)  # gathered or cast in bounded chunks
         self.job.digests[tensor.name] = _write_produced(fd, offset, chunks, self.advance)
 
@@ -210,18 +268,24 @@ def _verify_tensors(
     dst: int, display: str, placed: Sequence[tuple[str, int]], job: ShardJob
 ) -> None:
     """Each tensor written at `(name, offset)` must equal its source: streamed ones compared
-    bitwise with the source range, produced ones by the digest taken when they were made."""
+    bitwise with the source range (or, for whole blocks cloned from it, by their physical
+    extents: see write.zerocopy.RunCheck), produced ones by the digest taken when they were
+    made."""
+    check = RunCheck(dst, job.cloning or Cloning(), job.tally, job.cancel)
     for name, offset in placed:
         tensor = job.tensors[name]
         source = tensor.source
         if tensor.streamed:
             same = all(
-                source_equal(job.sources(piece.source), begin, dst, offset + at, length, job.cancel)
+                check.equal(
+                    job.sources(piece.source), Run(piece.source, begin, offset + at, length)
+                )
                 for piece in source.pieces
                 for begin, at, length in piece.runs()
             )
         else:
             same = range_digest(dst, (offset, offset + tensor.nbytes)) == job.digests[name]
+            job.tally.add("digest", tensor.nbytes)
         if not same:
             raise VerificationError(
                 display,
@@ -239,6 +303,8 @@ def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
     """
     labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
     before = {label: job.sources(label).change_token() for label in labels}
+    if job.cloning is None:
+        job.cloning = find_cloning(streamed_labels(job.tensors.values()), job.sources, job.staging)
     written: list[WrittenFile] = []
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:
         writer = _Writer(plan, job, workers)
