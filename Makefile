@@ -72,7 +72,7 @@ test: $(FULL) $(TF4) fs-tools
 # The inner loop: everything but the tests marked slow (signals, interop, huge files, property,
 # anything over about a second); under 30 s on 2 cores. `make test` runs them all.
 test-fast: $(FULL)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" -n 2
 
 lint: $(FULL)
 	$(BIN)/ruff check .

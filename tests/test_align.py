@@ -201,6 +201,7 @@ def test_lines_up_only_where_every_run_lands_at_its_source_offset() -> None:
     assert not lines_up(tensor, 100, Cloning(BLOCK, frozenset({"elsewhere"})))
 
 
+@pytest.mark.slow  # imports transformers
 @pytest.mark.parametrize("start", [BLOCK, 2 * BLOCK + 6])
 def test_transformers_loads_a_padded_checkpoint(tmp_path: Path, start: int) -> None:
     """The same padding on any filesystem: a model's file with its data start moved (to a
