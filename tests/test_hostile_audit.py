@@ -208,6 +208,15 @@ def test_a_manifest_names_the_file_it_replaces(model: Path, tmp_path: Path) -> N
     assert run.stdout.rstrip().endswith(
         f"manifest written to {target} (it replaced the file of that name)"
     )
+    run = cli("hash", model, "--manifest", target, "--json")  # the JSON says so too
+    assert run.code == 0
+    assert run.json()["manifest"] == {"path": str(target), "replaced": True}
+    assert "manifest" not in json.loads(target.read_text())  # the manifest is the model's
+    fresh = tmp_path / "fresh.json"
+    assert cli("hash", model, "--manifest", fresh, "--json").json()["manifest"] == {
+        "path": str(fresh),
+        "replaced": False,
+    }
 
 
 # gather: whatever a descriptor says ------------------------------------------------------------

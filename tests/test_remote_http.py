@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -364,3 +365,42 @@ def test_a_file_replaced_during_convert_fails_and_leaves_nothing(
     assert replaced
     assert not out.exists()
     assert os.listdir(tmp_path) == []  # no staging folder left either
+
+
+def test_a_file_replaced_during_hash_is_an_error(server: HttpServer) -> None:
+    """Nothing is written by `hash`, but a digest of bytes from two versions of a file would
+    be a lie: a change seen while hashing is an error."""
+    import ckptfix
+    from ckptfix.core.errors import SourceChangedError
+    from ckptfix.ops.hash import HashOptions
+
+    f = Factory(server.root / "changing-hash")
+    folder = f.sharded("m", [[Spec("a", "F32", (256, 256))], [Spec("b", "F32", (256, 256))]])
+    shard = folder / "model-00002-of-00002.safetensors"
+    replaced: list[bool] = []
+
+    def progress(done: int, total: int) -> None:
+        if not replaced:  # the first bytes are hashed: replace the second shard on the server
+            data = shard.read_bytes()
+            shard.unlink()
+            shard.write_bytes(data[:-4] + b"\x01\x02\x03\x04")
+            replaced.append(True)
+
+    with pytest.raises(SourceChangedError) as raised:
+        ckptfix.hash_checkpoint(url_of(server, folder), HashOptions(progress=progress, workers=1))
+    assert raised.value.rule == "remote-changed"
+    assert replaced
+
+
+def test_hash_json_of_a_url_says_what_reading_it_took(
+    server: HttpServer, torch_model: tuple[Path, str]
+) -> None:
+    local, url = torch_model
+    want, got = cli("hash", local, "--json"), cli("hash", url, "--json")
+    assert want.code == got.code == 0, got.stderr
+    assert "remote" not in want.json()
+    remote = got.json()["remote"]
+    assert remote["requests"] >= 2  # at least the listing and the .bin's bytes
+    assert remote["bytes_fetched"] >= got.json()["total_bytes"]
+    human = cli("hash", url)
+    assert re.search(r"remote: \d+ requests, [\d,]+ bytes .* fetched", human.stdout)

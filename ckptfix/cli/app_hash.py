@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -56,7 +57,12 @@ def hash_command(
 
         replaced = write_manifest(result.to_dict(), manifest, input_path(path))
     if json_output:
-        _write_json(result.to_dict())
+        document = result.to_dict()
+        if manifest is not None:  # what the write did, beside the manifest's own content
+            document["manifest"] = {"path": os.fspath(manifest), "replaced": replaced}
+        if result.remote is not None:
+            document["remote"] = result.remote
+        _write_json(document)
     else:
         from ckptfix.cli import render_hash
 

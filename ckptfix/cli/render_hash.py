@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from ckptfix.cli.render import _console
+from ckptfix.cli.render import _console, remote_line
 from ckptfix.core.sizes import format_size
 from ckptfix.ops.compare import ValueDiff
 from ckptfix.ops.diff import DiffResult
@@ -47,6 +47,8 @@ def hash_result(
         for tensor in result.tensors:
             line = f"{tensor.digest}  {tensor.dtype} {list(tensor.shape)}  {tensor.name}"
             console.print(Text(line), soft_wrap=True)
+    if result.remote is not None:
+        console.print(Text(remote_line(result.remote), style="dim"))
 
 
 def diff_result(result: DiffResult, *, fail_on: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
@@ -56,6 +56,9 @@ class HashResult:
     tensors: tuple[TensorHash, ...]
     aliases: dict[str, str] = field(default_factory=dict)  # dropped -> kept, from the record
     algorithm: str = ALGORITHM
+    # Read from a URL: requests made and bytes fetched. Not part of the manifest (the same
+    # model hashed from a local copy has the same manifest).
+    remote: dict[str, int] | None = field(default=None, compare=False)
 
     @property
     def tensor_count(self) -> int:
@@ -95,7 +98,11 @@ def hash_checkpoint(path: str | os.PathLike[str], options: HashOptions | None = 
     """Hash the checkpoint a loader would load from `path` (a file or a model folder)."""
     options = options or HashOptions()
     with opened(path, key=options.key, alias_record=options.alias_record) as tensors:
-        return hash_tensor_set(tensors, workers=options.workers, progress=options.progress)
+        result = hash_tensor_set(tensors, workers=options.workers, progress=options.progress)
+        remote = tensors.checkpoint.remote if tensors.checkpoint is not None else None
+        if remote is not None:
+            result = replace(result, remote=remote.session.stats())
+        return result
 
 
 def hash_tensor_set(
