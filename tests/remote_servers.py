@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import json
 import re
 import shutil
 import threading
@@ -143,6 +144,18 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             self._send_file(path, start, end)
 
+    def _json(self, document: object, body: bool, status: int = 200) -> None:
+        data = json.dumps(document).encode()
+        with self.server.behaviour.lock:
+            self.server.behaviour.requests += 1
+            self.server.behaviour.log.append((self.command, self.path, ""))
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if body:
+            self._send(data)
+
     def _send(self, data: bytes) -> None:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             self.wfile.write(data)
@@ -180,9 +193,8 @@ class HttpServer:
 
 
 @contextlib.contextmanager
-def http_server(root: Path) -> Iterator[HttpServer]:
-    """An HTTP server for `root` on 127.0.0.1 (a free port), stopped at the end."""
-    server = _Server(("127.0.0.1", 0), _Handler)
+def _serve(root: Path, handler: type[_Handler]) -> Iterator[HttpServer]:
+    server = _Server(("127.0.0.1", 0), handler)
     server.root = root
     server.behaviour = Behaviour()
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -194,6 +206,13 @@ def http_server(root: Path) -> Iterator[HttpServer]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@contextlib.contextmanager
+def http_server(root: Path) -> Iterator[HttpServer]:
+    """An HTTP server for `root` on 127.0.0.1 (a free port), stopped at the end."""
+    with _serve(root, _Handler) as server:
+        yield server
 
 
 @contextlib.contextmanager
@@ -288,33 +307,102 @@ class _HubHandler(_Handler):
                 entries.append({"type": "file", "oid": oid, "size": size, "path": path})
         self._json(entries, body)
 
-    def _json(self, document: object, body: bool, status: int = 200) -> None:
-        import json
-
-        data = json.dumps(document).encode()
-        with self.server.behaviour.lock:
-            self.server.behaviour.requests += 1
-            self.server.behaviour.log.append((self.command, self.path, ""))
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        if body:
-            self._send(data)
-
 
 @contextlib.contextmanager
 def hub_server(root: Path) -> Iterator[HttpServer]:
     """A Hub on 127.0.0.1 serving `root` as the model repo `org/model`."""
-    server = _Server(("127.0.0.1", 0), _HubHandler)
-    server.root = root
-    server.behaviour = Behaviour()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        host, port = server.server_address[:2]
-        yield HttpServer(root, server.behaviour, f"http://{host!s}:{port}")
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with _serve(root, _HubHandler) as server:
+        yield server
+
+
+class _GcsHandler(_Handler):
+    """The routes of Google Cloud Storage's JSON API that gcsfs reads through, for buckets
+    that are the folders of `root`: object metadata, listings by prefix and delimiter, and
+    media downloads with Range (`Behaviour.fail_next` fails the next downloads, `forced` the
+    objects named, `delay` every answer). An object's generation is its file's mtime in ns,
+    so a file replaced on disk is a new generation, and a read pinned to the old one gets
+    404, as from a bucket without versioning."""
+
+    def _answer(self, *, body: bool) -> None:
+        behaviour = self.server.behaviour
+        parts = urllib.parse.urlsplit(self.path)
+        with behaviour.lock:  # fail_next: the next media downloads
+            failing = behaviour.fail_next > 0 and parts.path.startswith("/download/")
+            behaviour.fail_next -= int(failing)
+        if behaviour.delay:
+            time.sleep(behaviour.delay)
+        if failing:
+            self._gcs_error(behaviour.fail_status, "failing on purpose")
+            return
+        query = dict(urllib.parse.parse_qsl(parts.query))
+        route = re.match(r"^/(storage|download/storage)/v1/b/([^/]+)/o(?:/(.+))?$", parts.path)
+        if route is None:
+            self._gcs_error(404, "no such route")
+            return
+        bucket = self.server.root / urllib.parse.unquote(route.group(2))
+        name = urllib.parse.unquote(route.group(3) or "")
+        forced = self.server.behaviour.forced
+        status = next((s for k, s in forced.items() if name and name.endswith(k)), None)
+        if status is not None:
+            self._gcs_error(status, "forced by the test")
+        elif not bucket.is_dir():
+            self._gcs_error(404, "no such bucket")
+        elif not name:
+            self._list(bucket, query, body=body)
+        elif not _is_generation(bucket / name, query.get("generation")):
+            self._gcs_error(404, "no such object")
+        elif route.group(1) == "download/storage":
+            # served as a file of root; the query (alt, generation) is kept for the log
+            self.path = "/" + urllib.parse.quote(f"{bucket.name}/{name}") + "?" + parts.query
+            super()._answer(body=body)
+        else:
+            self._json(_object_resource(bucket, name), body)
+
+    def _list(self, bucket: Path, query: dict[str, str], *, body: bool) -> None:
+        prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")
+        items, prefixes = [], set()
+        for path in sorted(p for p in bucket.rglob("*") if p.is_file()):
+            name = path.relative_to(bucket).as_posix()
+            if not name.startswith(prefix):
+                continue
+            rest = name[len(prefix) :]
+            if delimiter and delimiter in rest:
+                prefixes.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
+            else:
+                items.append(_object_resource(bucket, name))
+        document = {"kind": "storage#objects", "items": items, "prefixes": sorted(prefixes)}
+        self._json(document, body)
+
+    def _gcs_error(self, status: int, message: str) -> None:
+        self._json({"error": {"code": status, "message": message}}, True, status)
+
+
+def generation_of(path: Path) -> str:
+    return str(path.stat().st_mtime_ns)
+
+
+def _is_generation(path: Path, wanted: str | None) -> bool:
+    """The object exists, in the generation asked for if one was."""
+    return path.is_file() and wanted in (None, generation_of(path))
+
+
+def _object_resource(bucket: Path, name: str) -> dict[str, str]:
+    path = bucket / name
+    return {
+        "kind": "storage#object",
+        "bucket": bucket.name,
+        "name": name,
+        "size": str(path.stat().st_size),
+        "generation": generation_of(path),
+        "metageneration": "1",
+        "etag": etag_of(path).strip('"'),
+        "contentType": "application/octet-stream",
+    }
+
+
+@contextlib.contextmanager
+def gcs_server(root: Path) -> Iterator[HttpServer]:
+    """A Cloud Storage JSON API on 127.0.0.1 whose buckets are the folders of `root` (point
+    gcsfs at it with STORAGE_EMULATOR_HOST)."""
+    with _serve(root, _GcsHandler) as server:
+        yield server

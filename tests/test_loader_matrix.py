@@ -7,10 +7,10 @@ the *output* with the same library API and compares: logits, images and embeddin
 (`torch.equal`), or within the cast dtype's rounding (`assert_close`, dtype included) when
 `--dtype` was asked. The layouts are in tests/loader_layouts.py (transformers 5 and 4,
 Mistral, hub cache) and tests/loader_libraries.py (diffusers, PEFT, sentence-transformers,
-accelerate); Lightning and training dictionaries in tests/test_loader_matrix_training.py.
+accelerate); Lightning and training dictionaries in tests/loader_training.py.
 
-Cells that fail today are marked `xfail(strict=True)` with the issue's problem number and
-what breaks: each turns into a failure once the package is fixed, and the mark goes then.
+A cell that is known to fail goes into XFAIL with what its loader says (a strict xfail, so it
+fails the suite once it passes); today XFAIL is empty: every cell passes.
 """
 
 from __future__ import annotations

@@ -5,19 +5,22 @@ read through fsspec's buffered `open().read()`, whose read-ahead fetches megabyt
 every read is one request for exactly the range wanted. HTTP(S) reads go through the aiohttp
 session of fsspec's HTTP file system with Range and If-Match, checked for a 206 before the
 body is read (a server that ignores Range would otherwise send the whole file); hf:// reads
-are ranged GETs on huggingface_hub's session; gs:// uses `cat_file(path, start, end)`. Each
+are ranged GETs on huggingface_hub's session; gs:// uses `cat_file(path, start, end)` pinned
+to the object's generation. Each
 backend's packages are imported only when a URL of its scheme is read; without them the error
 says how to install them.
 """
 
 from __future__ import annotations
 
+import logging
 import posixpath
 from typing import Any
 from urllib.parse import quote, unquote
 
 from ckptfix.core.errors import UsageError
 from ckptfix.io.remote import Backend, Info, Settings, no_range
+from ckptfix.io.remote_errors import ObjectReplaced
 
 SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http", "https": "http"}
 _PACKAGES = {
@@ -67,6 +70,21 @@ class GenericBackend:
         lfs = info.get("lfs")
         sha = lfs.get("sha256") if isinstance(lfs, dict) else None
         return (*(info.get(key) for key in keys), sha)
+
+
+class GcsBackend(GenericBackend):
+    """gcsfs: each read is pinned to the generation the object was listed with. Cloud Storage
+    answers 404 for a generation that is gone (the object was replaced or deleted), which is
+    the object changing under the run, not a missing file."""
+
+    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
+        generation = info.get("generation")
+        if not generation:
+            return super().read(path, start, end, info)
+        try:
+            return bytes(self.fs.cat_file(path, start=start, end=end, generation=generation))
+        except FileNotFoundError as exc:
+            raise ObjectReplaced(path) from exc
 
 
 class HttpError(Exception):
@@ -193,6 +211,16 @@ def _range_starts(response: Any, start: int) -> bool:
     return bool(unit == "bytes" and spec.split("-", 1)[0].strip() == str(start))
 
 
+def _quiet(*names: str) -> None:
+    """Keep libraries' log records off the terminal when nobody configured logging: gcsfs
+    logs every failed request with its traceback, and the error line already says what
+    failed. A handler the application set up (on the root logger) still receives them."""
+    for name in names:
+        logger = logging.getLogger(name)
+        if not any(isinstance(handler, logging.NullHandler) for handler in logger.handlers):
+            logger.addHandler(logging.NullHandler())
+
+
 def make_backend(url: str, settings: Settings) -> Backend:
     """The backend for a URL's scheme; a missing package is a usage error (exit 2)."""
     scheme = scheme_of(url)
@@ -204,12 +232,7 @@ def make_backend(url: str, settings: Settings) -> Backend:
         if scheme == "http":
             return HttpBackend(scheme, _http(settings))
         if scheme == "gs":
-            import gcsfs
-
-            return GenericBackend(
-                scheme,
-                gcsfs.GCSFileSystem(timeout=settings.timeout, retries=1, skip_instance_cache=True),
-            )
+            return GcsBackend(scheme, _gcs(settings))
         from huggingface_hub import HfFileSystem
 
         return HubBackend(scheme, HfFileSystem(skip_instance_cache=True), settings.timeout)
@@ -217,11 +240,33 @@ def make_backend(url: str, settings: Settings) -> Backend:
         raise missing_extra(url, exc) from exc
 
 
-def _http(settings: Settings) -> Any:
+def _timeout(settings: Settings) -> Any:
+    """aiohttp's limits for one request: to connect, and between bytes of the answer."""
     import aiohttp
-    from fsspec.implementations.http import HTTPFileSystem
 
-    timeout = aiohttp.ClientTimeout(
+    return aiohttp.ClientTimeout(
         total=None, sock_connect=settings.timeout, sock_read=settings.timeout
     )
-    return HTTPFileSystem(client_kwargs={"timeout": timeout}, skip_instance_cache=True)
+
+
+def _http(settings: Settings) -> Any:
+    from fsspec.implementations.http import HTTPFileSystem
+
+    return HTTPFileSystem(client_kwargs={"timeout": _timeout(settings)}, skip_instance_cache=True)
+
+
+def _gcs(settings: Settings) -> Any:
+    """gcsfs's JSON API file system, one attempt per request.
+
+    Not `gcsfs.GCSFileSystem`, which is an extended subclass that asks the gRPC storage
+    control API for each bucket's layout (and warns when it cannot): object reads need none
+    of it. And without gcsfs's own retries: it tries a failed request 6 times, waiting up to
+    32 s between tries, whatever its `retries` argument says; the session retries instead,
+    as CKPTFIX_REMOTE_RETRIES and CKPTFIX_REMOTE_BACKOFF say."""
+    from gcsfs.core import GCSFileSystem
+
+    _quiet("gcsfs", "fsspec")
+    one_attempt = getattr(GCSFileSystem._request, "__wrapped__", None)
+    methods = {"_request": one_attempt} if one_attempt is not None else {}
+    system = type("OneAttemptGCSFileSystem", (GCSFileSystem,), methods)
+    return system(requests_timeout=_timeout(settings), skip_instance_cache=True)

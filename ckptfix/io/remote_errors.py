@@ -58,6 +58,7 @@ _CONNECTION_ERRORS = {
     "ConnectionRefusedError",
     "ConnectionAbortedError",
     "BrokenPipeError",
+    "ProxyError",  # also what gcsfs raises for an HTTP 502
 }
 TRANSIENT_STATUS = {408, 425, 429, 500, 502, 503, 504}
 
@@ -84,10 +85,16 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
 
 def status_of(exc: BaseException) -> int | None:
     """The HTTP status an exception carries: aiohttp's `status`, requests' and httpx's
-    `response.status_code`, botocore's `response["ResponseMetadata"]`."""
+    `response.status_code`, botocore's `response["ResponseMetadata"]`, gcsfs's `code` (and
+    its bare "Forbidden" OSError)."""
     status = getattr(exc, "status", None)
     if isinstance(status, int) and 100 <= status < 600:
         return status
+    code = getattr(exc, "code", None)  # gcsfs's HttpError
+    if type(exc).__name__ == "HttpError" and isinstance(code, int) and 100 <= code < 600:
+        return code
+    if scheme_forbidden(exc):
+        return 403
     response = getattr(exc, "response", None)
     code = getattr(response, "status_code", None)
     if isinstance(code, int):
@@ -97,6 +104,11 @@ def status_of(exc: BaseException) -> int | None:
         code = meta.get("HTTPStatusCode") if isinstance(meta, dict) else None
         return code if isinstance(code, int) else None
     return None
+
+
+def scheme_forbidden(exc: BaseException) -> bool:
+    """gcsfs answers a 403 with a bare OSError("Forbidden: <path>\n<message>")."""
+    return type(exc) is OSError and str(exc).startswith("Forbidden: ")
 
 
 def boto_code(exc: BaseException) -> str | None:
@@ -200,10 +212,17 @@ def classify(exc: BaseException, scheme: str) -> Failure | None:
     return Failure("remote-error", what, "check the URL and the network")
 
 
+class ObjectReplaced(Exception):
+    """A read pinned to a version (a Cloud Storage generation) found it gone."""
+
+
 def is_precondition_failed(exc: BaseException) -> bool:
-    """A read pinned to an ETag (If-Match) found the object replaced."""
+    """A read pinned to an ETag (If-Match) or a version found the object replaced."""
     return any(
-        status_of(item) == 412 or boto_code(item) == "PreconditionFailed" for item in _chain(exc)
+        status_of(item) == 412
+        or boto_code(item) == "PreconditionFailed"
+        or isinstance(item, ObjectReplaced)
+        for item in _chain(exc)
     )
 
 
