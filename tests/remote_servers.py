@@ -72,6 +72,10 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(body=True)
 
     def _answer(self, *, body: bool) -> None:
+        self._serve(urllib.parse.unquote(urllib.parse.urlsplit(self.path).path), body=body)
+
+    def _serve(self, url_path: str, *, body: bool) -> None:
+        """Answer for the file or folder at `url_path` under root (logged as requested)."""
         behaviour = self.server.behaviour
         with behaviour.lock:
             behaviour.requests += 1
@@ -80,7 +84,6 @@ class _Handler(BaseHTTPRequestHandler):
             behaviour.fail_next -= int(failing)
         if behaviour.delay:
             time.sleep(behaviour.delay)
-        url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         forced = next((s for k, s in behaviour.forced.items() if url_path.endswith(k)), None)
         if failing or forced is not None:
             self._status(behaviour.fail_status if failing else int(forced or 500))
@@ -272,8 +275,7 @@ class _HubHandler(_Handler):
             self._tree(relative, body=body)
         elif url_path.startswith(f"/{REPO}/resolve/"):
             relative = url_path[len(f"/{REPO}/resolve/") :].partition("/")[2]
-            self.path = "/" + urllib.parse.quote(relative)
-            super()._answer(body=body)
+            self._serve("/" + relative, body=body)
         else:
             self._status(404)
 
@@ -352,9 +354,7 @@ class _GcsHandler(_Handler):
         elif not _is_generation(bucket / name, query.get("generation")):
             self._gcs_error(404, "no such object")
         elif route.group(1) == "download/storage":
-            # served as a file of root; the query (alt, generation) is kept for the log
-            self.path = "/" + urllib.parse.quote(f"{bucket.name}/{name}") + "?" + parts.query
-            super()._answer(body=body)
+            self._serve(f"/{bucket.name}/{name}", body=body)
         else:
             self._json(_object_resource(bucket, name), body)
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
 
@@ -48,7 +48,8 @@ def _downloads(server: HttpServer) -> list[tuple[str, dict[str, list[str]], str]
     for method, path, ranged in server.behaviour.log:
         parts = urlsplit(path)
         if method == "GET" and not parts.path.startswith("/storage/"):
-            found.append((parts.path.rsplit("/", 1)[-1], parse_qs(parts.query), ranged))
+            name = unquote(parts.path).rsplit("/", 1)[-1]
+            found.append((name, parse_qs(parts.query), ranged))
     return found
 
 

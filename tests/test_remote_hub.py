@@ -12,7 +12,7 @@ import pytest
 
 from tests.builders import Factory, Spec
 from tests.helpers import cli, local_fixes
-from tests.remote_servers import REPO, HttpServer, hub_server
+from tests.remote_servers import REPO, REVISION_SHA, HttpServer, hub_server
 
 pytest.importorskip("huggingface_hub", reason="the remote extra is not installed")
 
@@ -52,6 +52,10 @@ def test_a_repo_reports_what_the_local_copy_does(hub: HttpServer) -> None:
     # one tree listing, one ranged GET per file: no HEAD, the listing says sizes
     gets = [path for method, path, _ in hub.behaviour.log if not path.startswith("/api/")]
     assert len(gets) == 5
+    # listed and read at the commit main pointed to when the run began, not at "main"
+    trees = [path for _, path, _ in hub.behaviour.log if "/tree/" in path]
+    assert trees and all(f"/tree/{REVISION_SHA}" in path for path in trees), trees
+    assert all(f"/resolve/{REVISION_SHA}/" in path for path in gets), gets
     assert remote["bytes_fetched"] < 10_000
 
 
@@ -74,3 +78,11 @@ def test_a_missing_file(hub: HttpServer) -> None:
         f"error: hf://{REPO}/nothing.safetensors: no such file or folder "
         "(rule remote-not-found; check the URL)"
     ]
+
+
+def test_a_repository_that_does_not_exist(hub: HttpServer) -> None:
+    run = cli("inspect", "hf://org/missing")
+    assert run.code == 1
+    [line] = run.error_lines
+    assert line.startswith("error: hf://org/missing: ")
+    assert "(rule remote-not-found;" in line or "(rule remote-credentials;" in line, line

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import re
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote, unquote
 
-from ckptfix.core.errors import UsageError
+from ckptfix.core.errors import CkptfixError, UsageError
 from ckptfix.io.remote import Backend, Info, Settings, no_range
-from ckptfix.io.remote_errors import ObjectReplaced
+from ckptfix.io.remote_errors import ObjectReplaced, classify, remote_error
 
+_COMMIT = re.compile(r"[0-9a-f]{40}")
 SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http", "https": "http"}
 _PACKAGES = {
     "s3": "botocore",
@@ -159,6 +162,36 @@ class HubBackend(GenericBackend):
     def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
         super().__init__(scheme, fs)
         self.timeout = timeout
+        self._commits: dict[tuple[str, str, str], str] = {}
+
+    def to_path(self, url: str) -> str:
+        """The path at a commit: a branch or tag (or none: main) is resolved to its commit
+        once, so every listing and read of the run sees one commit, whatever is pushed
+        meanwhile. The Hub's storage buckets (no commits) are refused."""
+        path = super().to_path(url)
+        try:
+            resolved = self.fs.resolve_path(path)
+            if not hasattr(resolved, "repo_id"):
+                raise UsageError(
+                    url, "is not a model, dataset or space repository", "download the files"
+                )
+            if _COMMIT.fullmatch(resolved.revision):
+                return path
+            key = (resolved.repo_type, resolved.repo_id, resolved.revision)
+            if key not in self._commits:
+                repo = self.fs._api.repo_info(
+                    resolved.repo_id, repo_type=resolved.repo_type, revision=resolved.revision
+                )
+                self._commits[key] = repo.sha
+        except CkptfixError:
+            raise
+        except Exception as exc:
+            failure = classify(exc, self.scheme)
+            if failure is None:
+                raise
+            raise remote_error(url, failure, 1) from exc
+        pinned = replace(resolved, revision=self._commits[key], _raw_revision=None)
+        return str(pinned.unresolve())
 
     def read(self, path: str, start: int, end: int, info: Info) -> bytes:
         from huggingface_hub import constants, get_session, hf_raise_for_status
@@ -263,10 +296,11 @@ def _gcs(settings: Settings) -> Any:
     of it. And without gcsfs's own retries: it tries a failed request 6 times, waiting up to
     32 s between tries, whatever its `retries` argument says; the session retries instead,
     as CKPTFIX_REMOTE_RETRIES and CKPTFIX_REMOTE_BACKOFF say."""
-    from gcsfs.core import GCSFileSystem
+    import gcsfs
 
     _quiet("gcsfs", "fsspec")
-    one_attempt = getattr(GCSFileSystem._request, "__wrapped__", None)
+    plain = gcsfs.core.GCSFileSystem
+    one_attempt = getattr(plain._request, "__wrapped__", None)
     methods = {"_request": one_attempt} if one_attempt is not None else {}
-    system = type("OneAttemptGCSFileSystem", (GCSFileSystem,), methods)
+    system = type("OneAttemptGCSFileSystem", (plain,), methods)
     return system(requests_timeout=_timeout(settings), skip_instance_cache=True)

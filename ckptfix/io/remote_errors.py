@@ -45,6 +45,7 @@ _TIMEOUT_ERRORS = {
 }
 _CONNECTION_ERRORS = {
     "ClientConnectorError",
+    "ClientConnectorDNSError",
     "ClientOSError",
     "ServerDisconnectedError",
     "ClientPayloadError",
