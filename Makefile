@@ -70,7 +70,7 @@ test: $(FULL) $(TF4) fs-tools
 	$(BIN)/python -m pytest -q
 
 # The inner loop: everything but the tests marked slow (signals, interop, huge files, property,
-# anything over about a second); under 30 s on 2 cores. `make test` runs them all.
+# anything over about a second); about 30 s on 2 cores. `make test` runs them all.
 test-fast: $(FULL)
 	$(BIN)/python -m pytest -q -m "not slow" -n 2
 

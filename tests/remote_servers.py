@@ -200,7 +200,10 @@ def _serve(root: Path, handler: type[_Handler]) -> Iterator[HttpServer]:
     server = _Server(("127.0.0.1", 0), handler)
     server.root = root
     server.behaviour = Behaviour()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # a short poll: shutdown() at the end of each test waits for it
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True
+    )
     thread.start()
     try:
         host, port = server.server_address[:2]

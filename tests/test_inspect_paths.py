@@ -94,6 +94,9 @@ def test_text_output_has_a_heading_per_path_and_a_total(inputs: Factory) -> None
     assert run.code == 1
     lines = run.stdout.splitlines()
     headings = [line.split(" ─")[0] for line in lines if line.endswith("──")]
+    # 80 columns when piped (a rule across the unwrapped console was 1,000,000 long)
+    assert {len(line) for line in lines if line.endswith("──")} == {80}
+    assert len(run.stdout) < 5_000
     assert headings == [
         "ok.safetensors (1 of 3)",
         "plain.safetensors (2 of 3)",

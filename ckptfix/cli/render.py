@@ -37,6 +37,7 @@ _LEFT_OUT = {"other weight file": "other weight files"}  # plan reason -> headin
 # Piped output is never wrapped: a file name split over two lines cannot be grepped or
 # copied. Tables and lines take the width they need.
 _PIPED_WIDTH = 1_000_000
+_HEADING_WIDTH = 80
 
 
 def _console() -> Console:
@@ -191,13 +192,20 @@ def repair_clause(result: Report) -> str:
     return f"{command} would repair {result.repairable}"
 
 
+def _heading(console: Console, title: str) -> None:
+    """`title ────`: a terminal's width, 80 columns when piped (whose console is as wide as
+    the longest line needs, so a rule would be a million columns long)."""
+    width = console.width if console.is_terminal else _HEADING_WIDTH
+    console.print(Text(f"{title} " + "─" * max(3, width - len(title) - 1)), soft_wrap=True)
+
+
 def reports(results: list[Report], *, show_tensors: bool, fail_on: str) -> None:
     """Several reports in turn, each under a heading, then the combined verdict."""
     console = _console()
     for number, result in enumerate(results, start=1):
         if number > 1:
             console.print()
-        console.rule(Text(f"{result.path} ({number} of {len(results)})"), align="left")
+        _heading(console, f"{result.path} ({number} of {len(results)})")
         report(result, show_tensors=show_tensors, fail_on=fail_on)
     counts = {severity: sum(r.count(severity) for r in results) for severity in Severity}
     code = max(result.exit_code(fail_on) for result in results)
