@@ -143,6 +143,14 @@ def test_usage_errors(factory: Factory, tmp_path: Path) -> None:
     run = cli("fix", folder, "-o", tmp_path / "full")
     assert run.code == 2
     assert (tmp_path / "full" / "x.txt").read_text() == "mine"
+    for mode in (["-o", str(tmp_path / "out")], ["--in-place"]):
+        run = cli("fix", "s3://bucket/model", *mode)
+        assert run.code == 2
+        assert run.error_lines == [
+            "error: s3://bucket/model: fix repairs local checkpoints only (rule usage; "
+            "download it, then fix the copy)"
+        ]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("mode", ["-o", "--in-place"])
