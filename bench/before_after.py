@@ -3,6 +3,7 @@ ckptfix, in the same virtualenv, runs taking turns old/new.
 
     git worktree add /tmp/ckptfix-old 20b9a85
     python bench/before_after.py /tmp/ckptfix-old [help] [inspect] [reshard] [convert]
+    NEW_TREE=/tmp/ckptfix-mid python bench/before_after.py /tmp/ckptfix-old ...
 
 Wall time by perf_counter around each fresh process, peak RSS by /usr/bin/time; each write
 goes to a fresh OUT with its source in the page cache. The processes run in /tmp, so that
@@ -23,7 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench
 
-NEW = str(Path(__file__).resolve().parent.parent)
+# the checkout compared with OLD_TREE: this one, or NEW_TREE (e.g. a commit between the two)
+NEW = os.environ.get("NEW_TREE") or str(Path(__file__).resolve().parent.parent)
 REPEAT = int(os.environ.get("REPEAT", "7"))
 Sample = tuple[float, float]  # wall seconds, peak RSS MiB
 
