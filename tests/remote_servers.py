@@ -30,6 +30,7 @@ class Behaviour:
     fail_next: int = 0  # answer this many requests with `fail_status` first
     fail_status: int = 503
     delay: float = 0.0  # seconds to wait before answering
+    portal: bool = False  # GCS: answer every request with an HTML page, as a captive portal
     requests: int = 0
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, Range)
@@ -43,6 +44,7 @@ class Behaviour:
             self.fail_next = 0
             self.fail_status = 503
             self.delay = 0.0
+            self.portal = False
             self.requests = 0
             self.bytes_sent = 0
             self.log = []
@@ -258,19 +260,29 @@ def copy_tree(source: Path, target: Path) -> Path:
     return target
 
 
-# --- a Hugging Face Hub for huggingface_hub's HfFileSystem ---------------------------------------
+# --- a Hugging Face Hub: the API routes ckptfix reads through, and resolve downloads ------------
 
 REPO = "org/model"
 REVISION_SHA = "0123456789abcdef0123456789abcdef01234567"
 
 
 class _HubHandler(_Handler):
-    """The four routes HfFileSystem reads through: repo info, tree listings, paths info and
-    `resolve` downloads (with Range), for one model repo `org/model` whose files are `root`."""
+    """The Hub's routes for one model repo `org/model` whose files are `root`: repo info and
+    revisions, tree listings and `resolve` downloads (with Range). `Behaviour.fail_next`
+    and `delay` apply to the API routes too (the downloads go through `_serve`)."""
 
     def _answer(self, *, body: bool) -> None:
         url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         api = f"/api/models/{REPO}/"
+        behaviour = self.server.behaviour
+        if url_path.startswith("/api/"):
+            with behaviour.lock:
+                failing = behaviour.fail_next > 0
+                behaviour.fail_next -= int(failing)
+            time.sleep(behaviour.delay)
+            if failing:
+                self._json({"error": "failing on purpose"}, body, behaviour.fail_status)
+                return
         if url_path.startswith(api + "revision/") or url_path == api.rstrip("/"):
             self._json({"id": REPO, "sha": REVISION_SHA, "siblings": [], "private": False}, body)
         elif url_path.startswith(api + "tree/"):
@@ -339,6 +351,9 @@ class _GcsHandler(_Handler):
         if failing:
             self._gcs_error(behaviour.fail_status, "failing on purpose")
             return
+        if behaviour.portal:
+            self._portal_page(body=body)
+            return
         query = dict(urllib.parse.parse_qsl(parts.query))
         route = re.match(r"^/(storage|download/storage)/v1/b/([^/]+)/o(?:/(.+))?$", parts.path)
         if route is None:
@@ -360,6 +375,15 @@ class _GcsHandler(_Handler):
             self._serve(f"/{bucket.name}/{name}", body=body)
         else:
             self._json(_object_resource(bucket, name), body)
+
+    def _portal_page(self, *, body: bool) -> None:
+        page = b"<html><body>Sign in to the network</body></html>"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/html")
+        self.send_header("Content-Length", str(len(page)))
+        self.end_headers()
+        if body:
+            self._send(page)
 
     def _list(self, bucket: Path, query: dict[str, str], *, body: bool) -> None:
         prefix, delimiter = query.get("prefix", ""), query.get("delimiter", "")

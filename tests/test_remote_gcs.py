@@ -6,6 +6,7 @@ for a public bucket: no credentials file, no metadata server."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -106,9 +107,11 @@ def test_an_object_replaced_during_a_convert_fails_and_leaves_nothing(
 
     def progress(done: int, total: int) -> None:
         if not replaced:  # the first shard is copied: replace the second one in the bucket
-            data = shard.read_bytes()
+            data, listed = shard.read_bytes(), shard.stat().st_mtime_ns
             shard.unlink()
             shard.write_bytes(data[:-4] + b"\x01\x02\x03\x04")
+            later = listed + 10**6  # a new generation even within one clock tick
+            os.utime(shard, ns=(later, later))
             replaced.append(True)
 
     out = tmp_path / "out"
@@ -199,3 +202,29 @@ def test_a_server_that_does_not_answer_in_time(
     [line] = run.error_lines
     assert line.startswith(f"error: gs://{BUCKET}/run/model: no answer in time")
     assert "(rule remote-timeout;" in line
+
+
+def test_an_answer_that_is_not_cloud_storage_json(gcs: HttpServer) -> None:
+    """A captive portal's page where the JSON API should answer: gcsfs fails to parse it,
+    which is the server's fault, not an internal error."""
+    _model(gcs)
+    gcs.behaviour.portal = True
+    run = cli("inspect", f"gs://{BUCKET}/run/model")
+    assert run.code == 1
+    [line] = run.error_lines
+    assert line.startswith(
+        f"error: gs://{BUCKET}/run/model: unexpected answer from the server: not Cloud "
+        "Storage's JSON (JSONDecodeError"
+    ), line
+    assert line.endswith(
+        "(rule remote-error; check the URL and the endpoint the backend is configured with)"
+    )
+
+
+def test_the_scheme_is_case_insensitive(gcs: HttpServer) -> None:
+    folder = _model(gcs)
+    want = cli("hash", folder, "--json")
+    for scheme in ("GS", "gcs"):
+        got = cli("hash", f"{scheme}://{BUCKET}/run/model", "--json")
+        assert got.code == 0, got.stderr
+        assert got.json()["digest"] == want.json()["digest"]

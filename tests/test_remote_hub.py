@@ -1,10 +1,11 @@
-"""hf:// URLs through huggingface_hub's HfFileSystem, pointed at a Hub the tests start on
-127.0.0.1 (tests/remote_servers.hub_server: repo info, tree listings, `resolve` downloads
-with Range), as HF_ENDPOINT points it at any Hub."""
+"""hf:// URLs read through the Hub's HTTP API on huggingface_hub's session, pointed at a Hub
+the tests start on 127.0.0.1 (tests/remote_servers.hub_server: revisions, tree listings,
+`resolve` downloads with Range), as HF_ENDPOINT points it at any Hub."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -86,3 +87,77 @@ def test_a_repository_that_does_not_exist(hub: HttpServer) -> None:
     [line] = run.error_lines
     assert line.startswith("error: hf://org/missing: ")
     assert "(rule remote-not-found;" in line or "(rule remote-credentials;" in line, line
+
+
+def test_a_failing_listing_is_retried_as_ckptfix_says(
+    hub: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Hub's API requests are ckptfix's own: retried and counted by ckptfix, with none
+    of huggingface_hub's retry loops (which waited 23 s and printed ten lines)."""
+    _model(hub.root)
+    hub.behaviour.fail_next = 1  # the revision lookup: the first API request
+    run = cli("inspect", f"hf://{REPO}")
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: hf://{REPO}: the server failed (HTTP 503) (rule remote-server-error; try "
+        "again later)"
+    ]
+    assert run.stderr.count("\n") == 1
+    monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "3")
+    monkeypatch.setenv("CKPTFIX_REMOTE_BACKOFF", "0.01")
+    hub.behaviour.fail_next = 2
+    run = cli("inspect", f"hf://{REPO}", "--json")
+    assert run.code == 0, run.stderr
+    assert run.json()["remote"]["retries"] == 2
+
+
+def test_a_hub_that_does_not_answer_in_time(
+    hub: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _model(hub.root)
+    monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "0.5")
+    hub.behaviour.delay = 3.0
+    start = time.perf_counter()
+    run = cli("inspect", f"hf://{REPO}")
+    assert time.perf_counter() - start < 2.5
+    assert run.code == 1
+    [line] = run.error_lines
+    assert line.startswith(f"error: hf://{REPO}: no answer in time")
+
+
+def test_an_answer_that_is_not_the_hub_api(hub: HttpServer) -> None:
+    _model(hub.root)
+    hub.behaviour.fail_next, hub.behaviour.fail_status = 1, 200  # a JSON object, not a list
+    run = cli("inspect", f"hf://{REPO}")
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: hf://{REPO}: unexpected answer from the server: no commit in the answer about "
+        "the revision (rule remote-error; check the URL and the endpoint the backend is "
+        "configured with)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("url", "what"),
+    [
+        ("hf://org/model@", "names an empty revision after @"),
+        ("hf://org", "is not a Hub repository URL"),
+        ("hf://datasets", "is not a Hub repository URL"),
+        ("hf://buckets/org/b", "is a Hub storage bucket, which ckptfix does not read"),
+    ],
+)
+def test_a_url_that_names_no_repository_is_a_usage_error(url: str, what: str) -> None:
+    run = cli("inspect", url)
+    assert run.code == 2
+    [line] = run.error_lines
+    assert line.startswith(f"error: {url}: {what} (rule usage; ")
+
+
+def test_a_revision_with_a_slash_and_a_commit(hub: HttpServer) -> None:
+    _model(hub.root)
+    for revision in ("refs%2Fpr%2F1", REVISION_SHA):
+        run = cli("inspect", f"hf://{REPO}@{revision}", "--json")
+        assert run.code == 0, run.stderr
+        assert run.json()["tensor_count"] == 3
+    revisions = [p for _, p, _ in hub.behaviour.log if "/revision/" in p]
+    assert revisions == [f"/api/models/{REPO}/revision/refs%2Fpr%2F1"]  # a commit needs none

@@ -173,6 +173,15 @@ def no_range(url: str, start: int, end: int) -> RemoteError:
     )
 
 
+def range_starts(response: Any, start: int) -> bool:
+    """A 206 answer's Content-Range starts at `start` (or says nothing: taken as asked)."""
+    content_range = str(response.headers.get("Content-Range", ""))
+    if not content_range:
+        return True
+    unit, _, spec = content_range.partition(" ")
+    return bool(unit == "bytes" and spec.split("-", 1)[0].strip() == str(start))
+
+
 def size_of(url: str, info: Info) -> int:
     size = info.get("size")
     if not isinstance(size, int) or size < 0:

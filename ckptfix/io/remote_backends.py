@@ -1,12 +1,12 @@
 """The backends behind remote URLs, each used for ranged reads only.
 
-s3:// is botocore's S3 client (io.remote_s3). The other schemes are fsspec file systems, never
+s3:// is botocore's S3 client (io.remote_s3), hf:// the Hub's HTTP API (io.remote_hub). The
+others are fsspec file systems, never
 read through fsspec's buffered `open().read()`, whose read-ahead fetches megabytes per file:
 every read is one request for exactly the range wanted. HTTP(S) reads go through the aiohttp
 session of fsspec's HTTP file system with Range and If-Match, checked for a 206 before the
-body is read (a server that ignores Range would otherwise send the whole file); hf:// reads
-are ranged GETs on huggingface_hub's session; gs:// uses `cat_file(path, start, end)` pinned
-to the object's generation. Each
+body is read (a server that ignores Range would otherwise send the whole file); gs:// uses
+`cat_file(path, start, end)` pinned to the object's generation. Each
 backend's packages are imported only when a URL of its scheme is read; without them the error
 says how to install them.
 """
@@ -15,21 +15,20 @@ from __future__ import annotations
 
 import logging
 import posixpath
-import re
-from dataclasses import replace
-from typing import Any
-from urllib.parse import quote, unquote
+from collections.abc import Callable
+from typing import Any, TypeVar
+from urllib.parse import unquote
 
-from ckptfix.core.errors import CkptfixError, UsageError
-from ckptfix.io.remote import Backend, Info, Settings, no_range
-from ckptfix.io.remote_errors import ObjectReplaced, classify, remote_error
+from ckptfix.core.errors import UsageError
+from ckptfix.io.remote import Backend, Info, Settings, no_range, range_starts
+from ckptfix.io.remote_errors import ObjectReplaced, UnexpectedAnswer
 
-_COMMIT = re.compile(r"[0-9a-f]{40}")
+T = TypeVar("T")
 SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http", "https": "http"}
 _PACKAGES = {
     "s3": "botocore",
     "gs": "fsspec and gcsfs",
-    "hf": "fsspec and huggingface_hub",
+    "hf": "huggingface_hub",
     "http": "fsspec and aiohttp",
 }
 
@@ -78,16 +77,38 @@ class GenericBackend:
 class GcsBackend(GenericBackend):
     """gcsfs: each read is pinned to the generation the object was listed with. Cloud Storage
     answers 404 for a generation that is gone (the object was replaced or deleted), which is
-    the object changing under the run, not a missing file."""
+    the object changing under the run, not a missing file. gcsfs parses the answers itself:
+    its ValueError, KeyError, TypeError or AttributeError on a body that is not Cloud
+    Storage's JSON (a proxy's page, another service) is an unexpected answer."""
+
+    def to_path(self, url: str) -> str:
+        scheme, _, rest = url.partition("://")
+        return super().to_path(f"{scheme.lower()}://{rest}")
+
+    def info(self, path: str) -> Info:
+        return _parsed(lambda: super(GcsBackend, self).info(path))
+
+    def ls(self, path: str) -> list[Info]:
+        return _parsed(lambda: super(GcsBackend, self).ls(path))
 
     def read(self, path: str, start: int, end: int, info: Info) -> bytes:
         generation = info.get("generation")
         if not generation:
-            return super().read(path, start, end, info)
+            return _parsed(lambda: super(GcsBackend, self).read(path, start, end, info))
         try:
-            return bytes(self.fs.cat_file(path, start=start, end=end, generation=generation))
+            return _parsed(
+                lambda: bytes(self.fs.cat_file(path, start=start, end=end, generation=generation))
+            )
         except FileNotFoundError as exc:
             raise ObjectReplaced(path) from exc
+
+
+def _parsed(call: Callable[[], T]) -> T:
+    try:
+        return call()
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        what = f"not Cloud Storage's JSON ({type(exc).__name__}: {str(exc)[:80]})"
+        raise UnexpectedAnswer(what) from exc
 
 
 class HttpError(Exception):
@@ -144,7 +165,7 @@ class HttpBackend(GenericBackend):
                 if response.status != 206:
                     raise HttpError(response.status, path)
                 length = int(response.headers.get("Content-Length", end - start))
-                if length != end - start or not _range_starts(response, start):
+                if length != end - start or not range_starts(response, start):
                     raise no_range(path, start, end)
                 return bytes(await response.read())
 
@@ -152,65 +173,6 @@ class HttpBackend(GenericBackend):
 
     def token(self, info: Info) -> tuple[object, ...]:
         return (info.get("size"), info.get("ETag"), info.get("Last-Modified"))
-
-
-class HubBackend(GenericBackend):
-    """huggingface_hub's HfFileSystem for listings and details; reads are ranged GETs of the
-    file's `resolve` URL on the Hub's own HTTP session (its token, its endpoint), checked for
-    a 206 before the body is read. (HfFileSystem's own reads go through a buffered file.)"""
-
-    def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
-        super().__init__(scheme, fs)
-        self.timeout = timeout
-        self._commits: dict[tuple[str, str, str], str] = {}
-
-    def to_path(self, url: str) -> str:
-        """The path at a commit: a branch or tag (or none: main) is resolved to its commit
-        once, so every listing and read of the run sees one commit, whatever is pushed
-        meanwhile. The Hub's storage buckets (no commits) are refused."""
-        path = super().to_path(url)
-        try:
-            resolved = self.fs.resolve_path(path)
-            if not hasattr(resolved, "repo_id"):
-                raise UsageError(
-                    url, "is not a model, dataset or space repository", "download the files"
-                )
-            if _COMMIT.fullmatch(resolved.revision):
-                return path
-            key = (resolved.repo_type, resolved.repo_id, resolved.revision)
-            if key not in self._commits:
-                repo = self.fs._api.repo_info(
-                    resolved.repo_id, repo_type=resolved.repo_type, revision=resolved.revision
-                )
-                self._commits[key] = repo.sha
-        except CkptfixError:
-            raise
-        except Exception as exc:
-            failure = classify(exc, self.scheme)
-            if failure is None:
-                raise
-            raise remote_error(url, failure, 1) from exc
-        pinned = replace(resolved, revision=self._commits[key], _raw_revision=None)
-        return str(pinned.unresolve())
-
-    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
-        from huggingface_hub import constants, get_session, hf_raise_for_status
-
-        resolved = self.fs.resolve_path(path)
-        prefix = constants.REPO_TYPES_URL_PREFIXES.get(resolved.repo_type, "")
-        revision = quote(resolved.revision, safe="")
-        url = (
-            f"{self.fs.endpoint}/{prefix}{resolved.repo_id}/resolve/{revision}/"
-            f"{quote(resolved.path_in_repo)}"
-        )
-        headers = {"Range": f"bytes={start}-{end - 1}", **self.fs._api._build_hf_headers()}
-        with get_session().stream(
-            "GET", url, headers=headers, timeout=self.timeout, follow_redirects=True
-        ) as response:
-            if response.status_code == 200:
-                raise no_range(url, start, end)
-            hf_raise_for_status(response)
-            return bytes(response.read())
 
 
 def _head_info(path: str, response: Any) -> Info:
@@ -236,14 +198,6 @@ def _looks_like_folder(url: str) -> bool:
     )
 
 
-def _range_starts(response: Any, start: int) -> bool:
-    content_range = response.headers.get("Content-Range", "")
-    if not content_range:
-        return True
-    unit, _, spec = content_range.partition(" ")
-    return bool(unit == "bytes" and spec.split("-", 1)[0].strip() == str(start))
-
-
 def _quiet(*names: str) -> None:
     """Keep libraries' log records off the terminal when nobody configured logging: gcsfs
     logs every failed request with its traceback, and the error line already says what
@@ -266,9 +220,11 @@ def make_backend(url: str, settings: Settings) -> Backend:
             return HttpBackend(scheme, _http(settings))
         if scheme == "gs":
             return GcsBackend(scheme, _gcs(settings))
-        from huggingface_hub import HfFileSystem
+        import huggingface_hub  # noqa: F401  (first: without it, the missing-extra error)
 
-        return HubBackend(scheme, HfFileSystem(skip_instance_cache=True), settings.timeout)
+        from ckptfix.io.remote_hub import HubBackend
+
+        return HubBackend(settings.timeout)
     except ImportError as exc:
         raise missing_extra(url, exc) from exc
 

@@ -172,6 +172,12 @@ _ENDPOINT_FIX = "check the network and the endpoint (AWS_ENDPOINT_URL, HF_ENDPOI
 
 
 def _one(exc: BaseException, scheme: str) -> Failure | None:
+    if isinstance(exc, UnexpectedAnswer):
+        return Failure(
+            "remote-error",
+            f"unexpected answer from the server: {exc}",
+            "check the URL and the endpoint the backend is configured with",
+        )
     code = boto_code(exc)
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
         return Failure(
@@ -211,6 +217,11 @@ def classify(exc: BaseException, scheme: str) -> Failure | None:
     text = str(exc).splitlines()[0][:160] if str(exc) else ""
     what = f"the request failed: {type(exc).__name__}" + (f": {text}" if text else "")
     return Failure("remote-error", what, "check the URL and the network")
+
+
+class UnexpectedAnswer(OSError):
+    """A server's answer that is not what its API answers: not JSON, fields missing, pages
+    without end (a proxy's or a captive portal's page, another service at the endpoint)."""
 
 
 class ObjectReplaced(Exception):
