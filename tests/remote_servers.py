@@ -31,6 +31,7 @@ class Behaviour:
     fail_status: int = 503
     delay: float = 0.0  # seconds to wait before answering
     portal: bool = False  # GCS: answer every request with an HTML page, as a captive portal
+    endless: bool = False  # GCS: every listing page says another follows
     requests: int = 0
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, Range)
@@ -45,6 +46,7 @@ class Behaviour:
             self.fail_status = 503
             self.delay = 0.0
             self.portal = False
+            self.endless = False
             self.requests = 0
             self.bytes_sent = 0
             self.log = []
@@ -397,7 +399,13 @@ class _GcsHandler(_Handler):
                 prefixes.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
             else:
                 items.append(_object_resource(bucket, name))
-        document = {"kind": "storage#objects", "items": items, "prefixes": sorted(prefixes)}
+        document: dict[str, object] = {
+            "kind": "storage#objects",
+            "items": items,
+            "prefixes": sorted(prefixes),
+        }
+        if self.server.behaviour.endless:
+            document["nextPageToken"] = f"page-{len(self.server.behaviour.log)}"
         self._json(document, body)
 
     def _gcs_error(self, status: int, message: str) -> None:

@@ -228,3 +228,19 @@ def test_the_scheme_is_case_insensitive(gcs: HttpServer) -> None:
         got = cli("hash", f"{scheme}://{BUCKET}/run/model", "--json")
         assert got.code == 0, got.stderr
         assert got.json()["digest"] == want.json()["digest"]
+
+
+def test_a_listing_without_end_is_an_error(
+    gcs: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """gcsfs follows `nextPageToken` by itself: pages that never end stop at 10 timeouts."""
+    _model(gcs)
+    monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "0.1")
+    gcs.behaviour.endless = True
+    run = cli("inspect", f"gs://{BUCKET}/run/model")
+    assert run.code == 1
+    [line] = run.error_lines
+    assert line.startswith(
+        f"error: gs://{BUCKET}/run/model: unexpected answer from the server: the listing did "
+        "not end within 1 s (rule remote-error;"
+    ), line

@@ -79,7 +79,15 @@ class GcsBackend(GenericBackend):
     answers 404 for a generation that is gone (the object was replaced or deleted), which is
     the object changing under the run, not a missing file. gcsfs parses the answers itself:
     its ValueError, KeyError, TypeError or AttributeError on a body that is not Cloud
-    Storage's JSON (a proxy's page, another service) is an unexpected answer."""
+    Storage's JSON (a proxy's page, another service) is an unexpected answer. gcsfs follows
+    a listing's pages by itself: a listing gets LISTING_TIMEOUTS times the request timeout
+    in all, so pages without end are an error, not a hang."""
+
+    LISTING_TIMEOUTS = 10
+
+    def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
+        super().__init__(scheme, fs)
+        self.listing_deadline = max(timeout, 0.1) * self.LISTING_TIMEOUTS
 
     def to_path(self, url: str) -> str:
         scheme, _, rest = url.partition("://")
@@ -89,7 +97,14 @@ class GcsBackend(GenericBackend):
         return _parsed(lambda: super(GcsBackend, self).info(path))
 
     def ls(self, path: str) -> list[Info]:
-        return _parsed(lambda: super(GcsBackend, self).ls(path))
+        from fsspec.exceptions import FSTimeoutError
+
+        deadline = self.listing_deadline
+        try:  # fsspec's synchronous wrapper takes `timeout` for the whole call
+            entries = _parsed(lambda: self.fs.ls(path, detail=True, timeout=deadline))
+        except FSTimeoutError as exc:
+            raise UnexpectedAnswer(f"the listing did not end within {deadline:g} s") from exc
+        return [dict(entry) for entry in entries]
 
     def read(self, path: str, start: int, end: int, info: Info) -> bytes:
         generation = info.get("generation")
@@ -219,7 +234,7 @@ def make_backend(url: str, settings: Settings) -> Backend:
         if scheme == "http":
             return HttpBackend(scheme, _http(settings))
         if scheme == "gs":
-            return GcsBackend(scheme, _gcs(settings))
+            return GcsBackend(scheme, _gcs(settings), settings.timeout)
         import huggingface_hub  # noqa: F401  (first: without it, the missing-extra error)
 
         from ckptfix.io.remote_hub import HubBackend
