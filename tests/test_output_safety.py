@@ -596,10 +596,12 @@ def test_ctrl_c_after_the_commit_in_process(
 
 def _before_our_handler(code: int, stderr: str) -> bool:
     """A signal answered by Python itself, before ckptfix's handler was installed (the
-    interpreter's start-up, site, runpy): death by SIGINT with nothing printed, a fatal
-    start-up error, or a KeyboardInterrupt (which ckptfix's handlers never raise) with no
-    ckptfix frame in its traceback."""
-    if re.search(r'File "[^"]*[/\\]ckptfix[/\\]', stderr):
+    interpreter's start-up, site, runpy, and the imports that reach cli.entry.main, which
+    installs it first thing): death by SIGINT with nothing printed, a fatal start-up error,
+    or a KeyboardInterrupt (which ckptfix's handlers never raise) whose traceback has no
+    ckptfix frame inside a function, only module-level import lines."""
+    frames = re.findall(r'File "[^"]*[/\\]ckptfix[/\\][^"]*", line \d+, in (\S+)', stderr)
+    if any(where != "<module>" for where in frames):
         return False
     return (
         (code == -signal.SIGINT and not stderr)

@@ -7,8 +7,9 @@ line and the exit code (nothing has been written yet, so there is nothing to und
 ckptfix.write.staging's command handler takes over for the command, and once the command is over
 both signals are ignored until the process has exited.
 
-What happens before this module runs (the interpreter's own start-up, `site`, `runpy`) is
-Python's: a signal that early is answered by Python itself.
+What happens before `main` runs (the interpreter's own start-up, `site`, `runpy`, and the
+import of `ckptfix`, `ckptfix.cli` and this module, a few milliseconds) is Python's: a signal
+that early is answered by Python itself.
 """
 
 from __future__ import annotations
