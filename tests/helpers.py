@@ -55,6 +55,25 @@ def local_fixes(document: Any, local: str | os.PathLike[str]) -> Any:
     return document
 
 
+def retried_inspect(url: str, failures: int, env: Any) -> Run:
+    """`inspect --json URL` with CKPTFIX_REMOTE_RETRIES 3 (`env`: a pytest MonkeyPatch),
+    while the server fails `failures` requests first: it must succeed and count them."""
+    env.setenv("CKPTFIX_REMOTE_RETRIES", "3")
+    env.setenv("CKPTFIX_REMOTE_BACKOFF", "0.01")
+    run = cli("inspect", url, "--json")
+    assert run.code == 0, run.stderr
+    assert run.json()["remote"]["retries"] == failures
+    return run
+
+
+def one_error_line(*args: str | os.PathLike[str]) -> str:
+    """The error line of a command that must fail with exit 1 and print exactly one."""
+    run = cli(*args)
+    assert run.code == 1, (run.code, run.stderr)
+    [line] = run.error_lines
+    return line
+
+
 def tree_snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root with its bytes: for proving that nothing changed."""
     return {

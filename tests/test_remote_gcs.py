@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 
 from tests.builders import Factory, Spec
-from tests.helpers import cli, local_fixes, tensor_digests
+from tests.helpers import cli, local_fixes, one_error_line, retried_inspect, tensor_digests
 from tests.remote_servers import HttpServer, gcs_server, generation_of
 
 pytest.importorskip("gcsfs", reason="the remote extra is not installed")
@@ -182,12 +182,8 @@ def test_transient_failures_are_retried_by_ckptfix(
     gcs: HttpServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _model(gcs)
-    monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "3")
-    monkeypatch.setenv("CKPTFIX_REMOTE_BACKOFF", "0.01")
     gcs.behaviour.fail_next = 2
-    run = cli("inspect", f"gs://{BUCKET}/run/model", "--json")
-    assert run.code == 0, run.stderr
-    assert run.json()["remote"]["retries"] == 2
+    run = retried_inspect(f"gs://{BUCKET}/run/model", 2, monkeypatch)
     assert len(gcs.behaviour.log) == run.json()["remote"]["requests"] + 1  # the folder's info
 
 
@@ -197,28 +193,9 @@ def test_a_server_that_does_not_answer_in_time(
     _model(gcs)
     monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "0.5")
     gcs.behaviour.delay = 2.0
-    run = cli("inspect", f"gs://{BUCKET}/run/model")
-    assert run.code == 1
-    [line] = run.error_lines
+    line = one_error_line("inspect", f"gs://{BUCKET}/run/model")
     assert line.startswith(f"error: gs://{BUCKET}/run/model: no answer in time")
     assert "(rule remote-timeout;" in line
-
-
-def test_an_answer_that_is_not_cloud_storage_json(gcs: HttpServer) -> None:
-    """A captive portal's page where the JSON API should answer: gcsfs fails to parse it,
-    which is the server's fault, not an internal error."""
-    _model(gcs)
-    gcs.behaviour.portal = True
-    run = cli("inspect", f"gs://{BUCKET}/run/model")
-    assert run.code == 1
-    [line] = run.error_lines
-    assert line.startswith(
-        f"error: gs://{BUCKET}/run/model: unexpected answer from the server: not Cloud "
-        "Storage's JSON (JSONDecodeError"
-    ), line
-    assert line.endswith(
-        "(rule remote-error; check the URL and the endpoint the backend is configured with)"
-    )
 
 
 def test_the_scheme_is_case_insensitive(gcs: HttpServer) -> None:
@@ -230,17 +207,25 @@ def test_the_scheme_is_case_insensitive(gcs: HttpServer) -> None:
         assert got.json()["digest"] == want.json()["digest"]
 
 
-def test_a_listing_without_end_is_an_error(
-    gcs: HttpServer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("misbehaviour", "what"),
+    [
+        # a captive portal's page where the JSON API should answer: gcsfs fails to parse it
+        ("portal", "not Cloud Storage's JSON (JSONDecodeError"),
+        # gcsfs follows `nextPageToken` by itself: pages without end stop at 10 timeouts
+        ("endless", "the listing did not end within 1 s"),
+    ],
+)
+def test_an_answer_that_is_not_the_api_is_the_servers_fault(
+    gcs: HttpServer, monkeypatch: pytest.MonkeyPatch, misbehaviour: str, what: str
 ) -> None:
-    """gcsfs follows `nextPageToken` by itself: pages that never end stop at 10 timeouts."""
     _model(gcs)
     monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "0.1")
-    gcs.behaviour.endless = True
-    run = cli("inspect", f"gs://{BUCKET}/run/model")
-    assert run.code == 1
-    [line] = run.error_lines
+    setattr(gcs.behaviour, misbehaviour, True)
+    line = one_error_line("inspect", f"gs://{BUCKET}/run/model")
     assert line.startswith(
-        f"error: gs://{BUCKET}/run/model: unexpected answer from the server: the listing did "
-        "not end within 1 s (rule remote-error;"
+        f"error: gs://{BUCKET}/run/model: unexpected answer from the server: {what}"
     ), line
+    assert line.endswith(
+        "(rule remote-error; check the URL and the endpoint the backend is configured with)"
+    )
