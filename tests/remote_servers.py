@@ -26,6 +26,7 @@ class Behaviour:
     """What the server does; tests change it between runs."""
 
     ignore_range: bool = False
+    short: int = 0  # answer a range with this many bytes fewer than asked (a valid 206)
     forced: dict[str, int] = field(default_factory=dict)  # path suffix -> status to answer
     fail_next: int = 0  # answer this many requests with `fail_status` first
     fail_status: int = 503
@@ -41,6 +42,7 @@ class Behaviour:
         """Well-behaved again, counts at zero."""
         with self.lock:
             self.ignore_range = False
+            self.short = 0
             self.forced = {}
             self.fail_next = 0
             self.fail_status = 503
@@ -137,6 +139,7 @@ class _Handler(BaseHTTPRequestHandler):
         if partial and match is not None:
             start = int(match.group(1))
             end = min(int(match.group(2)) + 1, size) if match.group(2) else size
+            end = max(start + 1, end - self.server.behaviour.short)
             if start >= size:
                 self._status(416)
                 return

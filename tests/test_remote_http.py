@@ -247,6 +247,12 @@ def test_a_server_error_that_persists_is_reported_after_the_retries(
     assert "the server failed (HTTP 500) after 3 attempts" in line
 
 
+def test_an_answer_shorter_than_the_range_asked_for(server: HttpServer, model: str) -> None:
+    server.behaviour.short = 10
+    line = _one_error_line(["inspect", model], "remote-changed")
+    assert "bytes asked for: the object changed during the run, or the server cut its" in line
+
+
 def test_a_401_asks_for_credentials(server: HttpServer, model: str) -> None:
     server.behaviour.forced = {"/m/": 401}
     _one_error_line(["inspect", model], "remote-credentials")

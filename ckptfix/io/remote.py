@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from ckptfix.core.errors import CkptfixError, RemoteError
+from ckptfix.core.errors import CkptfixError, RemoteChangedError, RemoteError
 from ckptfix.io.remote_errors import changed, classify, is_precondition_failed, remote_error
 from ckptfix.io.source import past_end
 
@@ -148,7 +148,11 @@ class RemoteSession:
         if len(data) > end - start:
             raise no_range(url, start, end)
         if len(data) < end - start:
-            raise changed(url)  # shorter than the size it was listed with
+            raise RemoteChangedError(
+                url,
+                f"the server sent {len(data):,} of the {end - start:,} bytes asked for: the "
+                "object changed during the run, or the server cut its answer short",
+            )
         return data
 
     def info(self, url: str, path: str) -> Info:

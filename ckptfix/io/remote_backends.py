@@ -180,9 +180,9 @@ class HttpBackend(GenericBackend):
                 if response.status != 206:
                     raise HttpError(response.status, path)
                 length = int(response.headers.get("Content-Length", end - start))
-                if length != end - start or not range_starts(response, start):
+                if length > end - start or not range_starts(response, start):
                     raise no_range(path, start, end)
-                return bytes(await response.read())
+                return bytes(await response.read())  # a shorter one: the session says so
 
         return bytes(sync(self.fs.loop, get))
 
