@@ -53,6 +53,15 @@ class Behaviour:
             self.bytes_sent = 0
             self.log = []
 
+    def take_failure(self, applies: bool = True) -> bool:
+        """After `delay`: whether this request fails as one of the next `fail_next` (counted
+        down only for requests it `applies` to)."""
+        with self.lock:
+            failing = applies and self.fail_next > 0
+            self.fail_next -= int(failing)
+        time.sleep(self.delay)
+        return failing
+
     def gets(self, suffix: str = "") -> list[str]:
         """The Range of each GET of a path ending in `suffix`."""
         with self.lock:
@@ -86,10 +95,7 @@ class _Handler(BaseHTTPRequestHandler):
         with behaviour.lock:
             behaviour.requests += 1
             behaviour.log.append((self.command, self.path, self.headers.get("Range", "")))
-            failing = behaviour.fail_next > 0
-            behaviour.fail_next -= int(failing)
-        if behaviour.delay:
-            time.sleep(behaviour.delay)
+        failing = behaviour.take_failure()
         forced = next((s for k, s in behaviour.forced.items() if url_path.endswith(k)), None)
         if failing or forced is not None:
             self._status(behaviour.fail_status if failing else int(forced or 500))
@@ -280,14 +286,9 @@ class _HubHandler(_Handler):
         url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
         api = f"/api/models/{REPO}/"
         behaviour = self.server.behaviour
-        if url_path.startswith("/api/"):
-            with behaviour.lock:
-                failing = behaviour.fail_next > 0
-                behaviour.fail_next -= int(failing)
-            time.sleep(behaviour.delay)
-            if failing:
-                self._json({"error": "failing on purpose"}, body, behaviour.fail_status)
-                return
+        if url_path.startswith("/api/") and behaviour.take_failure():
+            self._json({"error": "failing on purpose"}, body, behaviour.fail_status)
+            return
         if url_path.startswith(api + "revision/") or url_path == api.rstrip("/"):
             self._json({"id": REPO, "sha": REVISION_SHA, "siblings": [], "private": False}, body)
         elif url_path.startswith(api + "tree/"):
@@ -348,12 +349,7 @@ class _GcsHandler(_Handler):
     def _answer(self, *, body: bool) -> None:
         behaviour = self.server.behaviour
         parts = urllib.parse.urlsplit(self.path)
-        with behaviour.lock:  # fail_next: the next media downloads
-            failing = behaviour.fail_next > 0 and parts.path.startswith("/download/")
-            behaviour.fail_next -= int(failing)
-        if behaviour.delay:
-            time.sleep(behaviour.delay)
-        if failing:
+        if behaviour.take_failure(applies=parts.path.startswith("/download/")):
             self._gcs_error(behaviour.fail_status, "failing on purpose")
             return
         if behaviour.portal:

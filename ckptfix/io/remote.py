@@ -9,9 +9,9 @@ block of BLOCK bytes that later small reads are served from, so the sniff, a saf
 header of up to 64 KiB, a zip's end records and `data.pkl` cost a request or two each.
 
 Reads are pinned to the object that was listed where the backend can do it (S3 and HTTP:
-If-Match on the ETag, or the S3 version; gs://: the generation): an object replaced during the run is an error at
-the next read, and `change_token()` asks again, so the writers' before/after comparison
-sees it too.
+If-Match on the ETag, or the S3 version; gs://: the generation; hf://: the commit): an object
+replaced during the run is an error at the next read, and `change_token()` asks again, so the
+writers' before/after comparison sees it too.
 """
 
 from __future__ import annotations

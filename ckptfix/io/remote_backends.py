@@ -48,7 +48,8 @@ def missing_extra(url: str, exc: ImportError) -> UsageError:
 
 
 class GenericBackend:
-    """An fsspec file system read with `cat_file(path, start, end)` (gs://, hf://)."""
+    """An fsspec file system read with `cat_file(path, start, end)`: the base of the gs://
+    and http(s):// backends."""
 
     def __init__(self, scheme: str, fs: Any) -> None:
         self.scheme = scheme
@@ -68,10 +69,7 @@ class GenericBackend:
         return bytes(self.fs.cat_file(path, start=start, end=end))
 
     def token(self, info: Info) -> tuple[object, ...]:
-        keys = ("size", "ETag", "etag", "VersionId", "generation", "blob_id", "mtime", "updated")
-        lfs = info.get("lfs")
-        sha = lfs.get("sha256") if isinstance(lfs, dict) else None
-        return (*(info.get(key) for key in keys), sha)
+        return tuple(info.get(key) for key in ("size", "etag", "generation", "updated"))
 
 
 class GcsBackend(GenericBackend):

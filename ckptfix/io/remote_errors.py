@@ -94,7 +94,7 @@ def status_of(exc: BaseException) -> int | None:
     code = getattr(exc, "code", None)  # gcsfs's HttpError
     if type(exc).__name__ == "HttpError" and isinstance(code, int) and 100 <= code < 600:
         return code
-    if scheme_forbidden(exc):
+    if _gcsfs_forbidden(exc):
         return 403
     response = getattr(exc, "response", None)
     code = getattr(response, "status_code", None)
@@ -107,7 +107,7 @@ def status_of(exc: BaseException) -> int | None:
     return None
 
 
-def scheme_forbidden(exc: BaseException) -> bool:
+def _gcsfs_forbidden(exc: BaseException) -> bool:
     """gcsfs answers a 403 with a bare OSError("Forbidden: <path>\n<message>")."""
     return type(exc) is OSError and str(exc).startswith("Forbidden: ")
 

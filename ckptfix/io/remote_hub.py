@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import re
 import threading
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 from ckptfix.core.errors import UsageError
 from ckptfix.io.remote import Info, no_range, range_starts
 from ckptfix.io.remote_errors import UnexpectedAnswer
 
+T = TypeVar("T")
 MAX_PAGES = 10_000  # of a folder listing (1,000 entries each): a server's endless pages end
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _TYPES = {"datasets": "dataset", "spaces": "space"}
@@ -94,12 +95,12 @@ class HubBackend:
         kind, repo, revision, inner = _split(path)
         commit = self._commit(kind, repo, revision)
         url: str | None = f"{self._api(kind, repo)}/tree/{commit}/{quote(inner)}".rstrip("/")
-        entries: list[Info] = []
+        root, entries = _root(path), list[Info]()
         for _ in range(MAX_PAGES):
             if url is None:
                 return entries
             response = self._get(url)
-            entries += [_entry(path, item) for item in _json_list(response)]
+            entries += [_entry(root, item) for item in _json(response, list)]
             url = response.links.get("next", {}).get("url")
         raise UnexpectedAnswer(f"the listing did not end after {MAX_PAGES:,} pages")
 
@@ -124,7 +125,7 @@ class HubBackend:
         if known is not None:
             return known
         url = f"{self._api(kind, repo)}/revision/{quote(revision, safe='')}"
-        sha = _json(self._get(url)).get("sha")
+        sha = _json(self._get(url), dict).get("sha")
         if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
             raise UnexpectedAnswer("no commit in the answer about the revision")
         with self._lock:
@@ -160,23 +161,17 @@ class HubBackend:
             return bytes(response.read())
 
 
-def _json(response: Any) -> dict[str, Any]:
+def _json(response: Any, kind: type[T]) -> T:
+    """The answer's JSON document, which must be a `kind` (of objects, for a list)."""
     try:
         document = response.json()
     except ValueError as exc:
         raise UnexpectedAnswer("the answer is not JSON") from exc
-    if not isinstance(document, dict):
-        raise UnexpectedAnswer("the answer is not a JSON object")
-    return document
-
-
-def _json_list(response: Any) -> list[dict[str, Any]]:
-    try:
-        document = response.json()
-    except ValueError as exc:
-        raise UnexpectedAnswer("the answer is not JSON") from exc
-    if not isinstance(document, list) or not all(isinstance(item, dict) for item in document):
-        raise UnexpectedAnswer("the listing is not a list of entries")
+    if not isinstance(document, kind) or (
+        isinstance(document, list) and not all(isinstance(item, dict) for item in document)
+    ):
+        shape = "list of entries" if kind is list else "object"
+        raise UnexpectedAnswer(f"the answer is not a JSON {shape}")
     return document
 
 
@@ -186,12 +181,12 @@ def _root(path: str) -> str:
     return path[: len(path) - len(inner)].rstrip("/") if inner else path
 
 
-def _entry(folder: str, item: dict[str, Any]) -> Info:
-    """A tree entry as the remote folder reads it: `name` under the backend's path."""
+def _entry(root: str, item: dict[str, Any]) -> Info:
+    """A tree entry as the remote folder reads it: `name` under the repository's `root`."""
     name, kind, size = item.get("path"), item.get("type"), item.get("size")
     if not isinstance(name, str) or kind not in ("file", "directory"):
         raise UnexpectedAnswer("a listing entry without a path or a type")
-    entry: Info = {"name": f"{_root(folder)}/{name}", "type": kind, "blob_id": item.get("oid")}
+    entry: Info = {"name": f"{root}/{name}", "type": kind, "blob_id": item.get("oid")}
     if kind == "file":
         lfs = item.get("lfs")
         entry["size"] = size if isinstance(size, int) and size >= 0 else None
