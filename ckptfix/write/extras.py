@@ -256,7 +256,8 @@ class _Carrier:
                 shown = os.path.join(self.source_root, relative)
                 child = self.carry(_Entry(fd, name, relative, shown))
                 if child is not None:
-                    stack.append((child, relative, iter(_listed(child, shown))))
+                    stack.append((child, relative, iter(())))  # closed below if listing fails
+                    stack[-1] = (child, relative, iter(_listed(child, shown)))
         finally:
             for fd, _, _ in stack:
                 if fd != top:

@@ -108,7 +108,7 @@ class RepairJob:
     tally: Tally = field(default_factory=Tally)  # summed over every family's shards
 
 
-def stays_behind_link(root: str, kept: KeptFile, in_place: bool) -> bool:
+def _stays_behind_link(root: str, kept: KeptFile, in_place: bool) -> bool:
     """--in-place: a file kept as it is, reached through a link (`sub -> /elsewhere`), stays
     where it is: the link is carried, and nothing is placed behind it."""
     if not in_place or kept.how != "kept":
@@ -121,7 +121,7 @@ def _placed_nested(job: RepairJob) -> list[str]:
     the plan places them (or, taken out, leaves them out)."""
     plan, root = job.plan, job.checkpoint.path
     names = {move.source for move in plan.moves} | {
-        kept.source for kept in plan.kept_files if not stays_behind_link(root, kept, job.in_place)
+        kept.source for kept in plan.kept_files if not _stays_behind_link(root, kept, job.in_place)
     }
     return sorted(name for name in names if "/" in name)
 
@@ -135,7 +135,7 @@ def _folder_for(job: RepairJob, relative: str) -> str:
 def _carry(job: RepairJob, family: FamilyPlan) -> list[WrittenFile]:
     written = []
     for kept in family.files:
-        if kept.rewritten or stays_behind_link(job.checkpoint.path, kept, job.in_place):
+        if kept.rewritten or _stays_behind_link(job.checkpoint.path, kept, job.in_place):
             continue
         target = _folder_for(job, kept.target)
         source = _source_label(job.checkpoint, job.plan, kept)
