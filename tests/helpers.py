@@ -74,6 +74,51 @@ def one_error_line(*args: str | os.PathLike[str]) -> str:
     return line
 
 
+# Root without the capabilities that let it read, write or chmod any file: to the command,
+# files root owns behave as any user's own files (a mode-000 file is unreadable, a read-only
+# folder cannot be written into), and files owned by another uid as another user's.
+_NOT_ROOT = "-dac_override,-dac_read_search,-fowner"
+
+
+def as_another_user(*args: str | os.PathLike[str]) -> Run:
+    """`ckptfix ARGS` in a fresh process without root's file capabilities (above); skips
+    where that cannot be arranged. Needed because the tests run as root here, and a non-root
+    uid cannot even start the shared virtualenv's interpreter (under /root)."""
+    return python_as_another_user("-m", "ckptfix", *args)
+
+
+def python_as_another_user(*args: str | os.PathLike[str]) -> Run:
+    """`python ARGS` (this interpreter) as `as_another_user` runs ckptfix."""
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv, to run ckptfix without root's file capabilities")
+    done = subprocess.run(
+        [
+            *("setpriv", f"--inh-caps={_NOT_ROOT}", f"--bounding-set={_NOT_ROOT}", "--"),
+            *(sys.executable, *map(os.fspath, args)),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    return Run(done.returncode, done.stdout, done.stderr)
+
+
+def give_away(root: Path, uid: int = 65534) -> None:
+    """Make `root` and everything under it (links themselves, not their targets) another
+    user's: for `as_another_user`, they are then not its own."""
+    for folder, subfolders, files in os.walk(root):
+        for name in [*subfolders, *files]:
+            os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+    os.chown(root, uid, uid, follow_symlinks=False)
+
+
 def tree_snapshot(root: Path) -> dict[str, bytes]:
     """Every file under root with its bytes: for proving that nothing changed."""
     return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +137,51 @@ def test_transformers_loads_the_cast_model_in_the_cast_dtype(tmp_path: Path) -> 
     assert got.dtype == torch.bfloat16
     with torch.no_grad():
         assert torch.equal(got(ids).logits, want(ids).logits)
+
+
+def _no_file_holds(root: Path, data: bytes) -> bool:
+    for folder, _, files in os.walk(root):  # never follows links
+        for name in files:
+            path = Path(folder) / name
+            if not path.is_symlink() and data in path.read_bytes():
+                return False
+    return True
+
+
+@pytest.mark.parametrize("target", ["absolute", "relative"])
+def test_a_linked_config_is_never_read_into_the_output(tmp_path: Path, target: str) -> None:
+    """config.json linked to a file elsewhere (an API key here): the cast copied its
+    contents into OUT, edited. It is carried as a link, as every other file would be."""
+    secret = tmp_path / "secret" / "keys.json"
+    secret.parent.mkdir()
+    secret.write_text('{"api_key": "sk-SECRET-123", "torch_dtype": "float32"}')
+    source = _folder(tmp_path)
+    (source / "config.json").unlink()
+    text = str(secret) if target == "absolute" else "../secret/keys.json"
+    os.symlink(text, source / "config.json")
+    out = tmp_path / "out"
+    run = cli("convert", source, "-o", out, "--dtype", "bf16", "--json")
+    assert run.code == 0, run.stderr
+    assert run.json()["plan"]["config_edits"] == []
+    assert os.readlink(out / "config.json") == text
+    assert _no_file_holds(out, b"sk-SECRET-123")
+    assert secret.read_text() == '{"api_key": "sk-SECRET-123", "torch_dtype": "float32"}'
+
+
+def test_a_cache_snapshot_config_is_copied_and_set(tmp_path: Path) -> None:
+    """In a Hugging Face cache snapshot the link into blobs/ is what a loader reads: it is
+    copied as a file, and the copy edited; the blob stays as it was."""
+    built = _folder(tmp_path)
+    snapshot = tmp_path / "models--org--m" / "snapshots" / "abc"
+    blobs = tmp_path / "models--org--m" / "blobs"
+    snapshot.mkdir(parents=True)
+    blobs.mkdir()
+    for file in built.iterdir():
+        file.rename(blobs / file.name)
+        os.symlink(f"../../blobs/{file.name}", snapshot / file.name)
+    out = tmp_path / "out"
+    run = cli("convert", snapshot, "-o", out, "--dtype", "bf16")
+    assert run.code == 0, run.stderr
+    assert not (out / "config.json").is_symlink()
+    assert (out / "config.json").read_text() == retype(ORIGINAL, "bfloat16")[0]
+    assert (blobs / "config.json").read_text() == ORIGINAL

@@ -7,10 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import struct
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import pytest
 from ckptfix.core.errors import SourceChangedError
 from tests.attacks import STORAGE, _tensor
 from tests.builders import Emit, Factory, Spec, legacy_checkpoint, state_dict_pickle, zip_checkpoint
-from tests.helpers import cli, measured
+from tests.helpers import as_another_user, cli, give_away, measured
 
 MB = 2**20
 
@@ -188,41 +185,69 @@ def test_large_metadata_goes_to_the_first_shard_only(factory: Factory, tmp_path:
     assert small.json()["plan"]["metadata_scope"] == "every shard"
 
 
-_NO_DAC = "-dac_override,-dac_read_search"
-
-
-def _without_file_capabilities(*args: str | os.PathLike[str]) -> subprocess.CompletedProcess[str]:
-    """Run ckptfix as root minus the capabilities that let root read any file, so that a
-    mode-000 file is unreadable to it as it would be to any other user."""
-    return subprocess.run(
-        [
-            "setpriv",
-            f"--inh-caps={_NO_DAC}",
-            f"--bounding-set={_NO_DAC}",
-            "--",
-            sys.executable,
-            "-m",
-            "ckptfix",
-            *map(os.fspath, args),
-        ],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 @pytest.mark.parametrize("name", ["model.safetensors.index.json", "config.json"])
 def test_unreadable_side_file_is_a_finding(factory: Factory, name: str) -> None:
-    if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv, to make a file unreadable to the command")
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
     factory.config("m")
     os.chmod(folder / name, 0)
-    run = _without_file_capabilities("inspect", folder)
+    run = as_another_user("inspect", folder)
     assert "Traceback" not in run.stderr and "internal error" not in run.stderr
-    assert run.returncode == 1, run.stderr
+    assert run.code == 1, run.stderr
     assert f"error: {folder / name}: cannot read the " in run.stderr
     assert "(rule unreadable; check its permissions)" in run.stderr
+
+
+def _one_line_as_another_user(
+    factory: Factory, args: list[str | os.PathLike[str]], line: str
+) -> None:
+    """Run as another user: exit 1, exactly `line`, nothing written or left behind."""
+    out = factory.root / "out"
+    run = as_another_user(*[out if arg == "OUT" else arg for arg in args])
+    assert run.code == 1, run.stderr
+    assert run.error_lines == [line]
+    assert not out.exists() and not list(factory.root.glob(".ckptfix-*"))
+
+
+@pytest.mark.parametrize("command", ["reshard", "convert", "dedupe"])
+def test_an_unreadable_index_refuses_a_rewrite(factory: Factory, command: str) -> None:
+    """Reported as still open: the output written from the shards alone, the index ignored."""
+    folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
+    os.chmod(folder / "model.safetensors.index.json", 0)
+    _one_line_as_another_user(
+        factory,
+        [command, folder, "-o", "OUT"],
+        f"error: {folder / 'model.safetensors.index.json'}: cannot read the index: Permission "
+        "denied (rule unreadable; check its permissions)",
+    )
+
+
+@pytest.mark.parametrize("command", ["reshard", "fix"])
+def test_an_unreadable_sub_folder_is_one_error_line(factory: Factory, command: str) -> None:
+    """It was `internal error: PermissionError`: the sub-folder is carried to the output,
+    so it must be listed."""
+    folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
+    (folder / "extra").mkdir()
+    (folder / "extra" / "notes.txt").write_text("notes")
+    give_away(folder / "extra")
+    os.chmod(folder / "extra", 0o700)
+    _one_line_as_another_user(
+        factory,
+        [command, folder, "-o", "OUT"],
+        f"error: {folder / 'extra'}: cannot list the folder: Permission denied (rule "
+        "unreadable; check its permissions)",
+    )
+
+
+@pytest.mark.parametrize("command", ["inspect", "hash", "reshard", "fix"])
+def test_an_unlistable_model_folder_is_one_error_line(factory: Factory, command: str) -> None:
+    folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
+    os.chmod(folder, 0o300)  # it can be entered, not listed
+    _one_line_as_another_user(
+        factory,
+        [command, folder, *(["-o", "OUT"] if command in ("reshard", "fix") else [])],
+        f"error: {folder}: cannot list the folder: Permission denied (rule unreadable; check "
+        "its permissions)",
+    )
 
 
 @pytest.mark.parametrize("kind", ["streamed", "gathered"])

@@ -27,7 +27,7 @@ from ckptfix.ops.rewrite import ReshardOptions, reshard
 from ckptfix.plan.select import SelectOptions, select
 from ckptfix.write import staging
 from tests.builders import Factory, Spec
-from tests.helpers import cli, flat, tensor_names, tree_snapshot
+from tests.helpers import as_another_user, cli, flat, give_away, tensor_names, tree_snapshot
 
 COMMANDS = ["reshard", "convert", "dedupe"]
 
@@ -204,7 +204,7 @@ def test_without_renameat2_the_same_promises_hold(
     assert cli("reshard", model, "-o", tmp_path / "new").code == 0
     assert tensor_names(tmp_path / "new") == ["a", "b"]
     before = tree_snapshot(out)
-    real = staging._record
+    real = staging.record
     calls = 0
 
     def record_then_intrude(folder: str) -> staging.OutputState:
@@ -214,7 +214,7 @@ def test_without_renameat2_the_same_promises_hold(
             (Path(folder) / "late.txt").write_text("late")
         return real(folder)
 
-    monkeypatch.setattr(staging, "_record", record_then_intrude)
+    monkeypatch.setattr(staging, "record", record_then_intrude)
     run = cli("reshard", model, "-o", out, "--force")
     assert run.code == 1
     assert run.error_lines == [
@@ -653,6 +653,23 @@ def test_signals_are_ignored_once_the_command_is_over(factory: Factory) -> None:
     assert done.stderr.splitlines() == ["0 [True, True]"]
 
 
+def test_the_console_script_imports_only_its_own_modules_before_taking_signals() -> None:
+    """Until cli.entry.main installs its handler, a Ctrl-C is answered by Python with a
+    traceback: on the way there, ckptfix imported `__future__`, `importlib`, `warnings` and
+    `gc` too (about 1 ms of the ~2 ms ckptfix's part of that window took, measured with
+    strace; the rest of the window, ~16 ms here, is the interpreter's start-up, site and
+    the console-script wrapper's own `import re`). Run without site, whose imports differ
+    between installs, and with `os` imported as site imports it."""
+    code = (
+        "import sys, os; before = set(sys.modules); import ckptfix.cli.entry; "
+        "print(sorted(set(sys.modules) - before))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "['ckptfix', 'ckptfix.cli', 'ckptfix.cli.entry']"
+
+
 def test_importing_ckptfix_is_cheap_and_lazy() -> None:
     """`python -m ckptfix` runs the package __init__ before it can take charge of signals."""
     code = (
@@ -772,6 +789,61 @@ def test_a_failed_comparison_keeps_its_own_exception(
             copy.source_equal(source, 0, fd, 0, 8192)
     finally:
         os.close(fd)
+
+
+def test_force_over_a_read_only_sub_folder_leaves_nothing_behind(
+    model: Path, tmp_path: Path
+) -> None:
+    """As their owner: the new OUT was swapped in and "wrote" printed, then the old one,
+    read-only folder and all, stayed beside it as a .ckptfix-* folder."""
+    out = tmp_path / "out"
+    (out / "docs").mkdir(parents=True)
+    (out / "docs" / "README.md").write_text("old")
+    (out / "docs").chmod(0o555)
+    run = as_another_user("reshard", model, "-o", out, "--force")
+    assert run.code == 0, run.stderr
+    assert names(out) == ["config.json", "model.safetensors"]
+    assert leftovers(tmp_path) == []
+
+
+def test_force_refuses_an_out_it_could_not_clear(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    (out / "docs").mkdir(parents=True)
+    (out / "docs" / "README.md").write_text("theirs")
+    give_away(out / "docs")
+    before = tree_snapshot(out)
+    run = as_another_user("reshard", model, "-o", out, "--force")
+    assert run.code == 1, run.stderr
+    assert run.error_lines == [
+        f"error: {out / 'docs'}: folder is not writable and not ours to make writable, so its "
+        "old entries could not be removed once the new folder is in place (rule "
+        "write-failed; make it writable, or run as its owner)"
+    ]
+    assert tree_snapshot(out) == before and leftovers(tmp_path) == []
+
+
+def test_a_replaced_out_that_cannot_be_removed_is_an_error(
+    model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new OUT is in place; the old one could not be removed (a mount point in it, say):
+    that is said, never a plain success with the old contents left behind unnamed."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model.safetensors").write_bytes(b"old")
+
+    def fail(path: str) -> None:
+        raise OSError(16, "Device or resource busy", path)
+
+    monkeypatch.setattr(staging, "remove_tree", fail)
+    run = cli("reshard", model, "-o", out, "--force")
+    assert run.code == 1
+    [left] = leftovers(tmp_path)
+    assert run.error_lines == [
+        f"error: {left}: the new output is in place, but its old contents could not all be "
+        "removed (Device or resource busy); they are left here (rule write-failed; delete "
+        "this folder)"
+    ]
+    assert tensor_names(out) == ["a", "b"]
 
 
 # Smaller ones -------------------------------------------------------------------------------

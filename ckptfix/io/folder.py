@@ -66,8 +66,11 @@ class LocalFolder:
         return sorted(os.listdir(path))
 
     def file_names(self, path: str) -> list[str]:
-        with os.scandir(path) as listing:
-            return sorted(entry.name for entry in listing if _is_file(entry))
+        try:
+            with os.scandir(path) as listing:
+                return sorted(entry.name for entry in listing if _is_file(entry))
+        except OSError as exc:
+            raise unlistable(path, exc) from exc
 
     def is_file(self, path: str) -> bool:
         return os.path.isfile(path)
@@ -110,6 +113,13 @@ def _is_file(entry: os.DirEntry[str]) -> bool:
         return entry.is_file()
     except OSError:
         return False
+
+
+def unlistable(path: str, exc: OSError) -> CorruptFileError:
+    """A folder that cannot be listed (no read permission, another user's): one line."""
+    return CorruptFileError(
+        path, "unreadable", f"cannot list the folder: {exc.strerror}", "check its permissions"
+    )
 
 
 def too_large(display: str, what: str, size: int, limit: int) -> CorruptFileError:

@@ -24,6 +24,7 @@ from ckptfix.core.errors import (
 from ckptfix.core.findings import Severity
 from ckptfix.core.fixes import LEFT_AS_IS
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.io.folder import unlistable
 from ckptfix.io.urls import is_url
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
@@ -35,6 +36,7 @@ from ckptfix.write.output import check_free_space, wrap_os_error
 from ckptfix.write.repair import RepairJob, Rewrite, cloning_for, fill, rewrites, space_needed
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.staging import Claim, claim_output, staged
+from ckptfix.write.tree import first_link
 
 
 @dataclass(frozen=True)
@@ -109,12 +111,59 @@ def _claim(source: str, out: str | os.PathLike[str] | None, options: FixOptions)
 
 
 def _aside_contents(root: str) -> list[str]:
-    """The paths already in the aside folder (files taken out by an earlier fix)."""
+    """The paths already in the aside folder (files taken out by an earlier fix); nothing
+    when it is not a real folder (refused by `_refuse_links` if anything is to go there)."""
     folder = os.path.join(root, ASIDE)
+    if not os.path.lexists(folder) or first_link(root, ASIDE) is not None:
+        return []
+
+    def unreadable(exc: OSError) -> None:
+        raise unlistable(exc.filename or folder, exc) from exc
+
     found = []
-    for current, _, files in os.walk(folder):
+    for current, _, files in os.walk(folder, onerror=unreadable):  # links never followed
         found += [os.path.relpath(os.path.join(current, name), folder) for name in files]
     return found
+
+
+def _changed_folders(plan: RepairPlan) -> list[tuple[str, str]]:
+    """(folder, file) for each file --in-place writes, renames or takes out of a folder."""
+    found = [
+        (os.path.dirname(name), name)
+        for kept in plan.kept_files
+        if kept.how != "kept"
+        for name in (kept.source, kept.target)
+    ]
+    return found + [(os.path.dirname(move.source), move.source) for move in plan.moves]
+
+
+def _refuse_links(root: str, plan: RepairPlan) -> None:
+    """--in-place writes only into real folders inside PATH: never into a sub-folder that is
+    a link (the files behind it are outside PATH), nor into an aside folder that is one."""
+    for folder, name in _changed_folders(plan):
+        link = first_link(root, folder)
+        if link is not None:
+            raise UsageError(
+                os.path.join(root, link),
+                f"{_what_it_is(root, link)}, and fix --in-place would change {name} behind "
+                f"it, outside {root}",
+                "repair into a new folder with -o OUT, or replace the link with the folder it "
+                "points to",
+            )
+    for move in plan.moves:
+        link = first_link(root, os.path.join(ASIDE, os.path.dirname(move.aside)))
+        if link is not None:
+            raise UsageError(
+                os.path.join(root, link),
+                f"{_what_it_is(root, link)}, not a folder: fix --in-place moves what it takes "
+                f"out only into a real folder inside {root}",
+                "remove the link, or repair into a new folder with -o OUT",
+            )
+
+
+def _what_it_is(root: str, relative: str) -> str:
+    path = os.path.join(root, relative)
+    return f"is a link (to {os.readlink(path)})" if os.path.islink(path) else "is a file"
 
 
 def _with_entries(plan: RepairPlan, checkpoint: Checkpoint, in_place: bool) -> RepairPlan:
@@ -156,6 +205,8 @@ def fix(
         taken = _aside_contents(source) if options.in_place and checkpoint.kind == "folder" else []
         plan = plan_repair(checkpoint, report.findings, taken=taken)
         plan = _with_entries(plan, checkpoint, options.in_place)
+        if options.in_place and not plan.single_file:
+            _refuse_links(source, plan)
         if options.dry_run:
             return FixResult(report, plan, None)
         if plan.refused:

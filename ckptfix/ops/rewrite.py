@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -12,11 +11,11 @@ from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import CorruptFileError, SourceChangedError, UsageError
+from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
-from ckptfix.io.folder import LOCAL, Folder
+from ckptfix.io.folder import LOCAL
 from ckptfix.io.urls import is_url
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.ops.inspect import with_remote
@@ -33,7 +32,8 @@ from ckptfix.plan.shards import (
 )
 from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
 from ckptfix.write.cast import CAST_TARGETS
-from ckptfix.write.extras import copy_extra
+from ckptfix.write.config import config_text, retype_config
+from ckptfix.write.extras import carried_as_file, copy_extra
 from ckptfix.write.output import check_free_space, check_names, wrap_os_error
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
@@ -180,7 +180,7 @@ def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) ->
         excluded=selection.excluded,
         kept_equal=selection.kept_equal,
         shared=shared,
-        config_edits=_config_edits(source, copied, options.config_dtype),
+        config_edits=_config_edits(source, copied, options.config_dtype, options.in_place),
     )
 
 
@@ -195,40 +195,19 @@ def _with_aliases(
 
 
 def _config_edits(
-    source: RewriteSource, copied: Sequence[str], dtype: str | None
+    source: RewriteSource, copied: Sequence[str], dtype: str | None, in_place: bool
 ) -> tuple[ConfigEdit, ...]:
-    """The dtype values a cast changes in the config.json that is carried to the output."""
+    """The dtype values a cast changes in the config.json that is carried to the output: only
+    one carried as a file of its own; a link is carried as a link, its target never read."""
     record = source.checkpoint.config
     if dtype is None or "config.json" not in copied or record is None or record.config is None:
         return ()
-    folder = source.checkpoint.remote or LOCAL
-    return retype(_config_text(record.label, folder), dtype)[1]
-
-
-def _config_text(path: str, folder: Folder = LOCAL) -> str:
-    try:
-        return folder.read_small(path, path, MAX_CONFIG_SIZE, "config").decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CorruptFileError(
-            path, "config-not-json", "config.json is not UTF-8", "save it as UTF-8 JSON"
-        ) from exc
-
-
-def _retype_config(staging: str, plan: ShardPlan) -> None:
-    """Set the cast dtype in the copied config.json, as planned: a new file, fsynced."""
-    if not plan.config_edits:
-        return
-    path = os.path.join(staging, "config.json")
-    text, edits = retype(_config_text(path), plan.config_edits[0].new)
-    if edits != plan.config_edits:
-        raise SourceChangedError(path)
-    temporary = path + ".ckptfix-tmp"
-    with open(temporary, "x", encoding="utf-8", newline="") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.chmod(temporary, stat.S_IMODE(os.stat(path).st_mode))
-    os.replace(temporary, path)
+    remote = source.checkpoint.remote
+    if remote is None and not carried_as_file(source.path, "config.json", link=in_place):
+        return ()
+    path = record.label
+    data = (remote or LOCAL).read_small(path, path, MAX_CONFIG_SIZE, "config")
+    return retype(config_text(data, path), dtype)[1]
 
 
 def _metadata(source: RewriteSource, plan: ShardPlan) -> tuple[dict[str, str], dict[str, Any]]:
@@ -309,7 +288,7 @@ def _stage_and_commit(
             written += copy_extra(
                 source.path, plan.copied_files, staging.path, link=options.in_place
             )
-        _retype_config(staging.path, plan)
+        retype_config(staging.path, plan.config_edits, MAX_CONFIG_SIZE)
         staging.commit()
     target = claim.out
     kept = set(plan.copied_files) if options.in_place else set()  # carried over: not replaced

@@ -19,10 +19,11 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 
 from ckptfix.core.errors import WriteError
+from ckptfix.io.folder import unlistable
 from ckptfix.layouts.hub import blobs_of
 from ckptfix.write.reflink import clone_file
 from ckptfix.write.results import WrittenFile
@@ -43,10 +44,18 @@ def _walk(root: str, names: Sequence[str]) -> list[tuple[str, os.stat_result]]:
         info = os.lstat(os.path.join(root, relative))
         found.append((relative, info))
         if stat.S_ISDIR(info.st_mode):
-            with os.scandir(os.path.join(root, relative)) as listing:
-                children = sorted(entry.name for entry in listing)
+            children = _listed(os.path.join(root, relative))
             pending.extend(os.path.join(relative, child) for child in reversed(children))
     return found
+
+
+def _listed(folder: str | int, shown: str | None = None) -> list[str]:
+    """A folder's names, sorted; one that cannot be listed is a one-line error."""
+    try:
+        with os.scandir(folder) as listing:
+            return sorted(entry.name for entry in listing)
+    except OSError as exc:
+        raise unlistable(shown or str(folder), exc) from exc
 
 
 def _special(mode: int) -> bool:
@@ -120,19 +129,40 @@ def _copy_file(entry: _Entry | str, target: str) -> int:
         os.close(reader)
 
 
+def _blob(root: str, relative: str) -> str | None:
+    """The cache blob a link of a Hugging Face cache snapshot points to (a regular file in
+    the repository's blobs/), or None: every other link is never followed."""
+    blobs = blobs_of(root)
+    if blobs is None:
+        return None
+    source = os.path.join(root, relative)
+    try:
+        pointed = os.stat(source)
+    except OSError:  # dangling, or a loop
+        return None
+    resolved = os.path.realpath(source)
+    return resolved if stat.S_ISREG(pointed.st_mode) and _inside(resolved, blobs) else None
+
+
+def carried_as_file(source_root: str, name: str, *, link: bool = False) -> bool:
+    """Whether the entry `name` of `source_root` arrives in the output as a regular file of
+    its own (a regular file, or for -o a cache snapshot's link to its blob), and not as a
+    link whose target is never read."""
+    try:
+        mode = os.lstat(os.path.join(source_root, name)).st_mode
+    except OSError:
+        return False
+    if stat.S_ISLNK(mode):
+        return not link and _blob(os.path.realpath(source_root), name) is not None
+    return stat.S_ISREG(mode)
+
+
 def _carry_link(entry: _Entry, target: str, root: str, link: bool) -> int | None:
     """Recreate a link, or copy the cache blob it points to (-o only). Returns the bytes
     copied, None for a link."""
-    blobs = blobs_of(root)
-    if not link and blobs is not None:
-        source = os.path.join(root, entry.relative)
-        try:
-            pointed = os.stat(source)
-        except OSError:  # dangling, or a loop
-            pointed = None
-        resolved = os.path.realpath(source)
-        if pointed is not None and stat.S_ISREG(pointed.st_mode) and _inside(resolved, blobs):
-            return _copy_file(resolved, target)
+    blob = None if link else _blob(root, entry.relative)
+    if blob is not None:
+        return _copy_file(blob, target)
     os.symlink(os.readlink(entry.name, dir_fd=entry.dir_fd), target)
     return None
 
@@ -152,6 +182,12 @@ def _hard_link(entry: _Entry, target: str, regular: bool) -> None:
         _copy_file(entry, target)
 
 
+def _folders_above(name: str) -> list[str]:
+    """`a`, `a/b` for `a/b/c`."""
+    parts = name.split(os.sep)[:-1]
+    return [os.sep.join(parts[: count + 1]) for count in range(len(parts))]
+
+
 def _fsync_dir(path: str) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -165,14 +201,21 @@ class _Carrier:
     descriptors (O_NOFOLLOW), so a folder swapped for a link during the run is refused,
     never walked into."""
 
-    def __init__(self, source_root: str, staging: str, link: bool) -> None:
+    def __init__(
+        self, source_root: str, staging: str, link: bool, leave: Collection[str] = ()
+    ) -> None:
         self.source_root, self.staging, self.link = source_root, staging, link
         self.root = os.path.realpath(source_root)
         self.written: list[WrittenFile] = []
         self.folders: list[tuple[str, int]] = []
+        self.leave = {os.path.normpath(name) for name in leave}
+        # The folders on the way to an entry left for the caller to place: always real ones.
+        self.on_the_way = {folder for name in self.leave for folder in _folders_above(name)}
 
     def carry(self, entry: _Entry) -> int | None:
         """Carry one entry; for a folder, return its descriptor (the caller walks it)."""
+        if entry.relative in self.leave:
+            return None
         info = os.stat(entry.name, dir_fd=entry.dir_fd, follow_symlinks=False)
         target, mode = os.path.join(self.staging, entry.relative), info.st_mode
         if stat.S_ISDIR(mode):
@@ -180,7 +223,9 @@ class _Carrier:
             os.mkdir(target)
             self.folders.append((target, mode))
             return folder
-        if stat.S_ISLNK(mode):
+        if stat.S_ISLNK(mode) and entry.relative in self.on_the_way:
+            os.mkdir(target)  # a real folder for what the caller places; the link never walked
+        elif stat.S_ISLNK(mode):
             copied = _carry_link(entry, target, self.root, self.link)
             if copied is not None:
                 self.written.append(WrittenFile(entry.relative, copied))
@@ -211,31 +256,49 @@ class _Carrier:
                 shown = os.path.join(self.source_root, relative)
                 child = self.carry(_Entry(fd, name, relative, shown))
                 if child is not None:
-                    with os.scandir(child) as listing:
-                        children = sorted(item.name for item in listing)
-                    stack.append((child, relative, iter(children)))
+                    stack.append((child, relative, iter(())))  # closed below if listing fails
+                    stack[-1] = (child, relative, iter(_listed(child, shown)))
         finally:
             for fd, _, _ in stack:
                 if fd != top:
                     os.close(fd)
 
+    def finish(self) -> None:
+        """fsync the folders made and give them their source's permissions, innermost first
+        and last of all: a read-only folder must not stop what is placed in it afterwards."""
+        for target, mode in reversed(self.folders):
+            _fsync_dir(target)
+            os.chmod(target, stat.S_IMODE(mode))
 
-def copy_extra(
-    source_root: str, names: Sequence[str], staging: str, *, link: bool = False
-) -> list[WrittenFile]:
+
+def carry_extra(
+    source_root: str,
+    names: Sequence[str],
+    staging: str,
+    *,
+    link: bool = False,
+    leave: Collection[str] = (),
+) -> _Carrier:
     """Carry the named entries of `source_root` into `staging` by the rules above (`link`:
-    hard-link, for --in-place); returns the regular files written, with their sizes."""
-    carrier = _Carrier(source_root, staging, link)
+    hard-link, for --in-place), except the entries `leave` names (paths inside the named
+    folders, which the caller places itself; every folder on the way to one is a real
+    folder in staging, even where the source has a link). The caller calls `finish()` once
+    it has placed them; `written` lists the regular files carried, with their sizes."""
+    carrier = _Carrier(source_root, staging, link, leave)
     top = os.open(source_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         carrier.walk(top, names)
     finally:
         os.close(top)
-    for target, mode in reversed(
-        carrier.folders
-    ):  # innermost first: permissions may forbid writing
-        _fsync_dir(target)
-        os.chmod(target, stat.S_IMODE(mode))
+    return carrier
+
+
+def copy_extra(
+    source_root: str, names: Sequence[str], staging: str, *, link: bool = False
+) -> list[WrittenFile]:
+    """`carry_extra` of every entry named, finished."""
+    carrier = carry_extra(source_root, names, staging, link=link)
+    carrier.finish()
     return carrier.written
 
 

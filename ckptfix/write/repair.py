@@ -3,7 +3,8 @@ streaming safetensors writer (and are verified against their sources like any re
 shards already right are carried unchanged (hard-linked for --in-place, copied for -o),
 under their new names where they are renumbered; the index is written or carried; what is
 taken out goes into the aside folder (--in-place) by a hard link. Nothing here deletes a
-file it did not create."""
+file, nor places one through a link: the folders files go in are made real ones one by one
+(write.tree.make_folders), and a sub-folder's copy leaves out the files the plan places."""
 
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.plan.repair import ASIDE, FamilyPlan, KeptFile, RepairPlan
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
-from ckptfix.write.extras import carry_file, copy_extra
+from ckptfix.write.extras import carry_extra, carry_file
 from ckptfix.write.output import write_index
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
+from ckptfix.write.tree import first_link, make_folders
 from ckptfix.write.zerocopy import Cloning, Tally, find_cloning, shareable_bytes, streamed_labels
 
 
@@ -106,19 +108,36 @@ class RepairJob:
     tally: Tally = field(default_factory=Tally)  # summed over every family's shards
 
 
-def _nested(plan: RepairPlan) -> list[str]:
-    """Planned files inside sub-folders, which come along with their folder."""
-    names = {kept.source for kept in plan.kept_files} | {move.source for move in plan.moves}
+def _stays_behind_link(root: str, kept: KeptFile, in_place: bool) -> bool:
+    """--in-place: a file kept as it is, reached through a link (`sub -> /elsewhere`), stays
+    where it is: the link is carried, and nothing is placed behind it."""
+    if not in_place or kept.how != "kept":
+        return False
+    return first_link(root, os.path.dirname(kept.source)) is not None
+
+
+def _placed_nested(job: RepairJob) -> list[str]:
+    """The planned files inside sub-folders: the copy of their folder leaves them out, for
+    the plan places them (or, taken out, leaves them out)."""
+    plan, root = job.plan, job.checkpoint.path
+    names = {move.source for move in plan.moves} | {
+        kept.source for kept in plan.kept_files if not _stays_behind_link(root, kept, job.in_place)
+    }
     return sorted(name for name in names if "/" in name)
+
+
+def _folder_for(job: RepairJob, relative: str) -> str:
+    """The staging path of `relative`, its folders made real ones (never links)."""
+    make_folders(job.staging, os.path.dirname(relative), job.out)
+    return os.path.join(job.staging, relative)
 
 
 def _carry(job: RepairJob, family: FamilyPlan) -> list[WrittenFile]:
     written = []
     for kept in family.files:
-        if kept.rewritten:
+        if kept.rewritten or _stays_behind_link(job.checkpoint.path, kept, job.in_place):
             continue
-        target = os.path.join(job.staging, kept.target)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        target = _folder_for(job, kept.target)
         source = _source_label(job.checkpoint, job.plan, kept)
         written.append(WrittenFile(kept.target, carry_file(source, target, link=job.in_place)))
         job.safe_point()
@@ -144,8 +163,7 @@ def _aside(job: RepairJob) -> None:
     """--in-place: each file taken out is linked into the aside folder (the old folder, its
     other name, is removed by the swap)."""
     for move in job.plan.moves:
-        target = os.path.join(job.staging, ASIDE, move.aside)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
+        target = _folder_for(job, os.path.join(ASIDE, move.aside))
         carry_file(os.path.join(job.checkpoint.path, move.source), target, link=True)
         job.safe_point()
 
@@ -154,7 +172,7 @@ def _write_rewrites(job: RepairJob, found: Sequence[Rewrite]) -> list[WrittenFil
     written = []
     for rewrite in found:
         for shard in rewrite.plan.shards:
-            os.makedirs(os.path.dirname(os.path.join(job.staging, shard.file)), exist_ok=True)
+            _folder_for(job, shard.file)
         shard_job = ShardJob(
             rewrite.tensors,
             rewrite.metadata,
@@ -184,16 +202,17 @@ def fill(job: RepairJob, found: Sequence[Rewrite]) -> list[WrittenFile]:
     docstring); returns the files written, copied or linked, with their sizes."""
     plan = job.plan
     written: list[WrittenFile] = []
+    carried = None
     if not plan.single_file:
-        written += copy_extra(plan.path, plan.copied, job.staging, link=job.in_place)
-        for name in _nested(plan):  # brought along by its folder: placed by the plan instead
-            path = os.path.join(job.staging, name)
-            if os.path.lexists(path):
-                os.remove(path)
+        leave = _placed_nested(job)
+        carried = carry_extra(plan.path, plan.copied, job.staging, link=job.in_place, leave=leave)
+        written += carried.written
     written += _write_rewrites(job, found)
     for family in plan.families:
         written += _carry(job, family)
         written += _index(job, family)
     if job.in_place and plan.moves:
         _aside(job)
+    if carried is not None:
+        carried.finish()  # the folders' own permissions, now that everything is in them
     return written

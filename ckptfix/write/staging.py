@@ -10,7 +10,9 @@ other program left it and the staging folder is removed.
 
 On any exception, SIGINT or SIGTERM the staging folder is removed and OUT is left as it was.
 Nothing outside the staging folder is deleted unless it is the old OUT being replaced
-(--force, --in-place), and that happens only after the new one is in place. Once the new
+(--force, --in-place), and that happens only after the new one is in place, through folder
+descriptors that never follow a link (`write.tree`); an OUT holding a folder that could not
+be emptied then (another user's) is refused before anything is written. Once the new
 output is in place, SIGINT and SIGTERM no longer stop anything (see `command_signals`).
 """
 
@@ -21,16 +23,15 @@ import ctypes
 import errno
 import fcntl
 import os
-import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
-from ckptfix.core.errors import OutputConflictError, UsageError
+from ckptfix.core.errors import OutputConflictError, UsageError, WriteError
 from ckptfix.core.signals import Signals, restore
 from ckptfix.core.signals import current as current_signals
 from ckptfix.layouts.names import foreign_entries
+from ckptfix.write.tree import OutputState, blocked_folder, differences, record, remove_tree
 
 # Inside every staging folder while it is being written: a staging folder is recognised by
 # this file and its first line, never by its name alone (a user may name anything .ckptfix-*).
@@ -38,9 +39,6 @@ MARKER = ".ckptfix-staging"
 _MAGIC = b"ckptfix staging folder; safe to delete when no ckptfix run is writing\n"
 _RENAME_NOREPLACE = 1
 _RENAME_EXCHANGE = 2
-
-# (relative path, inode, type and mode, size, mtime in ns) of one entry under OUT
-Entry = tuple[str, int, int, int, int]
 
 
 def _inside(child: str, parent: str) -> bool:
@@ -136,47 +134,6 @@ def check_output(
         )
 
 
-@dataclass(frozen=True)
-class OutputState:
-    """What an existing OUT held when the run began: its identity and every entry under it
-    (links not followed), to tell at the swap whether anyone else changed it meanwhile."""
-
-    identity: tuple[int, int]
-    entries: tuple[Entry, ...]
-
-    @property
-    def top_level(self) -> tuple[str, ...]:
-        return tuple(entry[0] for entry in self.entries if "/" not in entry[0])
-
-
-def _record(folder: str) -> OutputState:
-    info = os.stat(folder)
-    entries: list[Entry] = []
-    pending = [("", folder)]
-    while pending:
-        prefix, current = pending.pop()
-        with os.scandir(current) as listing:
-            for item in listing:
-                found = item.stat(follow_symlinks=False)
-                path = prefix + item.name
-                entries.append(
-                    (path, found.st_ino, found.st_mode, found.st_size, found.st_mtime_ns)
-                )
-                if stat.S_ISDIR(found.st_mode):
-                    pending.append((path + "/", item.path))
-    return OutputState((info.st_dev, info.st_ino), tuple(sorted(entries)))
-
-
-def _differences(before: OutputState, after: OutputState) -> list[str]:
-    """Entries added, removed or changed; a folder is named only when none of its entries is
-    (adding a file changes its folder too)."""
-    old = {entry[0]: entry for entry in before.entries}
-    new = {entry[0]: entry for entry in after.entries}
-    changed = sorted(path for path in old.keys() | new.keys() if old.get(path) != new.get(path))
-    parents = {path[:index] for path in changed for index, char in enumerate(path) if char == "/"}
-    return [path for path in changed if path not in parents]
-
-
 def _lock(out: str, real: str) -> int:
     """An exclusive lock on the existing OUT for the whole run; a second writer fails at once."""
     fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
@@ -241,13 +198,42 @@ def claim_output(
     real = os.path.realpath(out)
     lock = _lock(out, real) if write and os.path.isdir(real) else None
     try:
-        before = _record(real) if lock is not None else None
+        before = record(real) if lock is not None else None
         check_output(out, sources, force=force, in_place=in_place, replace_any=replace_any)
+        if before is not None:
+            _refuse_blocked(real)
     except BaseException:
         if lock is not None:
             os.close(lock)
         raise
     return Claim(out, real, before, lock)
+
+
+def _refuse_blocked(real: str) -> None:
+    """An existing OUT is removed once the new one is in place: refuse now, before anything
+    is written, a folder in it whose entries could not be removed then."""
+    blocked = blocked_folder(real)
+    if blocked is not None:
+        raise WriteError(
+            blocked,
+            "folder is not writable and not ours to make writable, so its old entries could "
+            "not be removed once the new folder is in place",
+            "make it writable, or run as its owner",
+        )
+
+
+def _remove_replaced(folder: str) -> None:
+    """Remove the replaced OUT (now at `folder`, beside the new one). The new output is in
+    place; a failure here is still an error, never a success with the old one left behind."""
+    try:
+        remove_tree(folder)
+    except OSError as exc:
+        raise WriteError(
+            folder,
+            f"the new output is in place, but its old contents could not all be removed "
+            f"({exc.strerror}); they are left here",
+            "delete this folder",
+        ) from exc
 
 
 def _umask() -> int:
@@ -347,7 +333,8 @@ class Staging:
         if self.committed:
             return
         if self.path:
-            shutil.rmtree(self.path, ignore_errors=True)
+            with contextlib.suppress(OSError):  # already failing: the first error stands
+                remove_tree(self.path)
         for folder in self.made:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only while empty: another writer may have used it
@@ -405,13 +392,13 @@ class Staging:
 
     def _check_unchanged(self, folder: str, before: OutputState) -> None:
         try:
-            now = _record(folder)
+            now = record(folder)
         except FileNotFoundError:
             raise self._conflict("was removed by another program") from None
         if now.identity != before.identity:
             raise self._conflict("was replaced by another program")
         if now.entries != before.entries:
-            raise self._conflict("changed", _differences(before, now))
+            raise self._conflict("changed", differences(before, now))
 
     def _done(self, replaced: tuple[str, ...]) -> None:
         self.committed = self.signals.committed = True
@@ -443,7 +430,7 @@ class Staging:
             self.path = old
             raise
         self._done(before.top_level)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_replaced(old)
 
     def _replace_by_renames(self, before: OutputState) -> None:
         """Without RENAME_EXCHANGE: move the old OUT aside, check it, rename the new one in."""
@@ -469,7 +456,7 @@ class Staging:
                 raise self._conflict("was created by another program") from exc
             raise
         self._done(before.top_level)
-        shutil.rmtree(aside, ignore_errors=True)
+        _remove_replaced(aside)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,229 @@
+"""`ckptfix fix` next to links and read-only folders (issue 21): -o never modifies the
+source, nothing is ever removed or written through a link, the aside folder is a real
+folder inside PATH, and a read-only folder never leaves a staging folder behind nor lets a
+failed step print success."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from tests.builders import Factory, Spec
+from tests.fix_cases import INDEX, ONE, TWO, broken, loaded, stale
+from tests.helpers import as_another_user, cli, give_away, tree_snapshot
+
+ASIDE = "ckptfix-aside"
+
+
+def leftovers(*folders: Path) -> list[Path]:
+    return [path for folder in folders for path in folder.glob(".ckptfix-*")]
+
+
+def entries(root: Path) -> dict[str, tuple[int, int, bytes]]:
+    """Every entry under root, links not followed: (type and mode, inode, bytes or target)."""
+    found = {}
+    for folder, subfolders, files in os.walk(root):
+        for name in [*subfolders, *files]:
+            path = Path(folder) / name
+            info = path.lstat()
+            if stat.S_ISLNK(info.st_mode):
+                content = os.readlink(path).encode()
+            elif stat.S_ISREG(info.st_mode):
+                content = path.read_bytes()
+            else:
+                content = b""
+            found[str(path.relative_to(root))] = (info.st_mode, info.st_ino, content)
+    return found
+
+
+def _linked(factory: Factory, relative: bool, *, rewrite: bool = True) -> tuple[Path, Path]:
+    """PATH/sub is a link to ELSEWHERE/real, which holds both shards (and a file of the
+    user's); the index names them as sub/…. With `rewrite`, the first shard lacks
+    "format" (fix rewrites it); otherwise only the index's total_size is wrong."""
+    real = factory.root / "elsewhere" / "real"
+    factory.safetensors(f"elsewhere/real/{ONE}", [Spec("a")], with_format=not rewrite)
+    factory.safetensors(f"elsewhere/real/{TWO}", [Spec("b")])
+    (real / "notes.txt").write_text("mine")
+    model = factory.root / "m"
+    model.mkdir()
+    os.symlink("../elsewhere/real" if relative else real, model / "sub")
+    weight_map = {"a": f"sub/{ONE}", "b": f"sub/{TWO}"}
+    factory.index(f"m/{INDEX}", weight_map, 48 if rewrite else 999)
+    factory.config("m")
+    return model, real
+
+
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+def test_out_never_modifies_shards_behind_a_linked_sub_folder(
+    factory: Factory, relative: bool
+) -> None:
+    """The link was recreated in the staging folder, then the shards "brought along by
+    their folder" were removed through it: the user's only copy of shard 2 was deleted and
+    shard 1 overwritten by its repaired version."""
+    model, _ = _linked(factory, relative)
+    before = entries(factory.root)
+    out = factory.root / "out"
+    run = cli("fix", model, "-o", out)
+    assert run.code == 0, run.stderr
+    after = entries(factory.root)
+    assert {key: value for key, value in after.items() if not key.startswith("out")} == before
+    assert (out / "sub").is_dir() and not (out / "sub").is_symlink()
+    assert sorted(os.listdir(out / "sub")) == [ONE, TWO]  # never walked into: no notes.txt
+    check = cli("inspect", out, "--fail-on", "warning")
+    assert check.code == 0, check.stdout
+    assert loaded(out) == loaded(model)
+    assert leftovers(factory.root) == []
+
+
+def _refused_in_place(factory: Factory, model: Path, line: str) -> None:
+    """fix --in-place: exit 2, exactly `line`, and nothing anywhere changed."""
+    before = entries(factory.root)
+    run = cli("fix", model, "--in-place")
+    assert run.code == 2, run.stderr
+    assert run.error_lines == [line]
+    assert entries(factory.root) == before
+
+
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+def test_in_place_never_writes_behind_a_linked_sub_folder(factory: Factory, relative: bool) -> None:
+    model, _ = _linked(factory, relative)
+    _refused_in_place(
+        factory,
+        model,
+        f"error: {model / 'sub'}: is a link (to {os.readlink(model / 'sub')}), and fix "
+        f"--in-place would change sub/{ONE} behind it, outside {model} (rule usage; repair "
+        "into a new folder with -o OUT, or replace the link with the folder it points to)",
+    )
+
+
+def test_in_place_keeps_a_linked_sub_folder_whose_shards_stay(factory: Factory) -> None:
+    """Only the index changes: the link stays as it was, and nothing behind it is touched."""
+    model, real = _linked(factory, relative=True, rewrite=False)
+    behind = entries(real)
+    old_index = (model / INDEX).read_bytes()
+    run = cli("fix", model, "--in-place")
+    assert run.code == 0, run.stderr
+    assert os.readlink(model / "sub") == "../elsewhere/real"
+    assert entries(real) == behind
+    assert (model / ASIDE / INDEX).read_bytes() == old_index
+    assert cli("inspect", model, "--fail-on", "warning").code == 0
+    assert leftovers(factory.root) == []
+
+
+def _aside_refusal(model: Path, link: str) -> str:
+    return (
+        f"error: {model / link}: is a link (to {os.readlink(model / link)}), not a folder: "
+        f"fix --in-place moves what it takes out only into a real folder inside {model} "
+        "(rule usage; remove the link, or repair into a new folder with -o OUT)"
+    )
+
+
+@pytest.mark.parametrize("relative", [False, True], ids=["absolute", "relative"])
+def test_in_place_refuses_an_aside_folder_that_is_a_link(factory: Factory, relative: bool) -> None:
+    """What fix took out was moved into whatever the link pointed at."""
+    model = broken(factory, "stale-single")
+    elsewhere = factory.root / "elsewhere"
+    elsewhere.mkdir()
+    os.symlink("../elsewhere" if relative else elsewhere, model / ASIDE)
+    _refused_in_place(factory, model, _aside_refusal(model, ASIDE))
+    run = cli("fix", model, "--in-place", "--dry-run")
+    assert run.code == 2 and len(run.error_lines) == 1
+
+
+def _nested_stale_copy(factory: Factory) -> Path:
+    """A real sub-folder holding both shards, the second with a stale copy of the first's
+    tensor: fix rewrites it without the copy and takes the original out, into
+    ckptfix-aside/sub/."""
+    factory.safetensors(f"m/sub/{ONE}", [Spec("a")])
+    factory.safetensors(f"m/sub/{TWO}", [Spec("b"), stale(Spec("a"))])
+    factory.index(f"m/{INDEX}", {"a": f"sub/{ONE}", "b": f"sub/{TWO}"}, 48)
+    return factory.root / "m"
+
+
+def test_in_place_refuses_a_link_inside_the_aside_folder(factory: Factory) -> None:
+    model = _nested_stale_copy(factory)
+    elsewhere = factory.root / "elsewhere"
+    elsewhere.mkdir()
+    (model / ASIDE).mkdir()
+    os.symlink(elsewhere, model / ASIDE / "sub")
+    _refused_in_place(factory, model, _aside_refusal(model, f"{ASIDE}/sub"))
+
+
+def test_in_place_moves_a_nested_file_into_the_aside_folder(factory: Factory) -> None:
+    model = _nested_stale_copy(factory)
+    original = (model / "sub" / TWO).read_bytes()
+    run = cli("fix", model, "--in-place")
+    assert run.code == 0, run.stderr
+    assert (model / ASIDE / "sub" / TWO).read_bytes() == original
+    assert cli("inspect", model, "--fail-on", "warning").code == 0
+    assert leftovers(factory.root) == []
+
+
+def _stale_and_read_only(factory: Factory, where: str) -> Path:
+    """A stale single-file export (taken out by fix) and a read-only folder: the aside
+    folder itself, or a sub-folder of the user's."""
+    model = broken(factory, "stale-single")
+    folder = model / where
+    folder.mkdir()
+    (folder / "kept.txt").write_text("kept")
+    folder.chmod(0o555)
+    return model
+
+
+@pytest.mark.parametrize("where", [ASIDE, "docs"])
+def test_in_place_with_a_read_only_folder_leaves_nothing_behind(
+    factory: Factory, where: str
+) -> None:
+    """A read-only aside folder failed the move and left the staging folder; a read-only
+    sub-folder of the user's was carried and swapped in, "wrote" was printed, and the old
+    folder it was in stayed beside PATH as a .ckptfix-* folder."""
+    model = _stale_and_read_only(factory, where)
+    stale = (model / "model.safetensors").read_bytes()
+    run = as_another_user("fix", model, "--in-place")
+    assert run.code == 0, run.stderr
+    assert leftovers(factory.root) == []
+    assert (model / where / "kept.txt").read_text() == "kept"
+    assert stat.S_IMODE((model / where).stat().st_mode) == 0o555
+    assert (model / ASIDE / "model.safetensors").read_bytes() == stale
+    assert cli("inspect", model, "--fail-on", "warning").code == 0
+
+
+@pytest.mark.parametrize("option", ["-o", "--in-place"])
+def test_a_read_only_sub_folder_holding_shards(factory: Factory, option: str) -> None:
+    """The staging copy of a read-only sub-folder was made read-only before fix placed the
+    repaired shards in it: the write failed and the staging folder stayed."""
+    model, real = _linked(factory, relative=False)
+    (model / "sub").unlink()
+    real.rename(model / "sub")
+    (model / "sub").chmod(0o555)
+    out = factory.root / "out"
+    run = as_another_user("fix", model, *([option, out] if option == "-o" else [option]))
+    assert run.code == 0, run.stderr
+    result = out if option == "-o" else model
+    assert stat.S_IMODE((result / "sub").stat().st_mode) == 0o555
+    assert sorted(os.listdir(result / "sub")) == sorted([ONE, TWO, "notes.txt"])
+    assert cli("inspect", result, "--fail-on", "warning").code == 0
+    assert leftovers(factory.root) == []
+
+
+def test_in_place_refuses_a_folder_it_could_not_clear(factory: Factory) -> None:
+    """A sub-folder another user owns and we cannot write: once swapped, the old folder
+    could not be removed. Refused before anything is written."""
+    model = broken(factory, "stale-single")
+    theirs = model / "theirs"
+    theirs.mkdir()
+    (theirs / "data.txt").write_text("theirs")
+    give_away(theirs)
+    before = tree_snapshot(factory.root)
+    run = as_another_user("fix", model, "--in-place")
+    assert run.code == 1, run.stderr
+    assert run.error_lines == [
+        f"error: {theirs}: folder is not writable and not ours to make writable, so its old "
+        "entries could not be removed once the new folder is in place (rule write-failed; "
+        "make it writable, or run as its owner)"
+    ]
+    assert tree_snapshot(factory.root) == before
+    assert leftovers(factory.root) == []
