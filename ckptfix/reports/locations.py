@@ -88,6 +88,8 @@ def fingerprints(items: Sequence[Located], root: str) -> list[str]:
         key = "\x00".join(
             [item.finding.code, display_path(item.anchor, root), *item.finding.tensors]
         )
-        result.append(hashlib.sha256(f"{key}\x00{seen[key]}".encode()).hexdigest())
+        # surrogatepass: a file name's bytes that are not UTF-8 have a fingerprint too
+        identity = f"{key}\x00{seen[key]}".encode("utf-8", "surrogatepass")
+        result.append(hashlib.sha256(identity).hexdigest())
         seen[key] += 1
     return result

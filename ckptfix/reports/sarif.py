@@ -3,7 +3,9 @@
 Uploadable to GitHub code scanning: results carry `partialFingerprints` (so alerts are
 tracked across runs without GitHub reading the binary files) and a `region.startLine` of 1
 (code scanning requires a line; weight files have none). Locations inside the workspace
-are relative URIs with `uriBaseId` `%SRCROOT%`; others are absolute `file:` URIs.
+are relative URIs with `uriBaseId` `%SRCROOT%`; others are absolute `file:` URIs. A URI
+holds a file name's bytes percent-encoded (those that are not UTF-8 too); texts are JSON
+strings (core.text.json_bytes).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from urllib.parse import quote
 
 import ckptfix
 from ckptfix.core.findings import Severity
+from ckptfix.core.text import json_bytes
 from ckptfix.ops.report import Report
 from ckptfix.reports.locations import Located, fingerprints, located, relative
 from ckptfix.reports.rules import Rule, rule, rules
@@ -51,7 +54,7 @@ def artifact_location(path: str, root: str) -> dict[str, str]:
     inside = relative(path, root)
     if inside is None:
         return {"uri": Path(os.path.abspath(path)).as_uri()}
-    return {"uri": quote(inside, safe="/"), "uriBaseId": ROOT_ID}
+    return {"uri": quote(os.fsencode(inside), safe="/"), "uriBaseId": ROOT_ID}
 
 
 def result(item: Located, index: int, fingerprint: str, root: str) -> dict[str, object]:
@@ -101,6 +104,4 @@ def sarif_log(reports: Sequence[Report], *, root: str) -> dict[str, object]:
 
 def render(reports: Sequence[Report], *, root: str, fail_on: str = "error") -> bytes:
     """The SARIF log (every finding, at its own level; fail_on does not filter them)."""
-    import orjson
-
-    return orjson.dumps(sarif_log(reports, root=root), option=orjson.OPT_INDENT_2) + b"\n"
+    return json_bytes(sarif_log(reports, root=root)) + b"\n"
