@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ckptfix.core.text import checksum_name, inert_lines, json_bytes, shown
+from ckptfix.core.text import checksum_name, inert_lines, json_bytes, redact, shown
 from tests.builders import Factory, Spec
 from tests.output_checks import hidden_characters, sha256sum_line, workflow_commands
 
@@ -115,6 +115,35 @@ def test_json_bytes_writes_bytes_that_are_not_utf8_as_everywhere() -> None:
         "files": [{"m/bad\\xff.safetensors": ["m/bad\\xff.safetensors"]}],
     }
     assert shown(name) == document["path"]
+
+
+@pytest.mark.parametrize(
+    ("given", "printed"),
+    [
+        ("https://user:secret@host/m/", "https://***@host/m/"),
+        ("https://token@host:8080/m", "https://***@host:8080/m"),
+        ("http://u:p@ss@host/m", "http://***@host/m"),
+        ("s3://bucket/key", "s3://bucket/key"),
+        ("https://host/m?a=1", "https://host/m?a=1"),
+        (
+            "https://b.s3.amazonaws.com/m.safetensors?X-Amz-Credential=AKIA%2F1&X-Amz-Date=2"
+            "&X-Amz-Security-Token=tok&X-Amz-Signature=deadbeef",
+            "https://b.s3.amazonaws.com/m.safetensors?X-Amz-Credential=***&X-Amz-Date=2"
+            "&X-Amz-Security-Token=***&X-Amz-Signature=***",
+        ),
+        ("https://h/f?sv=1&sig=abc&se=2", "https://h/f?sv=1&sig=***&se=2"),
+        ("https://h/f?token=abc#frag", "https://h/f?token=***#frag"),
+        ("https://h/f?access_token=a&key=b", "https://h/f?access_token=***&key=***"),
+        (
+            "error: 'https://u:p@h/x' and 'gs://b/o?X-Goog-Signature=s' failed",
+            "error: 'https://***@h/x' and 'gs://b/o?X-Goog-Signature=***' failed",
+        ),
+        ("no url: a@b, key=c", "no url: a@b, key=c"),
+    ],
+)
+def test_redact(given: str, printed: str) -> None:
+    assert redact(given) == printed
+    assert redact(printed) == printed
 
 
 def test_a_report_streams_the_document_json_bytes_writes(factory: Factory) -> None:

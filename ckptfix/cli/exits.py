@@ -13,7 +13,7 @@ import typer
 from ckptfix.cli.help import WholeSummaries
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.signals import command_signals
-from ckptfix.core.text import json_bytes, shown
+from ckptfix.core.text import json_bytes, redact, shown
 
 ERROR_SCHEMA_VERSION = 1
 
@@ -86,6 +86,7 @@ class _Reporter:
     def failed(
         self, code: str, path: str | None, what: str, fix: str | None, exit_code: int
     ) -> int:
+        what = redact(what)  # an exception's own text may hold a URL as it was given
         error = {"code": code, "rule": code, "file": path, "message": what, "fix": fix}
         self.document({**error, "exit_code": exit_code})
         where = f"{path}: " if path else ""

@@ -9,6 +9,7 @@ hold anything a file name or a JSON string can (README, "What is escaped in the 
 - `checksum_name`: a name in a line of `hash` or `diff`, escaped as GNU sha256sum escapes
   a file name, on top of `shown`'s escapes.
 - `json_bytes`: every JSON document (reports, manifests, CI formats, error documents).
+- `redact`: credentials in URLs, wherever a URL becomes a label.
 
 Pure functions: nothing here knows the terminal.
 """
@@ -131,3 +132,35 @@ def json_bytes(document: object, *, indent: bool = True) -> bytes:
     if not data.isascii() or b"\x7f" in data:  # such characters only occur inside strings
         data = _JSON_HIDDEN.sub(_json_escape, data.decode()).encode()
     return data.replace(b"##[", b"##\\u005b") if b"##[" in data else data
+
+
+# `scheme://userinfo@host...`, and query parameters whose names say they carry a secret
+# (X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token, X-Goog-Signature, sig, token,
+# access_token, key, password, ...).
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]*")
+_USERINFO = re.compile(r"^([^/?#]*)@")
+_SECRET_PARAMETER = re.compile(
+    r"([?&;])([^=&#;]*(?:token|secret|sig|password|passwd|pwd|credential|auth|key)[^=&#;]*)"
+    r"=[^&#;]*",
+    re.IGNORECASE,
+)
+REDACTED = "***"
+
+
+def _redact_url(url: str) -> str:
+    scheme, _, rest = url.partition("://")
+    rest = _USERINFO.sub(f"{REDACTED}@", rest, count=1)
+    head, mark, query = rest.partition("?")
+    if mark:
+        query = _SECRET_PARAMETER.sub(rf"\1\2={REDACTED}", "?" + query)[1:]
+    return f"{scheme}://{head}{mark}{query}"
+
+
+def redact(text: str) -> str:
+    """`text` with the credentials of every URL in it replaced by `***`: the userinfo
+    (`https://***@host/...`) and the values of query parameters named like a secret
+    (`?X-Amz-Signature=***`). What is printed or written names a URL only this way; the
+    requests use the URL as given."""
+    if "://" not in text:
+        return text
+    return _URL.sub(lambda match: _redact_url(match.group()), text)
