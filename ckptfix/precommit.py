@@ -1,7 +1,9 @@
 """`ckptfix-precommit FILE...`: the pre-commit hook. Inspects each staged weight file and
 prints one line per problem; exits 1 when any file has a finding at or above --fail-on.
 Inside GitHub Actions (GITHUB_ACTIONS=true) it also prints a workflow command per finding,
-as `ckptfix inspect --format github` does, so they show as annotations on the files."""
+as `ckptfix inspect --format github` does, so they show as annotations on the files. Every
+line is shown as the CLI shows its lines (core.text.shown: no control character, no
+workflow command but its own)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import sys
 
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.findings import Severity
+from ckptfix.core.text import shown
 from ckptfix.ops.inspect import inspect
 from ckptfix.ops.report import FAIL_ON_LEVELS, Report
 
@@ -26,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             report = inspect(path)
         except CkptfixError as exc:
-            print(exc.line(), file=sys.stderr)
+            _line(exc.line())
             if annotate:
                 _annotate_error(path, exc)
             failed = True
@@ -40,10 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         for item in report.findings:
             if item.severity.rank >= threshold:
                 where = item.file or path
-                print(
-                    f"{item.severity.value}: {where}: {item.code}: {item.message}", file=sys.stderr
-                )
+                _line(f"{item.severity.value}: {where}: {item.code}: {item.message}")
     return 1 if failed else 0
+
+
+def _line(line: str) -> None:
+    print(shown(line), file=sys.stderr)
 
 
 def _root() -> str:

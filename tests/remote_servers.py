@@ -5,6 +5,7 @@ If-Match, ETags and directory listings that can be told to misbehave (ignore Ran
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import html
 import json
@@ -33,6 +34,7 @@ class Behaviour:
     delay: float = 0.0  # seconds to wait before answering
     portal: bool = False  # GCS: answer every request with an HTML page, as a captive portal
     endless: bool = False  # GCS: every listing page says another follows
+    auth: str | None = None  # "user:password": answer 401 to a request without them (Basic)
     requests: int = 0
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, Range)
@@ -49,6 +51,7 @@ class Behaviour:
             self.delay = 0.0
             self.portal = False
             self.endless = False
+            self.auth = None
             self.requests = 0
             self.bytes_sent = 0
             self.log = []
@@ -95,6 +98,9 @@ class _Handler(BaseHTTPRequestHandler):
         with behaviour.lock:
             behaviour.requests += 1
             behaviour.log.append((self.command, self.path, self.headers.get("Range", "")))
+        if not self._authorised(behaviour):
+            self._status(401)
+            return
         failing = behaviour.take_failure()
         forced = next((s for k, s in behaviour.forced.items() if url_path.endswith(k)), None)
         if failing or forced is not None:
@@ -107,6 +113,12 @@ class _Handler(BaseHTTPRequestHandler):
             self._file(target, body=body)
         else:
             self._status(404)
+
+    def _authorised(self, behaviour: Behaviour) -> bool:
+        if behaviour.auth is None:
+            return True
+        wanted = "Basic " + base64.b64encode(behaviour.auth.encode()).decode()
+        return self.headers.get("Authorization") == wanted
 
     def _status(self, status: int) -> None:
         self.send_response(status)

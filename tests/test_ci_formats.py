@@ -100,8 +100,9 @@ def test_github_escaping() -> None:
     report = Report(
         "w:1,2.bin", "unknown", (FileSummary("w:1,2.bin", "unknown", 1, 0),), (), (finding,)
     )
+    # the newline is shown as every printed line shows it (core.text.shown), then escaped
     assert github.render([report], root=os.getcwd()) == (
-        b"::error file=w%3A1%2C2.bin,title=corrupt-file::bad%0A::error::forged %250A\n"
+        b"::error file=w%3A1%2C2.bin,title=corrupt-file::bad\\n::error::forged %250A\n"
     )
 
 

@@ -4,7 +4,6 @@ with `--json` (or `--format json`) a JSON error document on stdout (README, "Exi
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import sys
 from typing import Any, NoReturn
@@ -14,6 +13,7 @@ import typer
 from ckptfix.cli.help import WholeSummaries
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.signals import command_signals
+from ckptfix.core.text import json_bytes, redact, shown
 
 ERROR_SCHEMA_VERSION = 1
 
@@ -78,13 +78,15 @@ class _Reporter:
 
     def document(self, error: dict[str, object]) -> None:
         if self.json_output:
-            text = json.dumps({"schema_version": ERROR_SCHEMA_VERSION, "error": error}, indent=2)
-            sys.stdout.write(text + "\n")
+            document = {"schema_version": ERROR_SCHEMA_VERSION, "error": error}
             sys.stdout.flush()
+            sys.stdout.buffer.write(json_bytes(document) + b"\n")
+            sys.stdout.buffer.flush()
 
     def failed(
         self, code: str, path: str | None, what: str, fix: str | None, exit_code: int
     ) -> int:
+        what = redact(what)  # an exception's own text may hold a URL as it was given
         error = {"code": code, "rule": code, "file": path, "message": what, "fix": fix}
         self.document({**error, "exit_code": exit_code})
         where = f"{path}: " if path else ""
@@ -93,7 +95,9 @@ class _Reporter:
 
     def usage(self, exc: typer.TyperException) -> int:
         message = exc.format_message()
-        if "\n" in message:  # `ckptfix` with no arguments: the help text itself
+        # `ckptfix` with no arguments: the help text itself (every other message, which may
+        # quote what was typed, is an error line)
+        if message.startswith("Usage:") and "\n" in message:
             sys.stderr.write(message + "\n")
             return exc.exit_code
         context = getattr(exc, "ctx", None)
@@ -106,5 +110,6 @@ def _debug() -> bool:
 
 
 def error_line(line: str) -> None:
-    sys.stderr.write(" ".join(line.split()) + "\n")
+    """One line on stderr, shown as every line for a person or a CI log is (core.text)."""
+    sys.stderr.write(shown(line) + "\n")
     sys.stderr.flush()

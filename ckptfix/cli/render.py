@@ -1,12 +1,15 @@
-"""Human output with rich. User-controlled text (names, messages) goes in as Text, never markup."""
+"""Human output with rich. Every piece of text goes in through `text()`: as Text, never
+markup (the console parses neither markup nor emoji codes), and shown as core.text.shown
+shows it (control characters escaped, no workflow command)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING, Any, cast
 
 from rich.console import Console
 from rich.progress import (
@@ -21,6 +24,7 @@ from rich.text import Text
 
 from ckptfix.core.findings import Severity
 from ckptfix.core.sizes import format_size
+from ckptfix.core.text import inert_lines, shown
 from ckptfix.ops.report import Report
 
 if TYPE_CHECKING:
@@ -40,11 +44,33 @@ _PIPED_WIDTH = 1_000_000
 _HEADING_WIDTH = 80
 
 
+class _InertLines:
+    """The console's stdout. On a terminal (or with FORCE_COLOR) rich wraps long lines, so a
+    line can start anywhere in a name: each line written is made inert there too."""
+
+    def __init__(self, file: IO[str]) -> None:
+        self._file = file
+
+    def write(self, text: str) -> int:
+        return self._file.write(inert_lines(text))
+
+    def __getattr__(self, name: str) -> Any:  # isatty, fileno, flush, encoding, ...
+        return getattr(self._file, name)
+
+
 def _console() -> Console:
-    console = Console(highlight=False, soft_wrap=False)
+    plain: dict[str, Any] = {"highlight": False, "markup": False, "emoji": False}
+    plain["file"] = cast(IO[str], _InertLines(sys.stdout))
+    console = Console(soft_wrap=False, **plain)
     if not console.is_terminal:
-        console = Console(highlight=False, width=_PIPED_WIDTH, soft_wrap=True)
+        console = Console(width=_PIPED_WIDTH, soft_wrap=True, **plain)
     return console
+
+
+def text(value: str, style: str = "") -> Text:
+    """`value` (a name, a message, a whole line) as rich Text, shown as core.text.shown
+    shows it: the one way text reaches the console."""
+    return Text(shown(value), style=style)
 
 
 def _params(count: int) -> str:
@@ -64,20 +90,20 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
         if not items:
             continue
         console.print()
-        console.print(Text(f"{_TITLE[severity]} ({len(items)})", style=_STYLE[severity]))
+        console.print(text(f"{_TITLE[severity]} ({len(items)})", style=_STYLE[severity]))
         for item in items:
-            head = Text(f"  {_MARK[severity]} ", style=_STYLE[severity])
+            head = text(f"  {_MARK[severity]} ", style=_STYLE[severity])
             head.append(item.code, style="bold")
             if item.file:
                 head.append("  ")
-                head.append(item.file, style="dim")
+                head.append_text(text(item.file, style="dim"))
             console.print(head)
-            console.print(Text(f"    {item.message}"), soft_wrap=True)
+            console.print(text(f"    {item.message}"), soft_wrap=True)
             if item.fix is not None:
-                console.print(Text(f"    fix: {item.fix}", style="dim"), soft_wrap=True)
+                console.print(text(f"    fix: {item.fix}", style="dim"), soft_wrap=True)
     console.print(_verdict(result, fail_on))
     if result.remote is not None:
-        console.print(Text(remote_line(result.remote), style="dim"))
+        console.print(text(remote_line(result.remote), style="dim"))
 
 
 def remote_line(remote: dict[str, int]) -> str:
@@ -96,10 +122,10 @@ def _summary(result: Report) -> Table:
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
     summary.add_column()
-    summary.add_row("Path", Text(result.path))
-    summary.add_row("Format", result.format)
+    summary.add_row("Path", text(result.path))
+    summary.add_row("Format", text(result.format))
     if result.layout is not None:
-        summary.add_row("Layout", _layout(result.layout))
+        summary.add_row("Layout", text(_layout(result.layout)))
     file_kinds = ", ".join(f"{count} {fmt}" for fmt, count in sorted(formats.items()))
     summary.add_row("Files", f"{len(result.files)} ({file_kinds})" if result.files else "0")
     summary.add_row("Tensors", f"{result.tensor_count:,}")
@@ -111,7 +137,7 @@ def _summary(result: Report) -> Table:
         check = result.manifest
         digest = f" (sha256 {check.digest[:12]}…)" if check.digest else ""
         line = f"{check.path}: {check.verified:,} of {check.tensor_count:,} tensors match{digest}"
-        summary.add_row("Manifest", Text(line))
+        summary.add_row("Manifest", text(line))
     return summary
 
 
@@ -149,13 +175,13 @@ def _tensor_table(result: Report) -> Table:
         table.add_column(column, justify="right" if column == "bytes" else "left")
     for tensor in result.tensors:
         cells: list[Text | str] = [
-            Text(tensor.name),
-            tensor.dtype,
-            Text(str(list(tensor.shape))),
+            text(tensor.name),
+            text(tensor.dtype),
+            text(str(list(tensor.shape))),
             f"{tensor.nbytes:,}",
         ]
         if in_folder:
-            cells.append(Text(os.path.relpath(tensor.file, result.path)))
+            cells.append(text(os.path.relpath(tensor.file, result.path)))
         table.add_row(*cells)
     return table
 
@@ -172,7 +198,7 @@ def _verdict(result: Report, fail_on: str) -> Text:
     if not result.findings:
         verdict.append("  clean", style="green")
     else:
-        verdict.append(f"; {repair_clause(result)}")
+        verdict.append_text(text(f"; {repair_clause(result)}"))
     return verdict
 
 
@@ -196,7 +222,8 @@ def _heading(console: Console, title: str) -> None:
     """`title ────`: a terminal's width, 80 columns when piped (whose console is as wide as
     the longest line needs, so a rule would be a million columns long)."""
     width = console.width if console.is_terminal else _HEADING_WIDTH
-    console.print(Text(f"{title} " + "─" * max(3, width - len(title) - 1)), soft_wrap=True)
+    title = shown(title)
+    console.print(text(f"{title} " + "─" * max(3, width - len(title) - 1)), soft_wrap=True)
 
 
 def reports(results: list[Report], *, show_tensors: bool, fail_on: str) -> None:
@@ -229,7 +256,7 @@ def rewrite(result: RewriteResult) -> None:
     for line in _plan_notes(plan) + _names_notes(plan) + _files_notes(plan):
         console.print(line)
     if result.written is None:
-        console.print(Text("dry run: nothing was written", style="bold"))
+        console.print(text("dry run: nothing was written", style="bold"))
         return
     for line in _written_notes(result.written):
         console.print(line, soft_wrap=True)
@@ -246,20 +273,20 @@ def _plan_table(plan: ShardPlan) -> Table:
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
     for shard in plan.shards:
         first = shard.tensors[0] if shard.tensors else "-"
-        table.add_row(Text(shard.file), f"{len(shard.tensors):,}", f"{shard.nbytes:,}", Text(first))
+        table.add_row(text(shard.file), f"{len(shard.tensors):,}", f"{shard.nbytes:,}", text(first))
     return table
 
 
 def _plan_notes(plan: ShardPlan) -> list[Text]:
     lines = []
     if plan.index_file:
-        lines.append(Text(f"index: {plan.index_file} (total_size {plan.total_size:,})"))
+        lines.append(text(f"index: {plan.index_file} (total_size {plan.total_size:,})"))
     if plan.metadata_scope != "every shard":
         lines.append(
-            Text(f"header metadata: over 64 KiB, so written in the {plan.metadata_scope} only")
+            text(f"header metadata: over 64 KiB, so written in the {plan.metadata_scope} only")
         )
     lines += [
-        Text(
+        text(
             f"! oversized-tensor: {name} is larger than the limit; it has a shard of its own",
             style="yellow",
         )
@@ -277,9 +304,9 @@ def _names_notes(plan: ShardPlan) -> list[Text]:
     lines = []
     if plan.dropped:
         pairs = [f"{d} → {k}" for d, k in plan.dropped.items()]
-        lines.append(Text(f"dropped (stored once, as the kept name): {_listed(pairs)}"))
+        lines.append(text(f"dropped (stored once, as the kept name): {_listed(pairs)}"))
         lines.append(
-            Text(
+            text(
                 f"{len(plan.dropped)} name(s) dropped: {format_size(plan.dropped_bytes)} not "
                 "written again"
             )
@@ -287,34 +314,34 @@ def _names_notes(plan: ShardPlan) -> list[Text]:
     if plan.shared:
         pairs = [f"{alias} → {kept}" for alias, kept in plan.shared.items()]
         lines.append(
-            Text(f"shared storage (stored once, loaded as tied tensors): {_listed(pairs)}")
+            text(f"shared storage (stored once, loaded as tied tensors): {_listed(pairs)}")
         )
     if plan.kept_equal:
         groups = [" = ".join(group) for group in plan.kept_equal]
         lines.append(
-            Text(f"kept (equal bytes, not a declared tie; a loader needs each): {_listed(groups)}")
+            text(f"kept (equal bytes, not a declared tie; a loader needs each): {_listed(groups)}")
         )
     for edit in plan.config_edits:
-        lines.append(Text(f"{edit.file}: {edit.key} {edit.old} → {edit.new} (set for the cast)"))
+        lines.append(text(f"{edit.file}: {edit.key} {edit.old} → {edit.new} (set for the cast)"))
     if plan.renamed:
         old_name, new_name = next(iter(plan.renamed.items()))
-        lines.append(Text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))
+        lines.append(text(f"renamed {len(plan.renamed)} tensor(s), e.g. {old_name} → {new_name}"))
     if plan.excluded:
-        shown = ", ".join(plan.excluded[:6]) + (" ..." if len(plan.excluded) > 6 else "")
-        lines.append(Text(f"excluded {len(plan.excluded)} tensor(s): {shown}"))
+        names = ", ".join(plan.excluded[:6]) + (" ..." if len(plan.excluded) > 6 else "")
+        lines.append(text(f"excluded {len(plan.excluded)} tensor(s): {names}"))
     return lines
 
 
 def _files_notes(plan: ShardPlan) -> list[Text]:
     lines = []
     if plan.copied_files:
-        lines.append(Text("copied: " + ", ".join(plan.copied_files)))
+        lines.append(text("copied: " + ", ".join(plan.copied_files)))
     reasons: dict[str, list[str]] = {}
     for name in plan.left_out:
         reason = plan.left_out_reasons.get(name, "other weight file")
         reasons.setdefault(_LEFT_OUT.get(reason, reason), []).append(name)
     for reason, names in reasons.items():
-        lines.append(Text(f"left out ({reason}): " + ", ".join(names), style="yellow"))
+        lines.append(text(f"left out ({reason}): " + ", ".join(names), style="yellow"))
     return lines
 
 
@@ -325,7 +352,7 @@ def _written_notes(written: WriteResult) -> list[Text]:
         else "not verified (--no-verify)"
     )
     lines = [
-        Text(
+        text(
             f"wrote {written.path}: {len(written.files)} file(s), {written.bytes:,} bytes "
             f"({format_size(written.bytes)}), {checked}",
             style="green",
@@ -336,7 +363,7 @@ def _written_notes(written: WriteResult) -> list[Text]:
         old = [os.path.relpath(path, written.path) for path in written.replaced]
         shown = ", ".join(old) if len(old) <= 3 else f"{', '.join(old[:2])} and {len(old) - 2} more"
         lines.append(
-            Text(
+            text(
                 f"replaced: {written.path} (old contents: {shown}, moved aside and deleted)",
                 style="yellow",
             )
@@ -350,7 +377,7 @@ def _zero_copy_notes(written: WriteResult) -> list[Text]:
     if account is None or account.block is None:
         return []  # no reflinks between source and output: copied and compared, as always
     lines = [
-        Text(
+        text(
             f"zero-copy: {format_size(account.cloned)} shared with the source "
             f"({account.block:,}-byte blocks), {format_size(account.copied)} copied, "
             f"{account.padding:,} bytes of header padding"
@@ -364,7 +391,7 @@ def _zero_copy_notes(written: WriteResult) -> list[Text]:
         ]
         if ways.get("digest"):
             parts.append(f"{format_size(ways['digest'])} by digest (cast or gathered)")
-        lines.append(Text("verified: " + ", ".join(parts)))
+        lines.append(text("verified: " + ", ".join(parts)))
     return lines
 
 

@@ -1,6 +1,6 @@
 """Human output of `ckptfix fix`: each finding and what fix does about it, what happens to
-each weight file, then what was written (or that nothing was). User-controlled text goes in
-as Text, never markup."""
+each weight file, then what was written (or that nothing was). Every piece of text goes in
+through render.text()."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 from rich.table import Table
 from rich.text import Text
 
-from ckptfix.cli.render import _console
+from ckptfix.cli.render import _console, text
 from ckptfix.core.sizes import format_size
 from ckptfix.ops.fix import FixResult
 from ckptfix.plan.repair import ASIDE, RepairPlan
@@ -26,13 +26,13 @@ def _shown(plan: RepairPlan, label: str | None) -> str:
 
 
 def _findings_table(plan: RepairPlan) -> Table:
-    table = Table(title=f"Repair plan for {plan.path}", title_justify="left")
+    table = Table(title=text(f"Repair plan for {plan.path}"), title_justify="left")
     for column in ("", "finding", "file", "what fix does"):
         table.add_column(column)
     for item in plan.findings:
         mark, style = _VERDICT[item.verdict]
         table.add_row(
-            Text(mark, style=style), item.code, Text(_shown(plan, item.file)), Text(item.action)
+            text(mark, style=style), item.code, text(_shown(plan, item.file)), text(item.action)
         )
     return table
 
@@ -51,12 +51,12 @@ def _file_lines(plan: RepairPlan, in_place: bool) -> list[Text]:
                 why.append(f"{len(kept.dropped)} stale copies left out")
             if why:
                 line += f" ({', '.join(why)})"
-            lines.append(Text(f"  {line}"))
+            lines.append(text(f"  {line}"))
         index = family.index
         if index is not None:
             state = "written anew" if index.write else "kept as it is"
             total = index.metadata.get("total_size")
-            lines.append(Text(f"  index: {index.file}, {state} (total_size {total:,})"))
+            lines.append(text(f"  index: {index.file}, {state} (total_size {total:,})"))
     return lines + _move_lines(plan, in_place)
 
 
@@ -70,7 +70,7 @@ def _move_lines(plan: RepairPlan, in_place: bool) -> list[Text]:
         verb = "moved aside" if in_place else "left out"
         if move.source in rewritten:
             verb = "original moved aside"
-        lines.append(Text(f"  {verb}: {move.source}{where} ({move.reason})", style="yellow"))
+        lines.append(text(f"  {verb}: {move.source}{where} ({move.reason})", style="yellow"))
     return lines
 
 
@@ -78,20 +78,20 @@ def _entry_lines(plan: RepairPlan, in_place: bool) -> list[Text]:
     lines = []
     if plan.copied:
         verb = "kept" if in_place else "copied"
-        lines.append(Text(f"  {verb}: " + ", ".join(plan.copied)))
+        lines.append(text(f"  {verb}: " + ", ".join(plan.copied)))
     for name, reason in plan.left_out.items():
-        lines.append(Text(f"  left out ({reason}): {name}", style="yellow"))
+        lines.append(text(f"  left out ({reason}): {name}", style="yellow"))
     return lines
 
 
 def _summary(plan: RepairPlan) -> Text:
     repaired, refused = plan.count("repair"), plan.count("refuse")
     kept = plan.count("keep") + len(plan.remaining)
-    text = f"{repaired} finding(s) repaired, {refused} cannot be, {kept} left as they are"
+    line = f"{repaired} finding(s) repaired, {refused} cannot be, {kept} left as they are"
     if plan.refused:
         codes = ", ".join(dict.fromkeys(refusal.code for refusal in plan.refusals))
-        return Text(f"{text} → refused ({codes}): nothing is written", style="bold red")
-    return Text(text, style="bold")
+        return text(f"{line} → refused ({codes}): nothing is written", style="bold red")
+    return text(line, style="bold")
 
 
 def _written_lines(result: FixResult, in_place: bool) -> list[Text]:
@@ -100,7 +100,7 @@ def _written_lines(result: FixResult, in_place: bool) -> list[Text]:
     rewritten = sum(1 for kept in result.plan.kept_files if kept.rewritten)
     how = "linked" if in_place else "copied"
     lines = [
-        Text(
+        text(
             f"wrote {written.path}: {len(written.files)} file(s), {written.bytes:,} bytes "
             f"({format_size(written.bytes)}); {rewritten} shard(s) rewritten and verified "
             f"against their sources, the rest {how} as they are",
@@ -108,10 +108,10 @@ def _written_lines(result: FixResult, in_place: bool) -> list[Text]:
         )
     ]
     lines += [
-        Text(f"replaced: {path} (its header rewritten; every tensor byte kept)", style="yellow")
+        text(f"replaced: {path} (its header rewritten; every tensor byte kept)", style="yellow")
         for path in written.replaced
     ]
-    lines += [Text(f"moved: {old} → {new}", style="yellow") for old, new in result.moved]
+    lines += [text(f"moved: {old} → {new}", style="yellow") for old, new in result.moved]
     return lines
 
 
@@ -122,23 +122,23 @@ def fix_result(result: FixResult, *, in_place: bool) -> None:
     if plan.findings:
         console.print(_findings_table(plan))
     else:
-        console.print(Text(f"{plan.path}: no findings"))
+        console.print(text(f"{plan.path}: no findings"))
     for item in plan.remaining:
         where = f"{_shown(plan, item.file)}: " if item.file else ""
         stays = f"! {item.code} stays: {where}{item.message}"
-        console.print(Text(stays, style="yellow"), soft_wrap=True)
+        console.print(text(stays, style="yellow"), soft_wrap=True)
     for line in _file_lines(plan, in_place) + _entry_lines(plan, in_place):
         console.print(line, soft_wrap=True)
     for refusal in plan.refusals:
         where = f"{_shown(plan, refusal.file)}: " if refusal.file else ""
         refused = f"✗ {refusal.code}: {where}{refusal.what} ({refusal.fix})"
-        console.print(Text(refused, style="red"), soft_wrap=True)
+        console.print(text(refused, style="red"), soft_wrap=True)
     console.print(_summary(plan))
     if result.written is not None:
-        for text in _written_lines(result, in_place):
-            console.print(text, soft_wrap=True)
+        for line in _written_lines(result, in_place):
+            console.print(line, soft_wrap=True)
     elif not plan.refused:
         done = "dry run: nothing was written"
         if in_place and not plan.changes:
             done = "nothing to repair: nothing was written"
-        console.print(Text(done, style="bold"))
+        console.print(text(done, style="bold"))

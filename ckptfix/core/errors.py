@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ckptfix.core.text import redact
+
 
 class CkptfixError(Exception):
     """Base of every error ckptfix raises on purpose."""
@@ -14,9 +16,10 @@ class CkptfixError(Exception):
     def __init__(
         self, path: str | None, what: str, fix: str | None = None, *, rule: str | None = None
     ) -> None:
-        self.path = path
-        self.what = what
-        self.fix = fix
+        # An error names a URL without its credentials, whoever raised it (core.text.redact).
+        self.path = redact(path) if path is not None else None
+        self.what = redact(what)
+        self.fix = redact(fix) if fix is not None else None
         if rule is not None:
             self.rule = rule
         super().__init__(self.line())

@@ -5,6 +5,10 @@ and ETag in the listing, so no file needs a HEAD; an HTTP listing page does not,
 file opened gets one); paths under the folder are URLs (`os.path.join(url, name)`), mapped
 to the backend's paths by their place under the root. `map` runs the loader's per-file
 work on a bounded pool of threads, so the headers of every shard are requested at once.
+
+Those URLs are labels: the URL given, without its credentials (core.text.redact), so no
+report, error or output can print them; requests go to the backend's paths, made from the
+URL as given.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ckptfix.core.errors import RemoteError
+from ckptfix.core.text import redact
 from ckptfix.io.folder import too_large
 from ckptfix.io.remote import Info, RemoteFile, RemoteSession, Settings, size_of
 from ckptfix.io.remote_backends import make_backend, scheme_of
@@ -32,10 +37,10 @@ def _name(entry: Info) -> str:
 class RemoteFolder:
     """A remote folder, addressed by URL (see the module docstring)."""
 
-    def __init__(self, session: RemoteSession, root: str) -> None:
+    def __init__(self, session: RemoteSession, root: str, root_path: str) -> None:
         self.session = session
-        self.root = root
-        self.root_path = session.backend.to_path(root)
+        self.root = root  # a label (without credentials)
+        self.root_path = root_path  # the backend's path, from the URL as given
         self._listings: dict[str, dict[str, Info]] = {}
         self._files: dict[str, RemoteFile] = {}
         self._lock = threading.Lock()
@@ -132,12 +137,13 @@ def open_url(url: str, settings: Settings | None = None) -> RemoteTarget:
     session = RemoteSession(backend, settings)
     http_folder = scheme_of(url) == "http" and url.endswith("/")
     root = url.rstrip("/") if "://" in url.rstrip("/") else url
-    info: Info = {"type": "directory"} if http_folder else session.info(root, backend.to_path(root))
+    label, path = redact(root), backend.to_path(root)
+    info: Info = {"type": "directory"} if http_folder else session.info(label, path)
     if info.get("type") == "directory":
-        return RemoteTarget(root, session, RemoteFolder(session, root), None)
+        return RemoteTarget(label, session, RemoteFolder(session, label, path), None)
     parent = posixpath.dirname(root)
-    folder = RemoteFolder(session, parent)
-    size_of(root, info)
-    remote = RemoteFile(session, root, backend.to_path(root), info)
-    folder._files[root] = remote
-    return RemoteTarget(root, session, folder, remote)
+    folder = RemoteFolder(session, redact(parent), backend.to_path(parent))
+    size_of(label, info)
+    remote = RemoteFile(session, label, path, info)
+    folder._files[label] = remote
+    return RemoteTarget(label, session, folder, remote)

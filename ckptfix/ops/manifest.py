@@ -102,7 +102,7 @@ def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str], sou
     """Write the document to `out` atomically: a new temporary file beside it, fsynced, then
     renamed over it. Nothing else is ever replaced; a link named OUT is written through.
     Returns whether an existing file was replaced (the output names it)."""
-    import orjson
+    from ckptfix.core.text import json_bytes
 
     shown = os.fspath(out)
     target = os.path.realpath(shown)
@@ -110,7 +110,7 @@ def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str], sou
     folder = os.path.dirname(target)
     if not os.path.isdir(folder):
         raise UsageError(shown, "its folder does not exist", "create it first")
-    data = orjson.dumps(document, option=orjson.OPT_INDENT_2) + b"\n"
+    data = json_bytes(document) + b"\n"
     with _held():
         _replace(shown, target, data)
     return replaced

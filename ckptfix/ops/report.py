@@ -98,23 +98,24 @@ class Report:
             return self._document(_tensor_dicts(self.tensors))
 
     def json_chunks(self, batch: int = 10_000) -> Iterator[bytes]:
-        """`orjson.dumps(self.to_dict(), option=OPT_INDENT_2)`, byte for byte, in pieces:
-        the tensor list is encoded a batch at a time, so memory holds one batch of it."""
-        import orjson
+        """`json_bytes(self.to_dict())`, byte for byte, in pieces: the tensor list is
+        encoded a batch at a time, so memory holds one batch of it."""
+        from ckptfix.core.text import json_bytes
 
         if not self.tensors:
-            yield orjson.dumps(self.to_dict(), option=orjson.OPT_INDENT_2)
+            yield json_bytes(self.to_dict())
             return
         marker = "\x00ckptfix-tensors\x00"
-        whole = orjson.dumps(self._document([marker]), option=orjson.OPT_INDENT_2)
-        head, tail = whole.split(b"    " + orjson.dumps(marker), 1)
+        whole = json_bytes(self._document([marker]))
+        head, tail = whole.split(b"    " + json_bytes(marker), 1)
         yield head
         for start in range(0, len(self.tensors), batch):
             with paused_gc():
                 items = _tensor_dicts(self.tensors[start : start + batch])
-            encoded = [orjson.dumps(item, option=orjson.OPT_INDENT_2) for item in items]
-            lines = b",\n".join(encoded).replace(b"\n", b"\n    ")
-            yield (b",\n    " if start else b"    ") + lines
+            # One encoding per batch: the list's items without its brackets, two levels
+            # further in (the document's "tensors" list is one level in).
+            listed = json_bytes(items)[len(b"[\n") : -len(b"\n]")]
+            yield (b",\n  " if start else b"  ") + listed.replace(b"\n", b"\n  ")
         yield tail
 
     def _document(self, tensors: list[Any]) -> dict[str, object]:

@@ -8,7 +8,7 @@ from ckptfix.ops.report import Report
 
 
 def json_list_chunks(reports: Sequence[Report]) -> Iterator[bytes]:
-    """`orjson.dumps([r.to_dict() for r in reports], option=OPT_INDENT_2)`, byte for byte, in
+    """`json_bytes([r.to_dict() for r in reports])` (core.text), byte for byte, in
     pieces: each document is streamed by `Report.json_chunks` and indented one level."""
     yield b"["
     for number, report in enumerate(reports):

@@ -1,8 +1,9 @@
 """GitHub Actions workflow commands: one `::error file=F,title=CODE::message` per finding.
 
 The runner turns them into annotations; a `file=` relative to the checkout puts them on
-that file in a pull request's diff. Escaping follows GitHub's runner: in data, `%`, CR and
-LF; in properties, also `:` and `,`.
+that file in a pull request's diff. Each text is first shown as every printed line is
+(core.text.shown: control characters escaped, `##[` made inert), then escaped as GitHub's
+runner unescapes it: in data, `%`, CR and LF; in properties, also `:` and `,`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ckptfix.core.findings import Severity
+from ckptfix.core.text import shown
 from ckptfix.ops.report import Report
 from ckptfix.reports.locations import Located, display_path, located
 
@@ -26,9 +28,9 @@ def escape_property(text: str) -> str:
 
 def command(kind: str, message: str, *, title: str, file: str | None = None) -> str:
     """One workflow command line (no newline): `::KIND file=F,title=T::message`."""
-    properties = [f"file={escape_property(file)}"] if file is not None else []
-    properties.append(f"title={escape_property(title)}")
-    return f"::{kind} {','.join(properties)}::{escape_data(message)}"
+    properties = [f"file={escape_property(shown(file))}"] if file is not None else []
+    properties.append(f"title={escape_property(shown(title))}")
+    return f"::{kind} {','.join(properties)}::{escape_data(shown(message))}"
 
 
 def annotation(item: Located, root: str) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ckptfix.core.findings import Severity
+from ckptfix.core.text import json_bytes
 from ckptfix.ops.report import Report
 from ckptfix.reports.locations import display_path, fingerprints, located
 
@@ -31,6 +32,4 @@ def issues(reports: Sequence[Report], *, root: str) -> list[dict[str, object]]:
 
 def render(reports: Sequence[Report], *, root: str, fail_on: str = "error") -> bytes:
     """The Code Quality report (every finding; fail_on does not filter them)."""
-    import orjson
-
-    return orjson.dumps(issues(reports, root=root), option=orjson.OPT_INDENT_2) + b"\n"
+    return json_bytes(issues(reports, root=root)) + b"\n"

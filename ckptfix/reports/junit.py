@@ -5,26 +5,21 @@ the workspace when inside it); a checked folder also has a test case of its own,
 after the folder, for the findings about the folder as a whole (mixed families, dtype mix,
 no weights). Findings at or above --fail-on make the case fail: one `<failure>`, typed by
 the most severe code, listing every such finding; the others are listed in `<system-out>`.
+Every text is shown as every printed line is (core.text.shown), one line per finding: XML
+cannot hold most control characters, and a CI log prints the report line by line.
 """
 
 from __future__ import annotations
 
-import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
 from ckptfix.core.findings import Finding, Severity
+from ckptfix.core.text import shown
 from ckptfix.ops.report import Report
 from ckptfix.reports.locations import display_path, is_file_report
 
 SUITE_NAME = "ckptfix inspect"
-# Characters XML 1.0 cannot hold, even escaped (control characters, lone surrogates).
-_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
-
-
-def xml_text(text: str) -> str:
-    """`text` with the characters XML cannot hold written as `\\xNN`."""
-    return _NOT_XML.sub(lambda match: f"\\x{ord(match.group()):02x}", text)
 
 
 def test_cases(report: Report) -> dict[str, list[Finding]]:
@@ -39,14 +34,14 @@ def test_cases(report: Report) -> dict[str, list[Finding]]:
 
 
 def _line(item: Finding) -> str:
-    return f"{item.severity.value} {item.code}: {item.message}"
+    return shown(f"{item.severity.value} {item.code}: {item.message}")
 
 
 def _add_case(
     suite: ET.Element, classname: str, name: str, found: list[Finding], threshold: int
 ) -> bool:
     """One <testcase>; True when it failed."""
-    case = ET.SubElement(suite, "testcase", classname=xml_text(classname), name=xml_text(name))
+    case = ET.SubElement(suite, "testcase", classname=shown(classname), name=shown(name))
     failing = sorted(
         (item for item in found if item.severity.rank >= threshold),
         key=lambda item: -item.severity.rank,
@@ -56,11 +51,11 @@ def _add_case(
         first = failing[0]
         more = f" (and {len(failing) - 1} more)" if len(failing) > 1 else ""
         failure = ET.SubElement(
-            case, "failure", type=first.code, message=xml_text(first.message + more)
+            case, "failure", type=first.code, message=shown(first.message + more)
         )
-        failure.text = xml_text("\n".join(_line(item) for item in failing))
+        failure.text = "\n".join(_line(item) for item in failing)
     if passing:
-        ET.SubElement(case, "system-out").text = xml_text("\n".join(map(_line, passing)))
+        ET.SubElement(case, "system-out").text = "\n".join(map(_line, passing))
     return bool(failing)
 
 

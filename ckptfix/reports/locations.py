@@ -4,6 +4,8 @@ CI systems attach a finding to a file of the repository by its path relative to 
 checkout (`GITHUB_WORKSPACE`, `CI_PROJECT_DIR`). A finding without a file of its own (a
 folder-level one such as `mixed-formats`) is placed on the checked PATH when that PATH is
 a file, and otherwise has no file: the formats that must name a location use the PATH.
+A file read from a URL is named by its URL (without credentials, as every label of a URL
+is), never as a path under the workspace.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from ckptfix.core.findings import Finding
+from ckptfix.io.urls import is_url
 from ckptfix.ops.report import Report
 
 # Checked in this order; the current directory when none is set.
@@ -45,7 +48,10 @@ def workspace_root(environ: Mapping[str, str], cwd: str) -> str:
 
 
 def relative(path: str, root: str) -> str | None:
-    """`path` relative to `root` with `/` separators, or None when it lies outside root."""
+    """`path` relative to `root` with `/` separators, or None when it lies outside root (a
+    URL always does)."""
+    if is_url(path):
+        return None
     for resolve in (os.path.abspath, os.path.realpath):
         full, base = resolve(path), resolve(root)
         if full == base or full.startswith(base.rstrip(os.sep) + os.sep):
@@ -54,9 +60,11 @@ def relative(path: str, root: str) -> str | None:
 
 
 def display_path(path: str, root: str) -> str:
-    """`path` relative to `root` when inside it, else absolute."""
+    """`path` relative to `root` when inside it, else absolute; a URL as it is."""
     inside = relative(path, root)
-    return inside if inside is not None else os.path.abspath(path)
+    if inside is not None:
+        return inside
+    return path if is_url(path) else os.path.abspath(path)
 
 
 def is_file_report(report: Report) -> bool:
@@ -88,6 +96,8 @@ def fingerprints(items: Sequence[Located], root: str) -> list[str]:
         key = "\x00".join(
             [item.finding.code, display_path(item.anchor, root), *item.finding.tensors]
         )
-        result.append(hashlib.sha256(f"{key}\x00{seen[key]}".encode()).hexdigest())
+        # surrogatepass: a file name's bytes that are not UTF-8 have a fingerprint too
+        identity = f"{key}\x00{seen[key]}".encode("utf-8", "surrogatepass")
+        result.append(hashlib.sha256(identity).hexdigest())
         seen[key] += 1
     return result

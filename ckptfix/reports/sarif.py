@@ -3,18 +3,23 @@
 Uploadable to GitHub code scanning: results carry `partialFingerprints` (so alerts are
 tracked across runs without GitHub reading the binary files) and a `region.startLine` of 1
 (code scanning requires a line; weight files have none). Locations inside the workspace
-are relative URIs with `uriBaseId` `%SRCROOT%`; others are absolute `file:` URIs.
+are relative URIs with `uriBaseId` `%SRCROOT%`; others are absolute `file:` URIs, and a
+file read from a URL has that URL. A URI holds a file name's bytes percent-encoded (those
+that are not UTF-8 too); texts are JSON strings (core.text.json_bytes).
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from urllib.parse import quote
 
 import ckptfix
 from ckptfix.core.findings import Severity
+from ckptfix.core.text import json_bytes
+from ckptfix.io.urls import is_url
 from ckptfix.ops.report import Report
 from ckptfix.reports.locations import Located, fingerprints, located, relative
 from ckptfix.reports.rules import Rule, rule, rules
@@ -47,11 +52,23 @@ def rule_descriptor(item: Rule) -> dict[str, object]:
     }
 
 
+# What RFC 3986 allows unencoded in a URI, besides letters, digits and `-._~`; a URL keeps
+# its own `%XX` escapes, and any other `%` is encoded.
+_URI_CHARACTERS = ":/?#[]@!$&'()*+,;=%"
+_LONE_PERCENT = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+def _url_uri(url: str) -> str:
+    return _LONE_PERCENT.sub("%25", quote(os.fsencode(url), safe=_URI_CHARACTERS))
+
+
 def artifact_location(path: str, root: str) -> dict[str, str]:
+    if is_url(path):
+        return {"uri": _url_uri(path)}
     inside = relative(path, root)
     if inside is None:
         return {"uri": Path(os.path.abspath(path)).as_uri()}
-    return {"uri": quote(inside, safe="/"), "uriBaseId": ROOT_ID}
+    return {"uri": quote(os.fsencode(inside), safe="/"), "uriBaseId": ROOT_ID}
 
 
 def result(item: Located, index: int, fingerprint: str, root: str) -> dict[str, object]:
@@ -101,6 +118,4 @@ def sarif_log(reports: Sequence[Report], *, root: str) -> dict[str, object]:
 
 def render(reports: Sequence[Report], *, root: str, fail_on: str = "error") -> bytes:
     """The SARIF log (every finding, at its own level; fail_on does not filter them)."""
-    import orjson
-
-    return orjson.dumps(sarif_log(reports, root=root), option=orjson.OPT_INDENT_2) + b"\n"
+    return json_bytes(sarif_log(reports, root=root)) + b"\n"
