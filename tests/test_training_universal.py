@@ -164,3 +164,56 @@ def test_deepspeed_is_never_imported(universal_saved: Path, tmp_path: Path) -> N
     )
     assert done.stdout.strip() == "[]"
     assert (tmp_path / "zero3_bf16" / "model.safetensors").is_file()
+
+
+_CLI = "import sys\nfrom ckptfix.cli.app import main\nsys.argv = ['ckptfix', *sys.argv[1:]]\nmain()"
+
+
+def _limited(limit: tuple[int, int], *args: str | Path) -> subprocess.CompletedProcess[str]:
+    """The CLI in a process whose open-file limit is (soft, hard)."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, limit)
+
+    return subprocess.run(
+        [sys.executable, "-c", _CLI, *map(str, args)],
+        capture_output=True,
+        text=True,
+        preexec_fn=cap,
+        timeout=600,
+        check=False,
+    )
+
+
+def test_a_parameter_per_file_past_the_open_file_limit(
+    universal_saved: Path, tmp_path: Path
+) -> None:
+    """1,500 parameters are 1,500 files open at once: the soft limit is raised for them, and
+    past the hard limit the checkpoint is refused in one line, not an internal error."""
+    import torch
+
+    folder = tmp_path / TAG
+    shutil.copytree(universal_saved / "zero2_fp32" / TAG, folder)
+    states = _model_states(folder)
+    extra = {f"extra.{i}.weight": torch.Size([2]) for i in range(1500)}
+    for index, name in enumerate(extra):
+        (folder / "zero" / name).mkdir()
+        torch.save({"param": torch.full((2,), float(index))}, folder / "zero" / name / "fp32.pt")
+        states["module"][name] = torch.zeros(2)
+    states["param_shapes"].append(extra)
+    torch.save(states, folder / "mp_rank_00_model_states.pt")
+    raised = _limited((1024, 4096), "convert", folder, "-o", tmp_path / "out")
+    assert raised.returncode == 0, raised.stderr
+    from safetensors.torch import load_file
+
+    written = load_file(tmp_path / "out" / "model.safetensors")
+    assert torch_bytes(written["extra.1499.weight"]) == torch_bytes(torch.full((2,), 1499.0))
+    capped = _limited((1024, 1024), "inspect", folder)
+    assert capped.returncode == 1 and "Traceback" not in capped.stderr
+    assert capped.stderr.strip().splitlines() == [
+        f"error: {folder / 'zero'}: checkpoint is made of 1,504 files, and this process may not "
+        "have that many open at once (the hard limit is 1,024) (rule too-many-files; raise the "
+        "hard limit of open files to at least 1760 (`ulimit -Hn` as root, or "
+        "/etc/security/limits.conf), then run again)"
+    ]
