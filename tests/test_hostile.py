@@ -302,4 +302,4 @@ def test_stubs_keep_data_and_refuse_a_second_build() -> None:
     ):
         unpickle(twice, "n.pt", no_storage, allowed)  # type: ignore[arg-type]
     with pytest.raises(Exception, match="outside the allowlist"):
-        unpickle(built, "n.pt", no_storage)  # type: ignore[arg-type]
+        unpickle(built, "n.pt", no_storage, TORCH_ALLOWLIST)  # type: ignore[arg-type]

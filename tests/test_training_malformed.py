@@ -3,10 +3,8 @@ file (inspect exits 1), and a conversion writes nothing; no pickle ever executes
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,8 +12,16 @@ from typing import Any
 import pytest
 
 from tests import training_fixtures as fixtures
-from tests.helpers import cli
-from tests.training_fixtures import edit_metadata, storage_entry
+from tests.helpers import cli, torch_bytes
+from tests.training_fixtures import (
+    PWNED,
+    Evil,
+    converted,
+    edit_metadata,
+    hostile_zip,
+    refused,
+    storage_entry,
+)
 
 pytestmark = pytest.mark.slow
 copy_of = fixtures.copy_of
@@ -24,41 +30,11 @@ zero_saved = fixtures.zero_saved  # fixtures shared by the training tests
 Copy = Callable[[Path], Path]
 
 
-def _refused(folder: Path, tmp_path: Path, code: str, file: Path | None = None) -> dict[str, Any]:
-    """inspect reports `code` as an error (about `file`); convert writes nothing."""
-    run = cli("inspect", folder, "--json")
-    assert run.code == 1, run.stdout
-    errors = [item for item in run.json()["findings"] if item["severity"] == "error"]
-    assert [item["code"] for item in errors][:1] == [code], errors
-    if file is not None:
-        assert errors[0]["file"] == str(file)
-    out = tmp_path / "never"
-    converted = cli("convert", folder, "-o", out)
-    assert converted.code == 1
-    assert len(converted.error_lines) == 1
-    assert not out.exists()
-    return errors[0]
-
-
-class Evil:
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (os.system, ("touch /tmp/ckptfix-training-pwned",))
-
-
-def _hostile_zip() -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
-        archive.writestr("archive/data.pkl", pickle.dumps(Evil(), protocol=2))
-        archive.writestr("archive/version", "3\n")
-    return buffer.getvalue()
-
-
 @pytest.fixture(autouse=True)
 def _no_marker() -> Any:
-    marker = Path("/tmp/ckptfix-training-pwned")
-    marker.unlink(missing_ok=True)
+    PWNED.unlink(missing_ok=True)
     yield
-    assert not marker.exists(), "a pickle was executed"
+    assert not PWNED.exists(), "a pickle was executed"
 
 
 # --- torch.distributed.checkpoint -----------------------------------------------------------
@@ -68,14 +44,14 @@ def test_truncated_rank_file(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> 
     folder = copy_of(dcp_saved / "torch_save")
     rank = folder / "__1_0.distcp"
     os.truncate(rank, rank.stat().st_size - 100)
-    error = _refused(folder, tmp_path, "truncated-rank-file", rank)
+    error = refused(folder, tmp_path, "truncated-rank-file", rank)
     assert "cut short" in error["message"]
 
 
 def test_missing_rank_file(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "safetensors")
     (folder / "__0_0.distcp").unlink()
-    error = _refused(folder, tmp_path, "missing-rank-file", folder / "__0_0.distcp")
+    error = refused(folder, tmp_path, "missing-rank-file", folder / "__0_0.distcp")
     assert "0.weight" in error["tensors"]
 
 
@@ -92,7 +68,7 @@ def test_rank_files_without_metadata(dcp_saved: Path, copy_of: Copy) -> None:
     ]
 
 
-def test_a_single_rank_file_is_refused(dcp_saved: Path) -> None:
+def test_a_single_rank_file_isrefused(dcp_saved: Path) -> None:
     run = cli("inspect", dcp_saved / "torch_save" / "__0_0.distcp")
     assert run.code == 2
     assert "one part of a torch.distributed.checkpoint folder" in run.stderr
@@ -108,7 +84,7 @@ def test_overlapping_chunks(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> N
         chunk.sizes = torch.Size([5])
 
     edit_metadata(folder, grow)
-    error = _refused(folder, tmp_path, "chunk-overlap")
+    error = refused(folder, tmp_path, "chunk-overlap")
     assert "'model.positions'" in error["message"]
     assert "__0_0.distcp" in error["message"] and "__1_0.distcp" in error["message"]
 
@@ -120,7 +96,7 @@ def test_chunk_gap(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
         metadata.state_dict_metadata["model.0.weight"].chunks.pop()
 
     edit_metadata(folder, drop)
-    error = _refused(folder, tmp_path, "chunk-gap")
+    error = refused(folder, tmp_path, "chunk-gap")
     assert "cover 80 of its 140 bytes" in error["message"]
 
 
@@ -133,7 +109,7 @@ def test_chunk_out_of_range(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> N
         metadata.state_dict_metadata["model.0.weight"].size = torch.Size([6, 5])
 
     edit_metadata(folder, shift)
-    error = _refused(folder, tmp_path, "chunk-out-of-range", folder / "__1_0.distcp")
+    error = refused(folder, tmp_path, "chunk-out-of-range", folder / "__1_0.distcp")
     assert "lies outside 'model.0.weight' of shape [6, 5]" in error["message"]
 
 
@@ -148,11 +124,11 @@ def test_metadata_disagreeing_with_the_chunk(
         metadata.state_dict_metadata["model.1.bias"].properties.dtype = torch.int32
 
     edit_metadata(folder, retype)
-    error = _refused(folder, tmp_path, "corrupt-file")
+    error = refused(folder, tmp_path, "corrupt-file")
     assert "holds a F32 tensor of shape" in error["message"]
 
 
-def test_compressed_chunks_are_refused(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
+def test_compressed_chunks_arerefused(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "torch_save")
 
     def compress(metadata: Any) -> None:
@@ -160,11 +136,11 @@ def test_compressed_chunks_are_refused(dcp_saved: Path, copy_of: Copy, tmp_path:
         info.transform_descriptors = ["stream.zstd/1"]
 
     edit_metadata(folder, compress)
-    error = _refused(folder, tmp_path, "unsupported-format")
+    error = refused(folder, tmp_path, "unsupported-format")
     assert "stream.zstd/1" in error["message"]
 
 
-def test_paths_outside_the_folder_are_refused(
+def test_paths_outside_the_folder_arerefused(
     dcp_saved: Path, copy_of: Copy, tmp_path: Path
 ) -> None:
     folder = copy_of(dcp_saved / "torch_save")
@@ -174,21 +150,21 @@ def test_paths_outside_the_folder_are_refused(
         info.relative_path = "../__0_0.distcp"
 
     edit_metadata(folder, escape)
-    error = _refused(folder, tmp_path, "corrupt-file", folder / ".metadata")
+    error = refused(folder, tmp_path, "corrupt-file", folder / ".metadata")
     assert "rule path-traversal" in error["message"]
 
 
 def test_hostile_metadata(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "torch_save")
     (folder / ".metadata").write_bytes(pickle.dumps(Evil()))
-    error = _refused(folder, tmp_path, "unsafe-pickle", folder / ".metadata")
+    error = refused(folder, tmp_path, "unsafe-pickle", folder / ".metadata")
     assert "posix.system" in error["message"]
 
 
 def test_hostile_pickle_in_a_chunk(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "torch_save")
     rank = folder / "__1_0.distcp"
-    hostile = _hostile_zip()
+    hostile = hostile_zip()
     start = rank.stat().st_size
     with open(rank, "ab") as handle:
         handle.write(hostile)
@@ -198,7 +174,7 @@ def test_hostile_pickle_in_a_chunk(dcp_saved: Path, copy_of: Copy, tmp_path: Pat
         info.offset, info.length = start, len(hostile)
 
     edit_metadata(folder, point)
-    error = _refused(folder, tmp_path, "unsafe-pickle", rank)
+    error = refused(folder, tmp_path, "unsafe-pickle", rank)
     assert "chunk [4, 0] of 'model.0.weight'" in error["message"]
     assert "posix.system" in error["message"]
     # only the tensor with the hostile chunk is left out; the rest is still described
@@ -212,7 +188,7 @@ def test_missing_optimizer_partition(zero_saved: Path, copy_of: Copy, tmp_path: 
     folder = copy_of(zero_saved / "zero2_bf16")
     missing = folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
     missing.unlink()
-    error = _refused(folder, tmp_path, "missing-rank-file", missing)
+    error = refused(folder, tmp_path, "missing-rank-file", missing)
     assert "rank 1's optimizer partition is missing" in error["message"]
 
 
@@ -220,13 +196,13 @@ def test_missing_stage3_model_states(zero_saved: Path, copy_of: Copy, tmp_path: 
     folder = copy_of(zero_saved / "zero3_fp32")
     missing = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_model_states.pt"
     missing.unlink()
-    _refused(folder, tmp_path, "missing-rank-file", missing)
+    refused(folder, tmp_path, "missing-rank-file", missing)
 
 
 def test_tag_pointing_nowhere(zero_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(zero_saved / "zero1_fp32")
     (folder / "latest").write_text("global_step9")
-    error = _refused(folder, tmp_path, "tag-missing", folder / "latest")
+    error = refused(folder, tmp_path, "tag-missing", folder / "latest")
     assert "tag folders present: global_step2" in error["message"]
 
 
@@ -234,23 +210,23 @@ def test_truncated_optimizer_file(zero_saved: Path, copy_of: Copy, tmp_path: Pat
     folder = copy_of(zero_saved / "zero3_bf16")
     rank = folder / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
     os.truncate(rank, rank.stat().st_size // 2)
-    error = _refused(folder, tmp_path, "corrupt-file", rank)
+    error = refused(folder, tmp_path, "corrupt-file", rank)
     assert "rule bad-zip" in error["message"]
 
 
 def test_hostile_model_states(zero_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(zero_saved / "zero2_fp32")
     states = folder / "global_step2" / "mp_rank_00_model_states.pt"
-    states.write_bytes(_hostile_zip())
-    error = _refused(folder, tmp_path, "unsafe-pickle", states)
+    states.write_bytes(hostile_zip())
+    error = refused(folder, tmp_path, "unsafe-pickle", states)
     assert "posix.system" in error["message"]
 
 
 def test_hostile_optimizer_states(zero_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(zero_saved / "zero3_fp32")
     states = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
-    states.write_bytes(_hostile_zip())
-    _refused(folder, tmp_path, "unsafe-pickle", states)
+    states.write_bytes(hostile_zip())
+    refused(folder, tmp_path, "unsafe-pickle", states)
 
 
 @pytest.mark.parametrize(
@@ -270,3 +246,34 @@ def test_parallel_parts_are_refused_not_dropped(
         "ds_to_universal.py first)"
     ]
     assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("name", ["zero1_fp32", "zero2_bf16", "zero3_fp32"])
+def test_missing_optimizer_states_point_at_the_module_weights(
+    zero_saved: Path, copy_of: Copy, tmp_path: Path, name: str
+) -> None:
+    """Without the optimizer states the fp32 master weights are lost; stages 1-2 still keep
+    the weights in the training dtype in `module`, which the fix then takes, bitwise."""
+    import torch
+
+    folder = copy_of(zero_saved / name)
+    for path in (folder / "global_step2").glob("*optim_states.pt"):
+        path.unlink()
+    error = refused(folder, tmp_path, "missing-rank-file")
+    if name.startswith("zero3"):  # `module` holds placeholders: nothing to take instead
+        assert error["fix"] == "none: copy the missing rank file from where the run saved it"
+        assert "--zero-weights" not in error["message"]
+        return
+    assert error["fix"] == f"ckptfix convert {folder} -o OUT --zero-weights module"
+    assert error["message"] == (
+        "the optimizer states (fp32 master weights) file is missing (convert with "
+        "--zero-weights module to take the training-dtype weights the model states hold, or "
+        "copy it from the training run's output)"
+    )
+    written, dropped = converted(folder, tmp_path / "out", "--zero-weights", "module")
+    states = folder / "global_step2" / "mp_rank_00_model_states.pt"
+    module = torch.load(states, weights_only=False)["module"]  # our own fixture
+    assert set(written) | set(dropped) == set(module)
+    for key, tensor in module.items():
+        got = written[dropped.get(key, key)]
+        assert (got.dtype, torch_bytes(got)) == (tensor.dtype, torch_bytes(tensor)), key

@@ -1,20 +1,32 @@
 """Session fixtures: training checkpoints written once per test session by the frameworks
-themselves (tests/training_frameworks.py), and helpers to damage copies of them."""
+themselves (tests/training_frameworks.py; DeepSpeed's ds_to_universal for the universal
+checkpoints), helpers to damage copies of them, and what a refusal of one must look like."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import pickle
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from tests.helpers import cli
+
+if TYPE_CHECKING:
+    import torch
+
 ROOT = Path(__file__).resolve().parent.parent
+UNIVERSAL = ["zero1_fp32", "zero1_bf16", "zero2_fp32", "zero2_bf16", "zero3_fp32", "zero3_bf16"]
 
 
 _WRITTEN: dict[str, Path] = {}  # each kind once per session, whichever module asks first
@@ -56,6 +68,40 @@ def zero_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _written_by("zero", tmp_path_factory)
 
 
+def _to_universal(folder: Path) -> None:
+    """DeepSpeed's own conversion, on CPU: `global_step2_universal/` and `latest_universal`
+    beside the tag folder. `--inject_missing_state` adds the `universal_checkpoint_info` a
+    Megatron-DeepSpeed client records (a plain DeepSpeed engine records none)."""
+    command = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal"]
+    command += ["--input_folder", str(folder / "global_step2")]
+    command += ["--output_folder", str(folder / "global_step2_universal")]
+    command += ["--num_extract_workers", "1", "--num_merge_workers", "1", "--inject_missing_state"]
+    done = subprocess.run(
+        command,
+        env={**os.environ, "DS_BUILD_OPS": "0", "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+@pytest.fixture(scope="session")
+def universal_saved(zero_saved: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """zero{1,2,3}_{fp32,bf16}/ again, each with the universal checkpoint ds_to_universal
+    made of it (`global_step2_universal/`, `latest_universal`)."""
+    if "universal" in _WRITTEN:
+        return _WRITTEN["universal"]
+    out = tmp_path_factory.mktemp("universal") / "saved"
+    for name in UNIVERSAL:
+        shutil.copytree(zero_saved / name, out / name)
+    with ThreadPoolExecutor(2) as pool:  # two cores
+        list(pool.map(_to_universal, [out / name for name in UNIVERSAL]))
+    _WRITTEN["universal"] = out
+    return out
+
+
 @pytest.fixture
 def copy_of(tmp_path: Path) -> Callable[[Path], Path]:
     """A private copy of a saved checkpoint, to damage."""
@@ -82,3 +128,58 @@ def storage_entry(metadata: Any, fqn: str, index: int = 0) -> tuple[Any, Any]:
     """(MetadataIndex, _StorageInfo) of the index-th chunk of `fqn`."""
     entries = [(k, v) for k, v in metadata.storage_data.items() if k.fqn == fqn]
     return sorted(entries, key=lambda kv: tuple(kv[0].offset))[index]
+
+
+def refused(folder: Path, tmp_path: Path, code: str, file: Path | None = None) -> dict[str, Any]:
+    """inspect reports `code` as an error (about `file`); convert writes nothing."""
+    run = cli("inspect", folder, "--json")
+    assert run.code == 1, run.stdout
+    errors = [item for item in run.json()["findings"] if item["severity"] == "error"]
+    assert [item["code"] for item in errors][:1] == [code], errors
+    if file is not None:
+        assert errors[0]["file"] == str(file)
+    out = tmp_path / "never"
+    converted = cli("convert", folder, "-o", out)
+    assert converted.code == 1
+    assert len(converted.error_lines) == 1
+    assert not out.exists()
+    return dict(errors[0])
+
+
+PWNED = Path("/tmp/ckptfix-training-pwned")
+
+
+class Evil:
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {PWNED}",))
+
+
+def hostile_zip() -> bytes:
+    """A torch zip whose pickle runs a command when loaded."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        archive.writestr("archive/data.pkl", pickle.dumps(Evil(), protocol=2))
+        archive.writestr("archive/version", "3\n")
+    return buffer.getvalue()
+
+
+def zero_to_fp32(folder: Path) -> dict[str, torch.Tensor]:
+    """DeepSpeed's own reconstruction of a ZeRO checkpoint's fp32 weights (the oracle)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(folder)))
+
+
+def converted(
+    folder: Path, out: Path, *options: str
+) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """`ckptfix convert`'s output, read back, and its alias record (alias -> kept name)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    run = cli("convert", folder, "-o", out, *options)
+    assert run.code == 0, run.stderr
+    with safe_open(out / "model.safetensors", "pt") as handle:
+        metadata = handle.metadata() or {}
+    return load_file(out / "model.safetensors"), json.loads(metadata.get("ckptfix.dropped", "{}"))

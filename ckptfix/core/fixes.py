@@ -97,9 +97,10 @@ def fix_action(code: str) -> str | None:
     return text.removeprefix(_BY_FIX) if text.startswith(_BY_FIX) else None
 
 
-def default_fix(code: str, path: str = "SRC") -> str:
-    """What repairs a finding of `code` when nothing more is known, for the checkpoint at `path`."""
-    text = FIXES.get(code, "none: see the message")
+def default_fix(code: str, path: str = "SRC", preset: str | None = None) -> str:
+    """What repairs a finding of `code` when nothing more is known, for the checkpoint at
+    `path`: the finding's own `preset` fix when its loader gave one, else its code's."""
+    text = preset if preset is not None else FIXES.get(code, "none: see the message")
     return text.replace("SRC", shlex.quote(path)) if path != "SRC" else text
 
 

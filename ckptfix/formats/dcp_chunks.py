@@ -15,6 +15,7 @@ import json
 from ckptfix.core.dtypes import DTYPES, numel_of
 from ckptfix.core.errors import CkptfixError, CorruptFileError, UnsupportedFormatError
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.formats.benign import reader_allowlist
 from ckptfix.formats.dcp import Chunk, StorageItem, TensorEntry
 from ckptfix.formats.safetensors import read_header
 from ckptfix.formats.tensor_dict import check_view
@@ -27,6 +28,7 @@ ZIP_MAGIC = b"PK\x03\x04"
 SHARDING_KEY = "DCP_SHARDING_INFO"
 TORCH_SAVE, SAFETENSORS = "torch_save", "safetensors"
 _FIX = "save the checkpoint again"
+CHUNK_ALLOWLIST = reader_allowlist("dcp-chunk")
 
 
 def chunk_nbytes(entry: TensorEntry, chunk: Chunk) -> int:
@@ -80,7 +82,7 @@ class ChunkReader:
 
     def _in_zip(self, entry: TensorEntry, chunk: Chunk, item: StorageItem, where: str) -> int:
         window = Window(self.source, item.offset, item.length)
-        saved = read_zip(window)
+        saved = read_zip(window, CHUNK_ALLOWLIST)
         if not isinstance(saved.obj, TensorRef):
             raise _bad(self.source, where, "the saved object is not a tensor")
         view = check_view(self.source.label, entry.fqn, saved.obj, saved.storages)

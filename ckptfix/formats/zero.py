@@ -14,23 +14,15 @@ from typing import Any
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
+from ckptfix.formats.benign import reader_allowlist
 from ckptfix.formats.tensor_dict import View, check_view, check_views
 from ckptfix.formats.torch_zip import read_zip
-from ckptfix.formats.training_pickles import FROM_TYPE, SIZE, stubs
-from ckptfix.formats.unpickler import TORCH_ALLOWLIST, Allowlist, Stub, TensorRef, brief, extended
+from ckptfix.formats.unpickler import Allowlist, Stub, TensorRef, brief
 from ckptfix.io.source import ByteSource
 
-_STAGE = stubs("deepspeed.runtime.zero.config", ("ZeroStageEnum",))
-ZERO_ALLOWLIST: Allowlist = extended(
-    TORCH_ALLOWLIST,
-    {
-        **SIZE,
-        **FROM_TYPE,
-        **_STAGE,
-        **stubs("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
-        **stubs("deepspeed.utils.tensor_fragment", ("fragment_address",)),
-    },
-)
+# DeepSpeed's own classes (loss scaler, stage enum, fragment address, ZeRO-3's tensor
+# wrapper) are in the benign table, since its files may also be read alone as `.pt` files.
+ZERO_ALLOWLIST: Allowlist = reader_allowlist("deepspeed")
 _FIX = "save the checkpoint again (or copy this file again from the training run)"
 FORMAT = "deepspeed"
 

@@ -1,6 +1,7 @@
 """Which training-checkpoint layout a folder is, if any: torch.distributed.checkpoint
 (`.metadata`, `*.distcp`) or DeepSpeed (`latest` + tag folder, or a tag folder of
-`*_model_states.pt`). Everything else is a Hugging Face model folder."""
+`*_model_states.pt`; a universal checkpoint: `latest_universal` + a tag folder with `zero/`).
+Everything else is a Hugging Face model folder."""
 
 from __future__ import annotations
 
@@ -27,12 +28,13 @@ def load_training(
         names = folder.listdir(root)
     except OSError:
         return None  # the Hugging Face loader reports it
-    from ckptfix.layouts import dcp, deepspeed
+    from ckptfix.layouts import dcp, deepspeed, deepspeed_universal
 
     if dcp.is_dcp_folder(root, names):
         return dcp.load_dcp(root, names, options, folder)
     if folder is not LOCAL:
         deepspeed.refuse_remote(root, names)
+    deepspeed_universal.refuse_zero_folder(root, names)
     if deepspeed.is_deepspeed_folder(root, names):
         return deepspeed.load_deepspeed(root, names, zero_weights)
     return None

@@ -1,9 +1,11 @@
 """The model a DeepSpeed tag folder holds, as descriptors: the fp32 master weights (from the
-optimizer partitions, as zero_to_fp32.py builds them) or the `module` copy."""
+optimizer partitions, as zero_to_fp32.py builds them, or from a universal checkpoint's
+parameter files) or the `module` copy."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from ckptfix.core.dtypes import DTYPES
@@ -30,11 +32,20 @@ class Assembled:
     weights: str = "master"
 
 
-def _missing(path: str, what: str) -> Finding:
+# What a DeepSpeed folder whose master weights are lost can still give: stages 0-2 keep the
+# weights in the training dtype in `module`.
+MODULE_FIX = (
+    "convert with --zero-weights module to take the training-dtype weights the model states hold"
+)
+
+
+def _missing(path: str, what: str, module_weights: bool = False) -> Finding:
+    how = f"{MODULE_FIX}, or copy it from" if module_weights else "copy it from"
     return finding(
         "missing-rank-file",
-        f"{what} is missing (copy it from the training run's output)",
+        f"{what} is missing ({how} the training run's output)",
         file=path,
+        fix="ckptfix convert SRC -o OUT --zero-weights module" if module_weights else None,
     )
 
 
@@ -46,8 +57,11 @@ def _optim_name(optims: dict[int, str], rank: int) -> str:
 class _Master:
     """Builds the master weights of one tag folder."""
 
-    def __init__(self, tag_dir: str, reader: Reader, found: Assembled) -> None:
+    def __init__(
+        self, tag_dir: str, reader: Reader, found: Assembled, module_weights: bool = False
+    ) -> None:
         self.tag_dir, self.reader, self.out = tag_dir, reader, found
+        self.module_weights = module_weights  # `module` holds the weights (stages 0-2)
         self.tensors: dict[str, TensorInfo] = {}
 
     def optimizer(self, optims: dict[int, str]) -> list[OptimStates] | None:
@@ -57,15 +71,15 @@ class _Master:
         if first is None:
             if not optims:
                 path = os.path.join(self.tag_dir, _optim_name(optims, 0))
-                self.out.findings.append(
-                    _missing(path, "the optimizer states (fp32 master weights)")
-                )
+                what = "the optimizer states (fp32 master weights) file"
+                self.out.findings.append(_missing(path, what, self.module_weights))
             return None
         self.out.stage, self.out.world = first.stage, first.partition_count
         for rank in range(first.partition_count):
             if rank not in optims:
                 path = os.path.join(self.tag_dir, _optim_name(optims, rank))
-                self.out.findings.append(_missing(path, f"rank {rank}'s optimizer partition"))
+                what = f"rank {rank}'s optimizer partition"
+                self.out.findings.append(_missing(path, what, self.module_weights))
         self.out.left_out_tensors = sum(s.other_tensors for s in read.values() if s)
         self.out.left_out_bytes = sum(s.other_bytes for s in read.values() if s)
         ranks = [read.get(rank) for rank in range(first.partition_count)]
@@ -126,7 +140,7 @@ class _Master:
             )
         )
 
-    def trainable(self, states: list[ModelStates], optim: list[OptimStates]) -> None:
+    def trainable(self, states: list[ModelStates], optim: list[OptimStates]) -> list[TensorInfo]:
         shapes = states[0].param_shapes
         try:
             if self.out.stage == 3:
@@ -141,11 +155,13 @@ class _Master:
                 weights = stage12(groups, shapes, optim[0].alignment_paddings, len(optim))
         except (ReconstructionError, IndexError) as exc:
             self._broken(str(exc))
-            return
+            return []
         dtype = optim[0].groups[0].dtype if optim[0].groups else "F32"
-        for group in shapes:
-            for name, shape in group.items():
-                self.add(spread_tensor(name, dtype, shape, weights[name]))
+        return [
+            spread_tensor(name, dtype, shape, weights[name])
+            for group in shapes
+            for name, shape in group.items()
+        ]
 
     def unrecorded(self, first: ModelStates) -> None:
         """Stages 1-2: module tensors DeepSpeed recorded nowhere else (stage 1 keeps no
@@ -171,16 +187,45 @@ def master(
         if saved is not None and not saved.stage:
             return _from_module(saved, optims)
     found = Assembled()
-    build = _Master(tag_dir, reader, found)
+    build = _Master(tag_dir, reader, found, module_weights=None in models)
     optim = build.optimizer(optims)
+
+    def trainable(states: list[ModelStates]) -> list[TensorInfo] | None:
+        return None if optim is None else build.trainable(states, optim)
+
+    return _assemble(build, models, trainable)
+
+
+# The trainable parameters, given the model states: None when there are none to give (the
+# optimizer partitions are missing), so that nothing else is taken in their place.
+Trainable = Callable[[list[ModelStates]], list[TensorInfo] | None]
+
+
+def from_states(
+    tag_dir: str,
+    models: dict[int | None, str],
+    reader: Reader,
+    found: Assembled,
+    trainable: Trainable,
+) -> Assembled:
+    """The model of a tag folder whose trainable parameters come from elsewhere (a universal
+    checkpoint's parameter files), and everything else from the model states, as for the
+    master weights (`found` says the stage and world size, which choose the files)."""
+    return _assemble(_Master(tag_dir, reader, found), models, trainable)
+
+
+def _assemble(build: _Master, models: dict[int | None, str], trainable: Trainable) -> Assembled:
+    found = build.out
     states = build.model_states(models)
     if states is None:
         return found
     found.step = states[0].global_steps
     build.buffers(states[0])
     build.frozen(states)
-    if optim is not None:
-        build.trainable(states, optim)
+    trained = trainable(states)
+    if trained is not None:
+        for tensor in trained:
+            build.add(tensor)
         if found.stage in (1, 2):
             build.unrecorded(states[0])
     build.aliases(states[0])
