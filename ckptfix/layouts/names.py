@@ -29,9 +29,12 @@ LOOSE_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 # Files that trainers leave beside the weights: pickles of settings or optimizer state,
 # not model weights. They are copied as ordinary files, never read as weights.
 NOT_WEIGHTS = re.compile(
-    r"^(training_args\.bin|optimizer\.(pt|bin)|scheduler\.(pt|bin)|scaler\.pt|"
+    r"^(training_args\.bin|(optimizer|scheduler|sampler)(_\d+)?\.(pt|bin)|scaler(_\d+)?\.pt|"
     r"rng_state(_\d+)?\.pth)$"
 )
+# accelerate's FSDP full-state-dict copy of the model (`save_fsdp_model`): beside the weights
+# the Trainer saves (`model.safetensors`) it is training state; alone it is the weights.
+FSDP_COPY = re.compile(r"^pytorch_model_fsdp(_\d+)?\.bin$")
 
 
 # What a checkpoint folder holds besides its weights (any family, other frameworks' too):
@@ -141,6 +144,7 @@ def layout_of(names: Sequence[str]) -> FolderLayout:
         return families[key]
 
     weight_files: list[str] = []
+    copies = [name for name in names if FSDP_COPY.match(name)]
     for name in names:
         index_match = INDEX_RE.match(name)
         if index_match is not None:
@@ -150,9 +154,12 @@ def layout_of(names: Sequence[str]) -> FolderLayout:
         if parsed is not None:
             family(parsed.stem, parsed.variant, parsed.ext).files.append(name)
             weight_files.append(name)
-        elif name.endswith(LOOSE_EXTS) and not NOT_WEIGHTS.match(name):
+        elif name.endswith(LOOSE_EXTS) and not NOT_WEIGHTS.match(name) and name not in copies:
             ext = "safetensors" if name.endswith(".safetensors") else "torch"
             family("loose", None, ext).files.append(name)
             weight_files.append(name)
+    if copies and not any(f.files for f in families.values() if f.stem != "loose"):
+        family("loose", None, "torch").files.extend(copies)
+        weight_files.extend(copies)
     config = "config.json" if "config.json" in names else None
     return FolderLayout(tuple(families.values()), tuple(weight_files), config)

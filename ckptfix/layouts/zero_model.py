@@ -28,6 +28,7 @@ class Assembled:
     left_out_tensors: int = 0
     left_out_bytes: int = 0
     weights: str = "master"
+    lightning: bool = False  # saved by Lightning's DeepSpeedStrategy
 
 
 def _missing(path: str, what: str) -> Finding:
@@ -176,7 +177,7 @@ def master(
     states = build.model_states(models)
     if states is None:
         return found
-    found.step = states[0].global_steps
+    found.step, found.lightning = states[0].global_steps, states[0].lightning
     build.buffers(states[0])
     build.frozen(states)
     if optim is not None:
@@ -204,7 +205,7 @@ def module(
 
 
 def _from_module(states: ModelStates, optims: dict[int, str]) -> Assembled:
-    found = Assembled(weights="module")
+    found = Assembled(weights="module", lightning=states.lightning)
     found.stage, found.world, found.step = states.stage, states.dp_world_size, states.global_steps
     found.tensors = [view_tensor(name, view, states.label) for name, view in states.module.items()]
     found.left_out_bytes = sum(os.path.getsize(path) for path in optims.values())
