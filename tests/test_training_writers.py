@@ -132,6 +132,22 @@ def test_several_accelerate_models_ask_which(accelerate_saved: Path, tmp_path: P
     assert_same(_safetensors(tmp_path / "one"), _merged(folder / "pytorch_model_fsdp_1", tmp_path))
 
 
+def test_several_plain_accelerate_models_ask_which(accelerate_saved: Path, tmp_path: Path) -> None:
+    """Without FSDP, save_state writes model.safetensors, model_1.safetensors, ...: separate
+    models, not a model and a stray file (it used to take the first and call the other a
+    second weight family to remove)."""
+    from safetensors.torch import load_file
+
+    folder = accelerate_saved / "plain_two"
+    report = cli("inspect", folder, "--json").json()
+    assert [item["code"] for item in report["findings"]] == ["several-checkpoints"]
+    run = cli("convert", folder, "-o", tmp_path / "out")
+    assert run.code == 2 and not (tmp_path / "out").exists()
+    assert str(folder / "model.safetensors") in run.error_lines[0]
+    _converted(folder / "model_1.safetensors", tmp_path / "one")
+    assert_same(_safetensors(tmp_path / "one"), load_file(folder / "model_1.safetensors"))
+
+
 def test_trainer_fsdp_sharded_checkpoint_is_its_model(trainer_saved: Path, tmp_path: Path) -> None:
     folder = trainer_saved / "fsdp_sharded" / "checkpoint-2"
     report = cli("inspect", folder, "--json").json()

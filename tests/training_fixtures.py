@@ -65,7 +65,8 @@ def hf_writer_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def accelerate_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """accelerate's save_state under FSDP2: state/ (one model) and two_models/."""
+    """accelerate's save_state under FSDP2: state/ (one model) and two_models/; without FSDP,
+    of two models: plain_two/."""
     return _written_by("accelerate", tmp_path_factory)
 
 

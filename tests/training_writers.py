@@ -150,6 +150,22 @@ def save_accelerate(rank: int, out: str, port: int) -> None:
     accelerator.wait_for_everyone()
 
 
+def save_accelerate_plain(rank: int, out: str, port: int) -> None:
+    """`Accelerator.save_state` without FSDP, of two models: plain_two/ (model.safetensors,
+    model_1.safetensors, optimizer.bin, optimizer_1.bin, random_states_R.pkl)."""
+    import torch
+    from accelerate import Accelerator
+
+    env_for_rank(rank, port)
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(4, 3), torch.nn.Linear(7, 5)]
+    optimizers = [torch.optim.AdamW(model.parameters()) for model in models]
+    accelerator.prepare(*models, *optimizers)
+    accelerator.save_state(os.path.join(out, "plain_two"))
+    accelerator.wait_for_everyone()
+
+
 def save_trainer(rank: int, out: str, port: int, kind: str) -> None:
     """Two steps of `Trainer.train` with `save_steps=2`: OUT/<kind>/checkpoint-2."""
     import torch
@@ -316,7 +332,7 @@ def save_lightning(rank: int, out: str, port: int, kind: str) -> None:
 # kind -> [(function, extra arguments)]: each a spawn of WORLD ranks, in turn.
 WRITERS: dict[str, list[tuple[Any, tuple[str, ...]]]] = {
     "hf_writer": [(save_hf_writer, ())],
-    "accelerate": [(save_accelerate, ())],
+    "accelerate": [(save_accelerate, ()), (save_accelerate_plain, ())],
     "trainer": [
         (save_trainer, ("fsdp_sharded",)),
         (save_trainer, ("fsdp_full",)),
