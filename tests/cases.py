@@ -37,6 +37,13 @@ def _raw_text(text: str, data: bytes = b"\0" * 8) -> Callable[[Factory], Path]:
     return lambda f: f.raw("bad.safetensors", text.encode(), data)
 
 
+def _sharding(info: object, name: str = "bad.safetensors") -> Callable[[Factory], Path]:
+    """A one-tensor file ('a', F32 [2]) whose header carries this DCP_SHARDING_INFO."""
+    text = info if isinstance(info, str) else json.dumps(info)
+    metadata = {"DCP_SHARDING_INFO": text, "DCP_VERSION": "1.0", "format": "pt"}
+    return lambda f: f.raw(name, {"__metadata__": metadata, "a": F32x2}, b"\0" * 8)
+
+
 def _pickle_renamed(f: Factory) -> Path:
     return f.bytes("pickle.safetensors", b"\x80\x02}q\x00.")
 
@@ -267,6 +274,26 @@ SAFETENSORS_CASES = [
     Case("pickle-renamed", _pickle_renamed, "not-safetensors"),
     Case("zip-renamed", _zip_renamed, "not-safetensors"),
     Case("lfs-pointer", lambda f: f.lfs_pointer("model.safetensors"), "lfs-pointer", "lfs-pointer"),
+]
+
+# torch's HuggingFaceStorageWriter: DCP_SHARDING_INFO places a file's tensors in larger ones.
+# The file itself reads; its header's sharding info is wrong, or says the file is a piece.
+SHARDING_CASES = [
+    Case("sharding-info-not-json", _sharding("{"), "dcp-sharding-info"),
+    Case("sharding-info-list", _sharding("[]"), "dcp-sharding-info"),
+    Case("sharding-info-other-name", _sharding({"b": {"saved_offsets": [0]}}), "dcp-sharding-info"),
+    Case(
+        "sharding-info-short-offsets", _sharding({"a": {"saved_offsets": []}}), "dcp-sharding-info"
+    ),
+    Case("sharding-info-negative", _sharding({"a": {"saved_offsets": [-2]}}), "dcp-sharding-info"),
+    Case("sharding-info-no-offsets", _sharding({"a": {"offsets": [0]}}), "dcp-sharding-info"),
+    Case("rank-piece", _sharding({"a": {"saved_offsets": [2]}}), "tensor-piece", "tensor-piece"),
+    Case(
+        "rank-file-alone",
+        _sharding({"a": {"saved_offsets": [0]}}, "shard-00001-model-00001-of-00001.safetensors"),
+        "tensor-piece",
+        "tensor-piece",
+    ),
 ]
 
 

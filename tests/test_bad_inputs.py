@@ -7,10 +7,10 @@ import pytest
 
 from tests.attacks import ATTACK_CASES
 from tests.builders import Factory
-from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, Case
+from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, SHARDING_CASES, Case
 from tests.helpers import cli, tree_snapshot
 
-CORPUS = SAFETENSORS_CASES + INDEX_CASES + PICKLE_CASES + ATTACK_CASES
+CORPUS = SAFETENSORS_CASES + SHARDING_CASES + INDEX_CASES + PICKLE_CASES + ATTACK_CASES
 COMMANDS = ["inspect", "reshard", "convert", "dedupe", "hash", "diff"]
 
 

@@ -15,6 +15,7 @@ from ckptfix.ops.hash import hash_checkpoint
 from ckptfix.ops.load import load
 from tests import hash_oracle
 from tests import training_fixtures as fixtures
+from tests.helpers import assert_same_tensors as assert_same
 from tests.helpers import cli, torch_bytes
 
 if TYPE_CHECKING:
@@ -23,14 +24,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 dcp_saved = fixtures.dcp_saved  # fixtures shared by the training tests
 copy_of = fixtures.copy_of
-
-
-def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert sorted(got) == sorted(want)
-    for name, tensor in want.items():
-        assert got[name].dtype == tensor.dtype, name
-        assert got[name].shape == tensor.shape, name
-        assert torch_bytes(got[name]) == torch_bytes(tensor), name
 
 
 def _written(out: Path) -> dict[str, torch.Tensor]:

@@ -68,7 +68,7 @@ def test_rank_files_without_metadata(dcp_saved: Path, copy_of: Copy) -> None:
     ]
 
 
-def test_a_single_rank_file_isrefused(dcp_saved: Path) -> None:
+def test_a_single_rank_file_is_refused(dcp_saved: Path) -> None:
     run = cli("inspect", dcp_saved / "torch_save" / "__0_0.distcp")
     assert run.code == 2
     assert "one part of a torch.distributed.checkpoint folder" in run.stderr
@@ -128,7 +128,7 @@ def test_metadata_disagreeing_with_the_chunk(
     assert "holds a F32 tensor of shape" in error["message"]
 
 
-def test_compressed_chunks_arerefused(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
+def test_compressed_chunks_are_refused(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "torch_save")
 
     def compress(metadata: Any) -> None:
@@ -140,7 +140,7 @@ def test_compressed_chunks_arerefused(dcp_saved: Path, copy_of: Copy, tmp_path: 
     assert "stream.zstd/1" in error["message"]
 
 
-def test_paths_outside_the_folder_arerefused(
+def test_paths_outside_the_folder_are_refused(
     dcp_saved: Path, copy_of: Copy, tmp_path: Path
 ) -> None:
     folder = copy_of(dcp_saved / "torch_save")
@@ -277,3 +277,106 @@ def test_missing_optimizer_states_point_at_the_module_weights(
     for key, tensor in module.items():
         got = written[dropped.get(key, key)]
         assert (got.dtype, torch_bytes(got)) == (tensor.dtype, torch_bytes(tensor)), key
+
+
+# --- torch's HuggingFaceStorageWriter, per rank; accelerate's FSDP folders ------------------
+
+hf_writer_saved = fixtures.hf_writer_saved
+accelerate_saved = fixtures.accelerate_saved
+RANK = "shard-0000{}-model-00001-of-00001.safetensors"
+
+
+def _edit_rank(folder: Path, rank: int, change: Callable[[dict[str, Any]], None]) -> Path:
+    path = folder / RANK.format(rank)
+    fixtures.edit_header(path, change)
+    return path
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"embed.weight": {"saved_offsets": [106]}},  # one offset for a 2-D piece
+        {"embed.weight": {"saved_offsets": [106, -1]}},
+        {"embed.weight": {"offsets": [106, 0]}},
+        "not json",
+    ],
+    ids=["short", "negative", "no-offsets", "not-json"],
+)
+def test_malformed_sharding_info(
+    hf_writer_saved: Path, copy_of: Copy, tmp_path: Path, info: Any
+) -> None:
+    folder = copy_of(hf_writer_saved / "per_rank")
+
+    def change(header: dict[str, Any]) -> None:
+        if isinstance(info, str):
+            header["__metadata__"]["DCP_SHARDING_INFO"] = info
+            return
+        fixtures.set_sharding(header, {**fixtures.sharding_of(header), **info})
+
+    path = _edit_rank(folder, 2, change)
+    error = refused(folder, tmp_path, "corrupt-file", path)
+    assert "(rule dcp-sharding-info;" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("row", "code"), [(100, "chunk-overlap"), (120, "chunk-gap")], ids=["overlap", "gap"]
+)
+def test_pieces_that_do_not_tile(
+    hf_writer_saved: Path, copy_of: Copy, tmp_path: Path, row: int, code: str
+) -> None:
+    folder = copy_of(hf_writer_saved / "per_rank")
+
+    def move(header: dict[str, Any]) -> None:
+        info = fixtures.sharding_of(header)
+        info["embed.weight"]["saved_offsets"] = [row, 0]
+        fixtures.set_sharding(header, info)
+
+    _edit_rank(folder, 2, move)
+    error = refused(folder, tmp_path, code)
+    assert error["tensors"] == ["embed.weight"]
+    assert RANK.format(2) in error["message"]
+
+
+def test_pieces_disagreeing_on_dtype(hf_writer_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
+    folder = copy_of(hf_writer_saved / "per_rank")
+
+    def retype(header: dict[str, Any]) -> None:
+        header["embed.weight"]["dtype"] = "I32"  # same width, another dtype
+
+    _edit_rank(folder, 2, retype)
+    error = refused(folder, tmp_path, "corrupt-file")
+    assert "disagree on dtype" in error["message"]
+
+
+def test_missing_first_rank_file(hf_writer_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
+    """Rank 1 gone: rank 2's pieces start at row 106, and rank 1 is named missing. (A missing
+    last rank cannot be seen: nothing in the headers records the world size or the shapes.)"""
+    folder = copy_of(hf_writer_saved / "two_files")
+    for part in (1, 2):
+        (folder / f"shard-00001-model-0000{part}-of-00002.safetensors").unlink()
+    error = refused(folder, tmp_path, "missing-rank-file")
+    assert "no file of rank 1" in error["message"]
+    codes = [f["code"] for f in cli("inspect", folder, "--json").json()["findings"]]
+    assert "chunk-gap" in codes
+
+
+def test_accelerate_model_folder_without_metadata(
+    accelerate_saved: Path, copy_of: Copy, tmp_path: Path
+) -> None:
+    folder = copy_of(accelerate_saved / "state")
+    (folder / "pytorch_model_fsdp_0" / ".metadata").unlink()
+    for command in (["inspect", folder], ["convert", folder, "-o", tmp_path / "out"]):
+        run = cli(*command)
+        assert run.code == 1
+        assert run.error_lines[0].startswith(f"error: {folder / 'pytorch_model_fsdp_0'}: ")
+        assert "(rule dcp-no-metadata;" in run.error_lines[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_accelerate_missing_rank_file(
+    accelerate_saved: Path, copy_of: Copy, tmp_path: Path
+) -> None:
+    folder = copy_of(accelerate_saved / "state")
+    missing = folder / "pytorch_model_fsdp_0" / "__1_0.distcp"
+    missing.unlink()
+    refused(folder, tmp_path, "missing-rank-file", missing)

@@ -102,6 +102,33 @@ def universal_saved(zero_saved: Path, tmp_path_factory: pytest.TempPathFactory) 
     return out
 
 
+@pytest.fixture(scope="session")
+def hf_writer_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """torch's HuggingFaceStorageWriter per rank: per_rank/, two_files/, and consolidated/
+    (torch's consolidation, with its sharded/ input); see tests/training_writers.py."""
+    return _written_by("hf_writer", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def accelerate_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """accelerate's save_state under FSDP2: state/ (one model) and two_models/; without FSDP,
+    of two models: plain_two/."""
+    return _written_by("accelerate", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def trainer_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Trainer's checkpoint-2/ under FSDP (fsdp_sharded/, fsdp_full/) and ZeRO-3 (zero3/)."""
+    return _written_by("trainer", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def lightning_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Lightning's save_checkpoint under FSDPStrategy (sharded: fsdp/) and DeepSpeedStrategy
+    (stage 2: deepspeed/)."""
+    return _written_by("lightning", tmp_path_factory)
+
+
 @pytest.fixture
 def copy_of(tmp_path: Path) -> Callable[[Path], Path]:
     """A private copy of a saved checkpoint, to damage."""
@@ -183,3 +210,30 @@ def converted(
     with safe_open(out / "model.safetensors", "pt") as handle:
         metadata = handle.metadata() or {}
     return load_file(out / "model.safetensors"), json.loads(metadata.get("ckptfix.dropped", "{}"))
+
+
+def edit_header(path: Path, change: Callable[[dict[str, Any]], None]) -> None:
+    """Rewrite a safetensors file's header (tensor bytes unchanged): `change` edits the
+    parsed header in place."""
+    import json
+    import struct
+
+    raw = path.read_bytes()
+    (length,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + length])
+    change(header)
+    body = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(body)) + body + raw[8 + length :])
+
+
+def sharding_of(header: dict[str, Any]) -> dict[str, Any]:
+    import json
+
+    info: dict[str, Any] = json.loads(header["__metadata__"]["DCP_SHARDING_INFO"])
+    return info
+
+
+def set_sharding(header: dict[str, Any], info: Any) -> None:
+    import json
+
+    header["__metadata__"]["DCP_SHARDING_INFO"] = json.dumps(info)

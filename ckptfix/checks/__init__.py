@@ -32,7 +32,7 @@ def run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
     nested = any(
         isinstance(record.read, PickleFile) and record.read.nested_key is not None
         for record in checkpoint.chosen_files
-    )
+    ) or lightning_saved(checkpoint)
     found += tensors.wrapper_prefix_findings(all_tensors, training_checkpoint=nested)
     found += tensors.tensor_findings(all_tensors, options.max_shard)
     if options.hash_values:
@@ -43,6 +43,12 @@ def run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
     if checkpoint.config is not None and checkpoint.config.config is not None:
         found += config.config_findings(checkpoint, hashed=options.hash_values)
     return sorted(found, key=lambda item: -item.severity.rank)
+
+
+def lightning_saved(checkpoint: Checkpoint) -> bool:
+    """A folder Lightning's FSDP or DeepSpeed strategy saved: the names are the
+    LightningModule's, `model.` included (a wrapper prefix, as in its `.ckpt` files)."""
+    return checkpoint.training is not None and checkpoint.training.saved_by == "lightning"
 
 
 def _read_errors(checkpoint: Checkpoint) -> list[Finding]:

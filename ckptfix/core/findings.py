@@ -62,6 +62,8 @@ CODES: dict[str, Severity] = {
     "chunk-overlap": Severity.ERROR,
     "chunk-out-of-range": Severity.ERROR,
     "tag-missing": Severity.ERROR,
+    # One rank's file of a per-rank save read alone: pieces of larger tensors, not a model.
+    "tensor-piece": Severity.ERROR,
     "training-state": Severity.INFO,
 }
 

@@ -82,6 +82,7 @@ FIXES: dict[str, str] = {
     "chunk-overlap": "none: the save is inconsistent; use another save of the run",
     "chunk-out-of-range": "none: the save is inconsistent; use another save of the run",
     "tag-missing": "none: point `latest` at a tag folder that exists",
+    "tensor-piece": "none: the file is one rank's part; pass the folder that holds every rank's files",
     "training-state": f"{_CONVERT} (leaves it out)",
 }
 

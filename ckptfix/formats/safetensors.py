@@ -408,7 +408,9 @@ class SafetensorsFormat:
         )
 
     def checks(self, file: FileRead) -> list[Finding]:
-        found: list[Finding] = []
+        from ckptfix.formats.hf_sharding import piece_findings
+
+        found: list[Finding] = piece_findings(file)
         if "format" not in (file.metadata or {}):
             found.append(
                 finding(

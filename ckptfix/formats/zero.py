@@ -25,6 +25,7 @@ from ckptfix.io.source import ByteSource
 ZERO_ALLOWLIST: Allowlist = reader_allowlist("deepspeed")
 _FIX = "save the checkpoint again (or copy this file again from the training run)"
 FORMAT = "deepspeed"
+LIGHTNING_KEY = "pytorch-lightning_version"  # what Lightning's DeepSpeedStrategy adds
 
 
 def _not_states(path: str, what: str) -> CorruptFileError:
@@ -49,6 +50,7 @@ class ModelStates:
     global_steps: int | None
     stage: int | None  # from ds_config, when it says
     dp_world_size: int | None
+    lightning: bool = False  # Lightning's client state beside the engine's
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,7 @@ def read_model_states(source: ByteSource) -> ModelStates:
         global_steps=_int(top.get("global_steps")),
         stage=_config_stage(top.get("ds_config")),
         dp_world_size=_int(top.get("dp_world_size")),
+        lightning=LIGHTNING_KEY in top,
     )
 
 

@@ -44,6 +44,7 @@ from ckptfix.layouts.chunks import (
 _RANK = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 _STEP = re.compile(r"(?:step|iter|checkpoint)[-_]?(\d+)$", re.IGNORECASE)
 FORMAT = "dcp"
+LIGHTNING_META = "meta.pt"  # Lightning's FSDPStrategy writes its other state there
 
 
 def is_dcp_folder(root: str, names: list[str]) -> bool:
@@ -343,7 +344,7 @@ def _rank_records(loader: _Loader) -> list[FileRecord]:
     return records
 
 
-def _step(root: str) -> int | None:
+def step_of(root: str) -> int | None:
     match = _STEP.search(os.path.basename(os.path.normpath(root)))
     return int(match.group(1)) if match else None
 
@@ -362,7 +363,7 @@ def load_dcp(
         if exc.code is None:
             raise
         record = FileRecord(meta_path, FORMAT, folder.size(meta_path), error=exc)
-        layout = TrainingLayout("dcp", step=_step(root))
+        layout = TrainingLayout("dcp", step=step_of(root))
         return Checkpoint(
             root, FORMAT, (record,), sources={meta_path: meta_source}, training=layout
         )
@@ -380,8 +381,9 @@ def load_dcp(
         "dcp",
         world_size=_world_size(meta),
         serialization="+".join(sorted(formats)) or None,
-        step=_step(root),
+        step=step_of(root),
         model_key=key or None,
+        saved_by="lightning" if LIGHTNING_META in names else None,
         findings=tuple(_missing_findings(loader.missing) + loader.findings),
         **_left_out(meta, model),  # type: ignore[arg-type]
     )

@@ -184,6 +184,7 @@ def load_deepspeed(root: str, names: list[str], weights: str) -> Checkpoint:
         left_out_parts=parts,
         findings=tuple(found.findings),
         dtypes=found.dtypes,
+        saved_by="lightning" if found.lightning else None,
     )
     records = list(reader.records.values())
     holder = next(

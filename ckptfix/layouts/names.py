@@ -29,9 +29,17 @@ LOOSE_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
 # Files that trainers leave beside the weights: pickles of settings or optimizer state,
 # not model weights. They are copied as ordinary files, never read as weights.
 NOT_WEIGHTS = re.compile(
-    r"^(training_args\.bin|optimizer\.(pt|bin)|scheduler\.(pt|bin)|scaler\.pt|"
+    r"^(training_args\.bin|(optimizer|scheduler|sampler)(_\d+)?\.(pt|bin)|scaler(_\d+)?\.pt|"
     r"rng_state(_\d+)?\.pth)$"
 )
+# accelerate's FSDP full-state-dict copy of the model (`save_fsdp_model`): beside the weights
+# the Trainer saves (`model.safetensors`) it is training state; alone it is the weights.
+FSDP_COPY = re.compile(r"^pytorch_model_fsdp(_\d+)?\.bin$")
+# accelerate's `save_state` (its `random_states_R.pkl` beside): the first model is
+# `model.safetensors` (or `pytorch_model.bin`), the others `model_1.safetensors`, ... — with
+# several, they are separate checkpoints, none is chosen.
+ACCELERATE_STATE = re.compile(r"^random_states_\d+\.pkl$")
+ACCELERATE_MODEL = re.compile(r"^(?:model|pytorch_model)(?:_\d+)?\.(?:safetensors|bin)$")
 
 
 # What a checkpoint folder holds besides its weights (any family, other frameworks' too):
@@ -129,6 +137,15 @@ def scan_folder(root: str, folder: Folder = LOCAL) -> FolderLayout:
     return layout_of(folder.file_names(root))
 
 
+def _accelerate_models(names: Sequence[str]) -> set[str]:
+    """The models of an accelerate `save_state` folder that holds more than one."""
+    if not any(ACCELERATE_STATE.match(name) for name in names):
+        return set()
+    models = {name for name in names if ACCELERATE_MODEL.match(name)}
+    numbered = any(name.split(".")[0].rsplit("_", 1)[-1].isdigit() for name in models)
+    return models if numbered else set()
+
+
 def layout_of(names: Sequence[str]) -> FolderLayout:
     """Sort the names of a folder's top-level files into weight families and their indexes
     (also for a folder that exists only as a plan, such as what `ckptfix fix` would leave)."""
@@ -141,7 +158,14 @@ def layout_of(names: Sequence[str]) -> FolderLayout:
         return families[key]
 
     weight_files: list[str] = []
+    copies = [name for name in names if FSDP_COPY.match(name)]
+    separate = _accelerate_models(names)
     for name in names:
+        if name in separate:
+            ext = "safetensors" if name.endswith(".safetensors") else "torch"
+            family("loose", None, ext).files.append(name)
+            weight_files.append(name)
+            continue
         index_match = INDEX_RE.match(name)
         if index_match is not None:
             family(index_match["stem"], index_match["variant"], index_match["ext"]).index = name
@@ -150,9 +174,12 @@ def layout_of(names: Sequence[str]) -> FolderLayout:
         if parsed is not None:
             family(parsed.stem, parsed.variant, parsed.ext).files.append(name)
             weight_files.append(name)
-        elif name.endswith(LOOSE_EXTS) and not NOT_WEIGHTS.match(name):
+        elif name.endswith(LOOSE_EXTS) and not NOT_WEIGHTS.match(name) and name not in copies:
             ext = "safetensors" if name.endswith(".safetensors") else "torch"
             family("loose", None, ext).files.append(name)
             weight_files.append(name)
+    if copies and not any(f.files for f in families.values() if f.stem != "loose"):
+        family("loose", None, "torch").files.extend(copies)
+        weight_files.extend(copies)
     config = "config.json" if "config.json" in names else None
     return FolderLayout(tuple(families.values()), tuple(weight_files), config)

@@ -1,7 +1,9 @@
 """Which training-checkpoint layout a folder is, if any: torch.distributed.checkpoint
-(`.metadata`, `*.distcp`) or DeepSpeed (`latest` + tag folder, or a tag folder of
-`*_model_states.pt`; a universal checkpoint: `latest_universal` + a tag folder with `zero/`).
-Everything else is a Hugging Face model folder."""
+(`.metadata`, `*.distcp`), accelerate's and the Trainer's FSDP folders (`pytorch_model_fsdp_N/`),
+torch's per-rank HuggingFaceStorageWriter save (`shard-R-model-K-of-N.safetensors`) or DeepSpeed
+(`latest` + tag folder, or a tag folder of `*_model_states.pt`; a universal checkpoint:
+`latest_universal` + a tag folder with `zero/`). Everything else is a Hugging Face model
+folder."""
 
 from __future__ import annotations
 
@@ -28,10 +30,15 @@ def load_training(
         names = folder.listdir(root)
     except OSError:
         return None  # the Hugging Face loader reports it
-    from ckptfix.layouts import dcp, deepspeed, deepspeed_universal
+    from ckptfix.layouts import accelerate, dcp, deepspeed, deepspeed_universal, hf_shards
 
     if dcp.is_dcp_folder(root, names):
         return dcp.load_dcp(root, names, options, folder)
+    models = accelerate.fsdp_models(root, names, folder)
+    if models:
+        return accelerate.load_fsdp_models(root, names, models, options, folder)
+    if hf_shards.is_hf_shard_folder(names):
+        return hf_shards.load_hf_shards(root, names, options, folder)
     if folder is not LOCAL:
         deepspeed.refuse_remote(root, names)
     deepspeed_universal.refuse_zero_folder(root, names)

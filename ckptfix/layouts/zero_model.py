@@ -30,6 +30,7 @@ class Assembled:
     left_out_tensors: int = 0
     left_out_bytes: int = 0
     weights: str = "master"
+    lightning: bool = False  # saved by Lightning's DeepSpeedStrategy
 
 
 # What a DeepSpeed folder whose master weights are lost can still give: stages 0-2 keep the
@@ -219,7 +220,7 @@ def _assemble(build: _Master, models: dict[int | None, str], trainable: Trainabl
     states = build.model_states(models)
     if states is None:
         return found
-    found.step = states[0].global_steps
+    found.step, found.lightning = states[0].global_steps, states[0].lightning
     build.buffers(states[0])
     build.frozen(states)
     trained = trainable(states)
@@ -249,7 +250,7 @@ def module(
 
 
 def _from_module(states: ModelStates, optims: dict[int, str]) -> Assembled:
-    found = Assembled(weights="module")
+    found = Assembled(weights="module", lightning=states.lightning)
     found.stage, found.world, found.step = states.stage, states.dp_world_size, states.global_steps
     found.tensors = [view_tensor(name, view, states.label) for name, view in states.module.items()]
     found.left_out_bytes = sum(os.path.getsize(path) for path in optims.values())

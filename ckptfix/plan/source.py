@@ -13,6 +13,8 @@ from ckptfix.core.findings import Severity, split_message
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
+from ckptfix.io.folder import LOCAL
+from ckptfix.layouts import model_files
 from ckptfix.layouts.choice import Choice
 from ckptfix.layouts.diffusers import no_weights_message
 from ckptfix.layouts.names import parse_weight_name
@@ -56,7 +58,9 @@ class RewriteSource:
 
     @property
     def training_checkpoint(self) -> bool:
-        return any(item.code == "nested-checkpoint" for item in self.report.findings)
+        """Names as a training framework saved them: `model.` counts as a wrapper prefix."""
+        nested = any(item.code == "nested-checkpoint" for item in self.report.findings)
+        return nested or checks.lightning_saved(self.checkpoint)
 
 
 class InputRefusedError(CkptfixError):
@@ -207,28 +211,41 @@ def _file_name(path: str) -> dict[str, Any]:
 
 
 def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> RewriteSource:
-    """A DCP or DeepSpeed folder: the model's tensors in the model's order, nothing else of
-    the folder copied (its other files are training state)."""
-    assert checkpoint.training is not None
+    """A training folder (DCP, accelerate, DeepSpeed, per-rank HF): the model's tensors in the
+    model's order, and of the folder's other entries only what a loader of the model reads
+    (config, tokenizer: layouts.model_files); the training state is left out, and said so."""
+    layout = checkpoint.training
+    assert layout is not None
     if not torch:
         raise UnsupportedFormatError(
             checkpoint.path,
             f"folder is a {checkpoint.kind} training checkpoint, not safetensors",
             "use `ckptfix convert`",
         )
+    if layout.separate:
+        raise UsageError(
+            checkpoint.path,
+            f"folder holds {len(layout.separate)} models ({', '.join(layout.separate[:3])}), "
+            "which are never merged",
+            f"pass the one to use, e.g. {os.path.join(checkpoint.path, layout.separate[-1])}",
+        )
     refuse_if_errors(report)
+    sources = tuple(record.label for record in checkpoint.files)
+    ours = {os.path.relpath(label, checkpoint.path).split(os.sep)[0] for label in sources}
+    extra, reasons = other_entries(checkpoint, ours)
     return RewriteSource(
         path=checkpoint.path,
         is_folder=True,
         tensors=checkpoint.tensors,
         metadata={},
         index_metadata={},
-        source_files=tuple(record.label for record in checkpoint.files),
-        extra_files=(),
-        left_out=(),
+        source_files=sources,
+        extra_files=tuple(name for name in extra if name not in reasons),
+        left_out=tuple(sorted(reasons)),
         report=report,
         checkpoint=checkpoint,
-        dtypes=dict(checkpoint.training.dtypes),
+        left_out_reasons=reasons,
+        dtypes=dict(layout.dtypes),
     )
 
 
@@ -246,13 +263,22 @@ def _family_files(checkpoint: Checkpoint, choice: Choice) -> tuple[list[str], di
 
 def other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], dict[str, str]]:
     """The folder's entries other than `ours`: those copied, and those left out with the
-    reason."""
+    reason. In a training run's folder only the model's own files are copied
+    (layouts.model_files)."""
     path, layout = checkpoint.path, checkpoint.layout
-    weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
+    weights = (
+        set(layout.weight_files) | {f.index for f in layout.families if f.index}
+        if layout
+        else set()
+    )
     reasons: dict[str, str] = {}
     extra = []
     remote = checkpoint.remote  # a URL's folder (io.remote_folder), listed through it
-    for entry in sorted(remote.listdir(path) if remote is not None else os.listdir(path)):
+    listing = sorted(remote.listdir(path) if remote is not None else os.listdir(path))
+    folder = remote or LOCAL
+    training = checkpoint.training is not None or model_files.is_training_folder(listing)
+    code = model_files.code_modules(path, listing, folder) if training else set()
+    for entry in listing:
         if entry in ours:
             continue
         if entry in weights:
@@ -263,6 +289,10 @@ def other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], di
             reasons[entry] = ASIDE_FOLDER
         elif is_staging_folder(os.path.join(path, entry)):
             reasons[entry] = STAGING_FOLDER
+        elif training and not model_files.is_model_entry(
+            entry, folder.is_dir(os.path.join(path, entry)), code
+        ):
+            reasons[entry] = model_files.left_out_reason(entry)
         else:
             extra.append(entry)
     if remote is None:  # a remote folder holds no FIFOs, sockets or devices

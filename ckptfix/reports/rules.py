@@ -46,6 +46,10 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "A DeepSpeed folder's `latest` names a tag folder that does not exist.",
         "Pass the tag folder itself, or fix `latest` to name one that exists.",
     ),
+    "tensor-piece": (
+        "A safetensors file holds one rank's pieces of larger tensors (torch's per-rank HF save).",
+        "Pass the folder that holds every rank's shard-*-model-* files; it is read as one model.",
+    ),
     "training-state": (
         "A training checkpoint holds optimizer or training state besides the model.",
         "Nothing to fix: `ckptfix convert` writes the model only and reports what it left out.",
