@@ -210,13 +210,13 @@ def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> 
     """A DCP or DeepSpeed folder: the model's tensors in the model's order, nothing else of
     the folder copied (its other files are training state)."""
     assert checkpoint.training is not None
+    refuse_if_errors(report)  # a broken file first, as for a single file
     if not torch:
         raise UnsupportedFormatError(
             checkpoint.path,
             f"folder is a {checkpoint.kind} training checkpoint, not safetensors",
             "use `ckptfix convert`",
         )
-    refuse_if_errors(report)
     return RewriteSource(
         path=checkpoint.path,
         is_folder=True,
