@@ -21,6 +21,17 @@ def create_file(path: str) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
 
 
+def open_output(path: str) -> tuple[int, int]:
+    """A new output file, created (see create_file): a descriptor to read it back, and
+    one to write it."""
+    fd = create_file(path)
+    try:
+        return os.open(path, os.O_RDONLY), fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def check_names(tensors: Iterable[OutTensor]) -> None:
     """Refuse, before anything is written, a tensor name that is not Unicode text (a lone
     surrogate, which a pickle can carry): no safetensors header or JSON index can hold it."""
