@@ -257,3 +257,16 @@ def assert_snapshot(name: str, actual: str, folder: Path = SNAPSHOTS) -> None:
             f"output differs from {path} (if the change is intended, rerun with "
             f"{UPDATE_SNAPSHOTS}=1 and commit the new snapshot):\n{''.join(diff)}"
         )
+
+
+def loads_with_same_logits(model_class: Any, folder: Path, model: Any) -> Any:
+    """`model_class.from_pretrained(folder)`, which must find every weight it expects and
+    give `model`'s logits exactly; the loaded model."""
+    import torch
+
+    loaded, info = model_class.from_pretrained(folder, output_loading_info=True)
+    assert not any(info.values()), info
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(tokens).logits, model(tokens).logits)
+    return loaded

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptfix import checks
@@ -19,6 +19,7 @@ from ckptfix.layouts.names import parse_weight_name
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
+from ckptfix.plan.alias_record import FIX, check_record, read_record, without_record
 from ckptfix.plan.repair import ASIDE
 from ckptfix.write.extras import special_files
 from ckptfix.write.staging import is_staging_folder
@@ -53,10 +54,42 @@ class RewriteSource:
     # The family's name, kept by the output: `diffusion_pytorch_model`, variant `fp16`.
     stem: str = "model"
     variant: str | None = None
+    # dropped -> kept: the names its ckptfix.dropped record declares (see `recorded`)
+    aliases: dict[str, str] = field(default_factory=dict)
 
     @property
     def training_checkpoint(self) -> bool:
         return any(item.code == "nested-checkpoint" for item in self.report.findings)
+
+    @property
+    def declared(self) -> tuple[TensorInfo, ...]:
+        """Every name the checkpoint declares, in source order: each stored tensor, then
+        the names its record dropped for it (each the kept tensor under its own name)."""
+        dropped_for: dict[str, list[str]] = {}
+        for dropped, kept in self.aliases.items():
+            dropped_for.setdefault(kept, []).append(dropped)
+        return tuple(
+            named
+            for tensor in self.tensors
+            for named in (
+                tensor,
+                *(replace(tensor, name=n) for n in dropped_for.get(tensor.name, ())),
+            )
+        )
+
+
+def recorded(source: RewriteSource, fix: str = FIX) -> RewriteSource:
+    """The source with its ckptfix.dropped record read and checked (`aliases`), and taken
+    out of its metadata: a rewrite records the names it drops itself."""
+    path = source.checkpoint.path
+    aliases = read_record(source.metadata, source.index_metadata, path, fix)
+    check_record(aliases, {tensor.name: tensor for tensor in source.tensors}, path, fix)
+    return replace(
+        source,
+        aliases=aliases,
+        metadata=without_record(source.metadata),
+        index_metadata=without_record(source.index_metadata),
+    )
 
 
 class InputRefusedError(CkptfixError):

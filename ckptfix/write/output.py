@@ -9,8 +9,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckptfix.core.errors import CkptfixError, CorruptFileError, WriteError
+from ckptfix.core.errors import CkptfixError, CorruptFileError, VerificationError, WriteError
 from ckptfix.core.sizes import format_size
+from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import write_all
@@ -68,7 +69,11 @@ def check_free_space(folder: str, needed: int, out: str) -> None:
         )
 
 
-def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -> int:
+def write_index(
+    path: str, plan: ShardPlan, index_metadata: Mapping[str, Any], display: str | None = None
+) -> int:
+    """Write the index, then read it back: it must give every name the plan places and the
+    record of the names it drops (what a loader and a hash find through it)."""
     document = {
         "metadata": {**index_metadata, "total_size": plan.total_size},
         "weight_map": plan.weight_map,
@@ -80,6 +85,15 @@ def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -
         os.fsync(fd)
     finally:
         os.close(fd)
+    with open(path, "rb") as handle:
+        written = json.loads(handle.read(len(data) + 1))
+    names = (written.get("weight_map"), written.get("metadata", {}).get(DROPPED_KEY))
+    if names != (plan.weight_map, index_metadata.get(DROPPED_KEY)):
+        raise VerificationError(
+            display or path,
+            "written index does not name every tensor as planned",
+            "check the disk and run again",
+        )
     return len(data)
 
 

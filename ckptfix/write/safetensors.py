@@ -296,9 +296,9 @@ def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
                 written.append(writer.shard(shard, metadata))
             if plan.index_file is not None:
                 path = os.path.join(job.staging, plan.index_file)
-                written.append(
-                    WrittenFile(plan.index_file, write_index(path, plan, job.index_metadata))
-                )
+                display = os.path.join(job.out, plan.index_file)
+                size = write_index(path, plan, job.index_metadata, display)
+                written.append(WrittenFile(plan.index_file, size))
             writer.files.finish()
         except BaseException:
             job.cancel.set()  # stop running verifications; the staging folder is discarded
