@@ -2,8 +2,9 @@
 
 A ByteSource is a file's bytes: its size, `read_at(offset, size)`, and a change token that
 tells whether it is still the file that was read. Local files also lend a descriptor
-(`descriptor`), so the writer can use `copy_file_range` and reflinks. Remote sources (fsspec) implement the
-same interface with ranged requests; nothing else in ckptfix needs to know the difference.
+(`descriptor`), so the writer can use `copy_file_range` and reflinks. Remote sources
+(fsspec) implement the same interface with ranged requests; nothing else in ckptfix needs to
+know the difference.
 """
 
 from __future__ import annotations
