@@ -18,11 +18,11 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.formats.zero import OptimStates, Shape
 from ckptfix.layouts.zero_weights import numel
 
-RULE = "zero-counts"
 MAX_LISTED = 8  # missing ranks named one by one; the rest are counted in one finding
 _FIX = "copy the rank files again from the training run, or save the checkpoint again"
 
@@ -35,7 +35,8 @@ class Contradiction:
     what: str
 
     def finding(self) -> Finding:
-        return finding("corrupt-file", f"{self.what} (rule {RULE}; {_FIX})", file=self.file)
+        error = CorruptFileError(self.file, "zero-counts", self.what, _FIX)
+        return finding(error.code, error.detail(), file=self.file)
 
 
 def rank_claims(present: Mapping[int, OptimStates]) -> Contradiction | None:
