@@ -127,6 +127,29 @@ def many_tensors() -> Path:
     return many
 
 
+def many_shards(count: int = 1100) -> Path:
+    """1,100 shards of one 64 KiB tensor each: more files than the common soft limit of
+    1,024 descriptors."""
+    CACHE.mkdir(exist_ok=True)
+    folder = CACHE / f"shards-{count}"
+    if folder.exists():
+        return folder
+    print(f"building {folder} ...", flush=True)
+    partial = folder.with_name(folder.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for number in range(1, count + 1):
+        name, file = f"blocks.{number}.weight", f"model-{number:05d}-of-{count:05d}.safetensors"
+        entry = HeaderEntry(name, "F32", (128, 128), 0, 4 * 128 * 128)
+        data = encode_header([entry], {"format": "pt"}) + os.urandom(4 * 128 * 128)
+        (partial / file).write_bytes(data)
+        weight_map[name] = file
+    index = {"metadata": {"total_size": count * 4 * 128 * 128}, "weight_map": weight_map}
+    (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    partial.rename(folder)
+    return folder
+
+
 def ensure_single() -> Path:
     """The 2.2 GB TinyLlama-shaped file alone (the one input the reflink job needs)."""
     CACHE.mkdir(exist_ok=True)

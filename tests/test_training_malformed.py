@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests import training_fixtures as fixtures
-from tests.helpers import cli, torch_bytes
+from tests.helpers import cli, measured, torch_bytes
 from tests.training_fixtures import (
     PWNED,
     Evil,
@@ -20,6 +20,7 @@ from tests.training_fixtures import (
     edit_metadata,
     hostile_zip,
     refused,
+    set_zero_value,
     storage_entry,
 )
 
@@ -68,7 +69,7 @@ def test_rank_files_without_metadata(dcp_saved: Path, copy_of: Copy) -> None:
     ]
 
 
-def test_a_single_rank_file_is_refused(dcp_saved: Path) -> None:
+def test_a_single_rank_file_isrefused(dcp_saved: Path) -> None:
     run = cli("inspect", dcp_saved / "torch_save" / "__0_0.distcp")
     assert run.code == 2
     assert "one part of a torch.distributed.checkpoint folder" in run.stderr
@@ -113,6 +114,42 @@ def test_chunk_out_of_range(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> N
     assert "lies outside 'model.0.weight' of shape [6, 5]" in error["message"]
 
 
+def _claim_huge(claim: str) -> Callable[[Any], None]:
+    def change(metadata: Any) -> None:
+        import torch
+
+        index, info = storage_entry(metadata, "model.0.weight")
+        if claim in ("length", "offset"):
+            setattr(info, claim, 10**15)
+            return
+        entry = metadata.state_dict_metadata["model.0.weight"]
+        entry.size = torch.Size([10**12, *entry.size[1:]])
+        chunk = next(c for c in entry.chunks if list(c.offsets) == list(index.offset))
+        chunk.sizes = torch.Size([10**12, *chunk.sizes[1:]])
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("claim", "code"),
+    [
+        ("length", "truncated-rank-file"),
+        ("offset", "truncated-rank-file"),
+        ("rows", "chunk-overlap"),
+    ],
+)
+def test_dcp_size_claims_are_checked_against_the_files(
+    dcp_saved: Path, copy_of: Copy, tmp_path: Path, claim: str, code: str
+) -> None:
+    """The DeepSpeed count attacks against DCP's `.metadata` (which held): a chunk 10**15
+    bytes long or that far in, a tensor of 10**12 rows; refused at once, naming the file."""
+    folder = copy_of(dcp_saved / "torch_save")
+    edit_metadata(folder, _claim_huge(claim))
+    run = measured("inspect", folder, timeout=60)
+    assert run.code == 1 and run.seconds < 20 and run.peak_rss < 500 * 2**20, run
+    refused(folder, tmp_path, code, folder / "__0_0.distcp")
+
+
 def test_metadata_disagreeing_with_the_chunk(
     dcp_saved: Path, copy_of: Copy, tmp_path: Path
 ) -> None:
@@ -128,7 +165,7 @@ def test_metadata_disagreeing_with_the_chunk(
     assert "holds a F32 tensor of shape" in error["message"]
 
 
-def test_compressed_chunks_are_refused(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
+def test_compressed_chunks_arerefused(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "torch_save")
 
     def compress(metadata: Any) -> None:
@@ -140,7 +177,7 @@ def test_compressed_chunks_are_refused(dcp_saved: Path, copy_of: Copy, tmp_path:
     assert "stream.zstd/1" in error["message"]
 
 
-def test_paths_outside_the_folder_are_refused(
+def test_paths_outside_the_folder_arerefused(
     dcp_saved: Path, copy_of: Copy, tmp_path: Path
 ) -> None:
     folder = copy_of(dcp_saved / "torch_save")
@@ -227,6 +264,43 @@ def test_hostile_optimizer_states(zero_saved: Path, copy_of: Copy, tmp_path: Pat
     states = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     states.write_bytes(hostile_zip())
     refused(folder, tmp_path, "unsafe-pickle", states)
+
+
+@pytest.mark.parametrize(("name", "count"), [("zero2_bf16", [10**12, 2]), ("zero3_fp32", 10**12)])
+def test_a_world_size_the_partitions_contradict(
+    zero_saved: Path, copy_of: Copy, tmp_path: Path, name: str, count: object
+) -> None:
+    """partition_count 10**12 in one rank's file: one finding on that file, at once (it was
+    a loop over every claimed rank: 30 s and 2 GB, then more)."""
+    folder = copy_of(zero_saved / name)
+    prefix = "bf16_" if name.endswith("bf16") else ""
+    states = folder / "global_step2" / f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    set_zero_value(states, "optimizer_state_dict/partition_count", count)
+    error = refused(folder, tmp_path, "corrupt-file", states)
+    assert "partition_count says 1000000000000 ranks" in error["message"]
+    assert "(rule zero-counts;" in error["message"]
+
+
+def test_a_rank_file_past_the_world_size(zero_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
+    folder = copy_of(zero_saved / "zero2_fp32")
+    tag = folder / "global_step2"
+    stray = tag / "zero_pp_rank_7_mp_rank_00_optim_states.pt"
+    stray.write_bytes((tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt").read_bytes())
+    error = refused(folder, tmp_path, "corrupt-file", stray)
+    assert (
+        "is rank 7's optimizer partition, but partition_count says the run had 2"
+        in (error["message"])
+    )
+
+
+def test_a_chain_of_shared_params(zero_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
+    """DeepSpeed maps each alias to a stored name: a chain would make the order of the
+    record decide which names survive (zero_to_fp32.py drops one silently)."""
+    folder = copy_of(zero_saved / "zero2_fp32")
+    states = folder / "global_step2" / "mp_rank_00_model_states.pt"
+    set_zero_value(states, "shared_params", {"head.weight": "tied", "tied": "embed.weight"})
+    error = refused(folder, tmp_path, "corrupt-file", states)
+    assert "makes 'head.weight' an alias of 'tied', itself an alias" in error["message"]
 
 
 @pytest.mark.parametrize(

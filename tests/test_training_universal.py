@@ -189,8 +189,9 @@ def _limited(limit: tuple[int, int], *args: str | Path) -> subprocess.CompletedP
 def test_a_parameter_per_file_past_the_open_file_limit(
     universal_saved: Path, tmp_path: Path
 ) -> None:
-    """1,500 parameters are 1,500 files open at once: the soft limit is raised for them, and
-    past the hard limit the checkpoint is refused in one line, not an internal error."""
+    """1,500 parameters are 1,500 files, more than a hard limit of 1,024 open files: they are
+    read through the bounded descriptor pool (io.descriptors), so inspect and convert work,
+    bitwise, not an internal error."""
     import torch
 
     folder = tmp_path / TAG
@@ -203,17 +204,13 @@ def test_a_parameter_per_file_past_the_open_file_limit(
         states["module"][name] = torch.zeros(2)
     states["param_shapes"].append(extra)
     torch.save(states, folder / "mp_rank_00_model_states.pt")
-    raised = _limited((1024, 4096), "convert", folder, "-o", tmp_path / "out")
-    assert raised.returncode == 0, raised.stderr
+    capped = _limited((1024, 1024), "inspect", folder)
+    assert capped.returncode == 0, capped.stderr
+    converted = _limited((1024, 1024), "convert", folder, "-o", tmp_path / "out")
+    assert converted.returncode == 0, converted.stderr
     from safetensors.torch import load_file
 
     written = load_file(tmp_path / "out" / "model.safetensors")
-    assert torch_bytes(written["extra.1499.weight"]) == torch_bytes(torch.full((2,), 1499.0))
-    capped = _limited((1024, 1024), "inspect", folder)
-    assert capped.returncode == 1 and "Traceback" not in capped.stderr
-    assert capped.stderr.strip().splitlines() == [
-        f"error: {folder / 'zero'}: checkpoint is made of 1,504 files, and this process may not "
-        "have that many open at once (the hard limit is 1,024) (rule too-many-files; raise the "
-        "hard limit of open files to at least 1760 (`ulimit -Hn` as root, or "
-        "/etc/security/limits.conf), then run again)"
-    ]
+    for index in (0, 777, 1499):
+        expected = torch.full((2,), float(index))
+        assert torch_bytes(written[f"extra.{index}.weight"]) == torch_bytes(expected)

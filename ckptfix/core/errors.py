@@ -111,10 +111,10 @@ class SourceChangedError(WriteError):
 
     kind = "source-changed"
 
-    def __init__(self, path: str | None) -> None:
-        super().__init__(
-            path, "file ended early: it changed during the run", "run again on a stable copy"
-        )
+    def __init__(
+        self, path: str | None, what: str = "file ended early: it changed during the run"
+    ) -> None:
+        super().__init__(path, what, "run again on a stable copy")
 
 
 class PlanError(CkptfixError):

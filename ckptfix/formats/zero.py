@@ -120,7 +120,7 @@ def read_model_states(source: ByteSource) -> ModelStates:
     if type(groups) not in (list, tuple):
         groups = [groups]
     frozen_shapes = top.get("frozen_param_shapes") or {}
-    return ModelStates(
+    states = ModelStates(
         label=path,
         module=_views(top["module"], path, "module", saved.storages),
         param_shapes=tuple(_shapes(g, path, "param_shapes") for g in groups),
@@ -135,6 +135,26 @@ def read_model_states(source: ByteSource) -> ModelStates:
         dp_world_size=_int(top.get("dp_world_size")),
         lightning=LIGHTNING_KEY in top,
     )
+    _check_aliases(states)
+    return states
+
+
+def _check_aliases(states: ModelStates) -> None:
+    """DeepSpeed records each tied parameter's other names as `alias -> the first name`:
+    an alias is never stored itself, and what it names is a tensor the file records (never
+    another alias, so no chain or cycle decides which names survive)."""
+    stored = {name for group in states.param_shapes for name in group}
+    stored |= set(states.frozen_shapes) | set(states.buffer_names)
+    for alias, source in states.shared_params.items():
+        if alias in stored:
+            what = f"makes {alias!r} an alias of {source!r}, but {alias!r} is stored itself"
+        elif source in states.shared_params:
+            what = f"makes {alias!r} an alias of {source!r}, itself an alias (a chain)"
+        elif source not in stored and source not in states.module:
+            what = f"makes {alias!r} an alias of {source!r}, which the file does not hold"
+        else:
+            continue
+        raise _not_states(states.label, f"shared_params {what}")
 
 
 def _str_map(value: object, path: str) -> dict[str, str]:

@@ -25,7 +25,6 @@ from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.dcp import plain_file_name
 from ckptfix.formats.zero import ModelStates
 from ckptfix.formats.zero_universal import UniversalParam, read_universal_param
-from ckptfix.io.descriptors import reserve
 from ckptfix.layouts.deepspeed_files import Reader, segment, spread_tensor, view_tensor
 from ckptfix.layouts.hub import blobs_of
 from ckptfix.layouts.zero_model import Assembled, from_states, module
@@ -142,7 +141,6 @@ class _Params:
         if entries is None:
             return None
         shapes = {name: shape for group in first.param_shapes for name, shape in group.items()}
-        reserve(len(shapes) + len(states), self.zero)  # one file per parameter, all read
         tensors = [self._param(name, shape, entries.get(name)) for name, shape in shapes.items()]
         self._unknown(first, entries)
         trained = {name for name in shapes if name in entries and entries[name].folder}

@@ -11,7 +11,10 @@ from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import UsageError
+from ckptfix.core.errors import (
+    UsageError,
+    VerificationError,
+)
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
@@ -20,7 +23,9 @@ from ckptfix.io.urls import is_url
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.report import Report
+from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
+from ckptfix.plan.coverage import missing_name
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
 from ckptfix.plan.shards import (
     PlannedShard,
@@ -30,7 +35,7 @@ from ckptfix.plan.shards import (
     plan_shards,
     with_shared,
 )
-from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
+from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint, recorded
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
 from ckptfix.write.extras import carried_as_file, copy_extra
@@ -41,9 +46,6 @@ from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, claim_output, staged
 from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
 from ckptfix.write.zerocopy import find_cloning, shareable_bytes, streamed_labels
-
-# Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
-DROPPED_KEY = "ckptfix.dropped"
 
 
 @dataclass(frozen=True)
@@ -189,8 +191,9 @@ def _with_aliases(
 ) -> tuple[PlannedShard, ...]:
     """The shards with each alias listed beside its kept tensor, sharing its storage."""
     excluded = set(selection.excluded)
-    names = [selection.renamed.get(t.name, t.name) for t in source.tensors]
-    kept = [n for t, n in zip(source.tensors, names, strict=True) if t.name not in excluded]
+    declared = source.declared
+    names = [selection.renamed.get(t.name, t.name) for t in declared]
+    kept = [n for t, n in zip(declared, names, strict=True) if t.name not in excluded]
     return with_shared(plan.shards, kept, shared)
 
 
@@ -229,6 +232,13 @@ def _write(
 ) -> RewriteResult:
     """Plan the shards for a selection, then stage, write, verify and commit them."""
     plan = _plan(source, selection, options)
+    lost = missing_name(source.declared, selection, plan)
+    if lost is not None:  # the names' verification: the writers verify the output is the plan
+        raise VerificationError(
+            claim.out,
+            f"the output would not keep every name: {lost}",
+            "this is a bug; please report it",
+        )
     metadata, index_metadata = _metadata(source, plan)
     shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
     plan = replace(plan, metadata_scope=scope)
@@ -356,7 +366,7 @@ def _opened(
     ) as claim:
         opened = open_checkpoint(source, max_shard=options.max_shard, **open_options)
         with opened.checkpoint:
-            yield opened, claim
+            yield recorded(opened), claim
 
 
 def convert(
@@ -387,8 +397,9 @@ def convert(
             clone=options.clone,
             dtype=CAST_TARGETS.get(options.dtype),
             dtypes=opened.dtypes,
+            recorded=opened.aliases,
         )
-        selection = select(opened.tensors, choice, opened.checkpoint.source)
+        selection = select(opened.declared, choice, opened.checkpoint.source)
         write = WriteOptions(
             options.max_shard,
             options.to,
@@ -421,10 +432,21 @@ def dedupe(
             clone=options.clone,
             by_content=options.by_content,
             ties=_config_ties(opened.checkpoint, opened.tensors),
+            recorded=opened.aliases,
         )
-        selection = select(opened.tensors, choice, opened.checkpoint.source)
+        selection = select(opened.declared, choice, opened.checkpoint.source)
         write = WriteOptions(options.max_shard, dry_run=options.dry_run, progress=options.progress)
         return _write(opened, selection, claim, write)
+
+
+def _as_they_are(source: RewriteSource) -> Selection:
+    """Every stored tensor as it is, and every name its record dropped still dropped."""
+    nbytes = {tensor.name: tensor.nbytes for tensor in source.tensors}
+    return Selection(
+        tuple(OutTensor.same(tensor) for tensor in source.tensors),
+        dropped=dict(source.aliases),
+        dropped_bytes=sum(nbytes[kept] for kept in source.aliases.values()),
+    )
 
 
 def reshard(
@@ -435,7 +457,7 @@ def reshard(
     """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes."""
     options = options or ReshardOptions()
     with _opened(src, out, options, in_place=options.in_place) as (opened, claim):
-        selection = Selection(tuple(OutTensor.same(tensor) for tensor in opened.tensors))
+        selection = _as_they_are(opened)
         write = WriteOptions(
             options.max_shard,
             in_place=options.in_place,

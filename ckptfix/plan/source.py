@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptfix import checks
@@ -21,6 +21,7 @@ from ckptfix.layouts.names import parse_weight_name
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
+from ckptfix.plan.alias_record import FIX, check_record, read_record, without_record
 from ckptfix.plan.repair import ASIDE
 from ckptfix.write.extras import special_files
 from ckptfix.write.staging import is_staging_folder
@@ -55,12 +56,44 @@ class RewriteSource:
     # The family's name, kept by the output: `diffusion_pytorch_model`, variant `fp16`.
     stem: str = "model"
     variant: str | None = None
+    # dropped -> kept: the names its ckptfix.dropped record declares (see `recorded`)
+    aliases: dict[str, str] = field(default_factory=dict)
 
     @property
     def training_checkpoint(self) -> bool:
         """Names as a training framework saved them: `model.` counts as a wrapper prefix."""
         nested = any(item.code == "nested-checkpoint" for item in self.report.findings)
         return nested or checks.lightning_saved(self.checkpoint)
+
+    @property
+    def declared(self) -> tuple[TensorInfo, ...]:
+        """Every name the checkpoint declares, in source order: each stored tensor, then
+        the names its record dropped for it (each the kept tensor under its own name)."""
+        dropped_for: dict[str, list[str]] = {}
+        for dropped, kept in self.aliases.items():
+            dropped_for.setdefault(kept, []).append(dropped)
+        return tuple(
+            named
+            for tensor in self.tensors
+            for named in (
+                tensor,
+                *(replace(tensor, name=n) for n in dropped_for.get(tensor.name, ())),
+            )
+        )
+
+
+def recorded(source: RewriteSource, fix: str = FIX) -> RewriteSource:
+    """The source with its ckptfix.dropped record read and checked (`aliases`), and taken
+    out of its metadata: a rewrite records the names it drops itself."""
+    path = source.checkpoint.path
+    aliases = read_record(source.metadata, source.index_metadata, path, fix)
+    check_record(aliases, {tensor.name: tensor for tensor in source.tensors}, path, fix)
+    return replace(
+        source,
+        aliases=aliases,
+        metadata=without_record(source.metadata),
+        index_metadata=without_record(source.index_metadata),
+    )
 
 
 class InputRefusedError(CkptfixError):
@@ -216,6 +249,7 @@ def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> 
     (config, tokenizer: layouts.model_files); the training state is left out, and said so."""
     layout = checkpoint.training
     assert layout is not None
+    refuse_if_errors(report)  # a broken file first, as for a single file
     if not torch:
         raise UnsupportedFormatError(
             checkpoint.path,
@@ -229,7 +263,6 @@ def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> 
             "which are never merged",
             f"pass the one to use, e.g. {os.path.join(checkpoint.path, layout.separate[-1])}",
         )
-    refuse_if_errors(report)
     sources = tuple(record.label for record in checkpoint.files)
     ours = {os.path.relpath(label, checkpoint.path).split(os.sep)[0] for label in sources}
     extra, reasons = other_entries(checkpoint, ours)

@@ -9,8 +9,9 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckptfix.core.errors import CkptfixError, CorruptFileError, WriteError
+from ckptfix.core.errors import CkptfixError, CorruptFileError, VerificationError, WriteError
 from ckptfix.core.sizes import format_size
+from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import write_all
@@ -19,6 +20,17 @@ from ckptfix.write.copy import write_all
 def create_file(path: str) -> int:
     # 0o666 and the process umask: the permissions any ordinary tool would give the file.
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+
+
+def open_output(path: str) -> tuple[int, int]:
+    """A new output file, created (see create_file): a descriptor to read it back, and
+    one to write it."""
+    fd = create_file(path)
+    try:
+        return os.open(path, os.O_RDONLY), fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def check_names(tensors: Iterable[OutTensor]) -> None:
@@ -57,7 +69,11 @@ def check_free_space(folder: str, needed: int, out: str) -> None:
         )
 
 
-def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -> int:
+def write_index(
+    path: str, plan: ShardPlan, index_metadata: Mapping[str, Any], display: str | None = None
+) -> int:
+    """Write the index, then read it back: it must give every name the plan places and the
+    record of the names it drops (what a loader and a hash find through it)."""
     document = {
         "metadata": {**index_metadata, "total_size": plan.total_size},
         "weight_map": plan.weight_map,
@@ -69,6 +85,15 @@ def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -
         os.fsync(fd)
     finally:
         os.close(fd)
+    with open(path, "rb") as handle:
+        written = json.loads(handle.read(len(data) + 1))
+    names = (written.get("weight_map"), written.get("metadata", {}).get(DROPPED_KEY))
+    if names != (plan.weight_map, index_metadata.get(DROPPED_KEY)):
+        raise VerificationError(
+            display or path,
+            "written index does not name every tensor as planned",
+            "check the disk and run again",
+        )
     return len(data)
 
 

@@ -13,7 +13,7 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +25,8 @@ from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
 from ckptfix.write.copy import COPY_CHUNK, Target, copy_from, write_all
-from ckptfix.write.output import create_file, write_index
+from ckptfix.write.filejobs import FileJobs
+from ckptfix.write.output import open_output, write_index
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.zerocopy import (
     NO_CLONING,
@@ -153,9 +154,8 @@ class _Writer:
     """Copies on the calling thread; two workers flush, verify and fsync behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
-        self.plan, self.job, self.workers = plan, job, workers
-        self.jobs: list[Future[Any]] = []
-        self.fds: list[int] = []
+        self.plan, self.job = plan, job
+        self.files = FileJobs(workers)
         self.done = 0
 
     def advance(self, count: int) -> None:
@@ -163,12 +163,9 @@ class _Writer:
         if self.job.progress is not None:
             self.job.progress(self.done, self.plan.total_size)
 
-    def submit(self, function: Callable[..., Any], *args: Any) -> None:
-        self.jobs.append(self.workers.submit(function, *args))
-
     def verify_later(self, reader: int, display: str, placed: list[tuple[str, int]]) -> None:
         if self.job.verify:
-            self.submit(_verify_tensors, reader, display, placed, self.job)
+            self.files.submit(reader, _verify_tensors, reader, display, placed, self.job)
 
     def header(
         self, shard: PlannedShard, metadata: Mapping[str, str]
@@ -184,10 +181,8 @@ class _Writer:
         path = os.path.join(self.job.staging, shard.file)
         display = os.path.join(self.job.out, shard.file)
         header, entries = self.header(shard, metadata)
-        fd = create_file(path)
-        self.fds.append(fd)
-        reader = os.open(path, os.O_RDONLY)  # for verification
-        self.fds.append(reader)
+        reader, fd = open_output(path)
+        self.files.open(reader, fd)
         if self.job.cloning and self.job.cloning.block:
             # Sized up front: a write past the end would make XFS reserve blocks after it
             # (speculative preallocation) that the clones then leave allocated.
@@ -205,17 +200,16 @@ class _Writer:
             offset += self.job.tensors[name].nbytes
             if unflushed >= FLUSH_EVERY:  # start writeback and verification early
                 held.write()
-                self.submit(os.fdatasync, fd)
+                self.files.submit(reader, os.fdatasync, fd)
                 self.verify_later(reader, display, placed)
                 placed, unflushed = [], 0
         held.write()
         os.ftruncate(fd, offset)
         self.verify_later(reader, display, placed)
         if self.job.verify:
-            self.submit(verify_header, path, display, entries, metadata)
-        self.submit(os.fsync, fd)
-        for finished in [job for job in self.jobs if job.done()]:
-            finished.result()  # surface a verification failure early
+            self.files.submit(reader, verify_header, path, display, entries, metadata)
+        self.files.submit(reader, os.fsync, fd)
+        self.files.ended(reader)  # closed once its jobs are done (a failure raised early)
         return WrittenFile(shard.file, offset)
 
     def target(self, fd: int, cloning: Cloning | None) -> Target:
@@ -238,17 +232,6 @@ class _Writer:
         held.write()
         chunks = produce(self.job.sources, tensor)  # gathered or cast in bounded chunks
         self.job.digests[tensor.name] = _write_produced(fd, offset, chunks, self.advance)
-
-    def finish(self) -> None:
-        for job in self.jobs:
-            job.result()
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        for job in self.jobs:
-            if job.done() and not job.cancelled():
-                job.exception()  # retrieved: a Cancelled there is expected
 
 
 def _write_produced(
@@ -313,16 +296,16 @@ def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
                 written.append(writer.shard(shard, metadata))
             if plan.index_file is not None:
                 path = os.path.join(job.staging, plan.index_file)
-                written.append(
-                    WrittenFile(plan.index_file, write_index(path, plan, job.index_metadata))
-                )
-            writer.finish()
+                display = os.path.join(job.out, plan.index_file)
+                size = write_index(path, plan, job.index_metadata, display)
+                written.append(WrittenFile(plan.index_file, size))
+            writer.files.finish()
         except BaseException:
             job.cancel.set()  # stop running verifications; the staging folder is discarded
             raise
         finally:
             workers.shutdown(wait=True)
-            writer.close()
+            writer.files.close()
     if {label: job.sources(label).change_token() for label in labels} != before:
         raise WriteError(
             job.out, "a source file changed while it was being read", "run again on a stable copy"
