@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.dtypes import DTYPES, numel_from_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +72,9 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        # Exact: nbytes was validated as numel * bits / 8. O(1), unlike a product of dims.
-        return self.nbytes * 8 // DTYPES[self.dtype].bits
+        # Exact: nbytes was validated as numel * bits / 8 (whole blocks, for a block-quantized
+        # dtype). O(1), unlike a product of dims.
+        return numel_from_bytes(DTYPES[self.dtype], self.nbytes)
 
     @property
     def pieces(self) -> tuple[Piece, ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ckptfix.checks.tensors import common_wrapper_prefixes
 from ckptfix.checks.values import content_groups
-from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.dtypes import DTYPES, byte_size
 from ckptfix.core.errors import UsageError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.source import ByteSource
@@ -33,7 +33,11 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.source.numel * DTYPES[self.dtype].bits // 8
+        if self.dtype == self.source.dtype:  # as stored (a block-quantized one too)
+            return self.source.nbytes
+        size = byte_size(DTYPES[self.dtype], self.source.numel)
+        assert size is not None, "casts and dequantization target whole-byte dtypes"
+        return size
 
     @property
     def streamed(self) -> bool:
@@ -106,6 +110,7 @@ class SelectOptions:
     # tensors are kept (a loader needs every name) and reported.
     ties: dict[str, str] = field(default_factory=dict)
     dtypes: Mapping[str, str] = field(default_factory=dict)  # else this tensor's dtype
+    dequantize: str | None = None  # decode block-quantized (GGUF) tensors to this dtype
 
 
 def select(
@@ -140,9 +145,9 @@ def select(
         if name in dropped:
             dropped_bytes += tensor.nbytes
             continue
-        floating = DTYPES[tensor.dtype].is_floating
-        target = (options.dtype or options.dtypes.get(tensor.name)) if floating else None
-        target = target or tensor.dtype
+        kind = DTYPES[tensor.dtype]
+        target = (options.dtype or options.dtypes.get(tensor.name)) if kind.is_floating else None
+        target = target or (options.dequantize if kind.quantized else None) or tensor.dtype
         out.append(OutTensor(name, tensor, target))
     return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes, kept_equal)
 
