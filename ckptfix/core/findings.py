@@ -63,6 +63,10 @@ CODES: dict[str, Severity] = {
     "chunk-out-of-range": Severity.ERROR,
     "tag-missing": Severity.ERROR,
     "training-state": Severity.INFO,
+    # GGUF: a llama.cpp split set whose parts do not make one model; tensor data that is
+    # all zeros where a download should have written it.
+    "split-set": Severity.ERROR,
+    "zero-filled": Severity.WARNING,
 }
 
 

@@ -83,6 +83,9 @@ FIXES: dict[str, str] = {
     "chunk-out-of-range": "none: the save is inconsistent; use another save of the run",
     "tag-missing": "none: point `latest` at a tag folder that exists",
     "training-state": f"{_CONVERT} (leaves it out)",
+    "split-set": "none: the parts do not make one model as they are; download the missing or "
+    "mismatched part(s) again, every part from one upload",
+    "zero-filled": "none: the bytes were never written; download the file again",
 }
 
 
