@@ -17,14 +17,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
 from ckptfix.formats.safetensors import MAX_HEADER_SIZE, HeaderEntry, encode_header, read_header
-from ckptfix.io.gather import Sources, tensor_chunks
+from ckptfix.io.gather import CHUNK, Sources, tensor_chunks
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
-from ckptfix.write.copy import COPY_CHUNK, Target, copy_from, write_all
+from ckptfix.write.copy import COMPARE_CHUNK, Target, copy_from, write_all
 from ckptfix.write.output import create_file, write_index
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.zerocopy import (
@@ -40,15 +41,22 @@ from ckptfix.write.zerocopy import (
 )
 
 FLUSH_EVERY = 256 * 2**20
+DECODED = 4 * 2**20  # F32 bytes a chunk of a block-quantized tensor decodes to, at most
 
 
 def produce(sources: Sources, tensor: OutTensor) -> Iterator[bytes]:
     """The output bytes of a tensor that is not streamed, in bounded chunks: gathered
-    (strided views), then cast if asked."""
-    for chunk in tensor_chunks(sources, tensor.source):
+    (strided views), then cast (or dequantized) if asked. A block-quantized source is read
+    in smaller chunks, so that what it decodes to (DECODED bytes of F32, and the decoder's
+    temporaries, several times that) stays small."""
+    stored = DTYPES[tensor.source.dtype]
+    chunk = CHUNK
+    if stored.quantized:  # each block of block_bytes decodes to `block` F32 values
+        chunk = max(DECODED * stored.block_bytes // (4 * stored.block), stored.block_bytes)
+    for data in tensor_chunks(sources, tensor.source, chunk):
         if tensor.dtype != tensor.source.dtype:
-            chunk = cast_bytes(chunk, tensor.source.dtype, tensor.dtype)
-        yield chunk
+            data = cast_bytes(data, tensor.source.dtype, tensor.dtype)
+        yield data
 
 
 def shard_header(
@@ -122,7 +130,7 @@ def range_digest(fd: int, byte_range: tuple[int, int]) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
     begin, end = byte_range
     while begin < end:
-        chunk = os.pread(fd, min(COPY_CHUNK, end - begin), begin)
+        chunk = os.pread(fd, min(COMPARE_CHUNK, end - begin), begin)
         if not chunk:
             break
         hasher.update(chunk)
@@ -149,7 +157,7 @@ class ShardJob:
     tally: Tally = field(default_factory=Tally)  # cloned bytes, and how each was verified
 
 
-class _Writer:
+class ShardWriter:
     """Copies on the calling thread; two workers flush, verify and fsync behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
@@ -181,42 +189,60 @@ class _Writer:
         return pad_header(header, start), entries
 
     def shard(self, shard: PlannedShard, metadata: Mapping[str, str]) -> WrittenFile:
-        path = os.path.join(self.job.staging, shard.file)
-        display = os.path.join(self.job.out, shard.file)
         header, entries = self.header(shard, metadata)
+        placed, offset = [], len(header)
+        for name in shard.tensors:
+            placed.append((name, offset))
+            offset += self.job.tensors[name].nbytes
+        path, display = self.open(shard.file, header, offset)
+        self.copy_tensors(placed, display)
+        os.ftruncate(self.fds[-2], offset)
+        if self.job.verify:
+            self.submit(verify_header, path, display, entries, metadata)
+        self.close_file()
+        return WrittenFile(shard.file, offset)
+
+    def open(self, file: str, header: bytes, size: int) -> tuple[str, str]:
+        """Create a file of the staging folder holding `header`: (path, path shown). Its
+        descriptors (the writer's, then the verifier's) are the last two of `fds`."""
+        path = os.path.join(self.job.staging, file)
         fd = create_file(path)
         self.fds.append(fd)
-        reader = os.open(path, os.O_RDONLY)  # for verification
-        self.fds.append(reader)
+        self.fds.append(os.open(path, os.O_RDONLY))  # for verification
         if self.job.cloning and self.job.cloning.block:
             # Sized up front: a write past the end would make XFS reserve blocks after it
             # (speculative preallocation) that the clones then leave allocated.
-            os.ftruncate(fd, len(header) + shard.nbytes)
+            os.ftruncate(fd, size)
         write_all(fd, header, 0)
-        offset, placed, unflushed = len(header), [], 0
+        return path, os.path.join(self.job.out, file)
+
+    def copy_tensors(self, placed: Sequence[tuple[str, int]], display: str) -> None:
+        """Copy each tensor to its file offset in the file last opened, flushing and
+        verifying every FLUSH_EVERY bytes."""
+        fd, reader = self.fds[-2], self.fds[-1]
         held = HeldRuns(self.target(fd, self.job.cloning))
-        for name in shard.tensors:
+        done: list[tuple[str, int]] = []
+        unflushed = 0
+        for name, offset in placed:
             self.tensor(held, offset, self.job.tensors[name])
-            placed.append((name, offset))
+            done.append((name, offset))
             # Cloned bytes leave nothing to write back: they do not count (cutting the held
             # run would copy the block it is cut in).
             if not lines_up(self.job.tensors[name], offset, self.job.cloning or NO_CLONING):
                 unflushed += self.job.tensors[name].nbytes
-            offset += self.job.tensors[name].nbytes
             if unflushed >= FLUSH_EVERY:  # start writeback and verification early
                 held.write()
                 self.submit(os.fdatasync, fd)
-                self.verify_later(reader, display, placed)
-                placed, unflushed = [], 0
+                self.verify_later(reader, display, done)
+                done, unflushed = [], 0
         held.write()
-        os.ftruncate(fd, offset)
-        self.verify_later(reader, display, placed)
-        if self.job.verify:
-            self.submit(verify_header, path, display, entries, metadata)
-        self.submit(os.fsync, fd)
+        self.verify_later(reader, display, done)
+
+    def close_file(self) -> None:
+        """fsync the file last opened (behind the copy), and surface a failure seen so far."""
+        self.submit(os.fsync, self.fds[-2])
         for finished in [job for job in self.jobs if job.done()]:
             finished.result()  # surface a verification failure early
-        return WrittenFile(shard.file, offset)
 
     def target(self, fd: int, cloning: Cloning | None) -> Target:
         """Where a shard's cloned runs go: whole blocks cloned, the rest copied."""
@@ -294,7 +320,9 @@ def _verify_tensors(
             )
 
 
-def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+def write_shards(
+    plan: ShardPlan, job: ShardJob, writer: type[ShardWriter] = ShardWriter
+) -> list[WrittenFile]:
     """Write every planned shard (and the index) into the staging folder; verify each file.
 
     The main thread only copies (kernel to kernel, into the page cache). Two worker threads
@@ -307,22 +335,22 @@ def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         job.cloning = find_cloning(streamed_labels(job.tensors.values()), job.sources, job.staging)
     written: list[WrittenFile] = []
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:
-        writer = _Writer(plan, job, workers)
+        files = writer(plan, job, workers)
         try:
             for shard, metadata in zip(plan.shards, job.metadata, strict=True):
-                written.append(writer.shard(shard, metadata))
+                written.append(files.shard(shard, metadata))
             if plan.index_file is not None:
                 path = os.path.join(job.staging, plan.index_file)
                 written.append(
                     WrittenFile(plan.index_file, write_index(path, plan, job.index_metadata))
                 )
-            writer.finish()
+            files.finish()
         except BaseException:
             job.cancel.set()  # stop running verifications; the staging folder is discarded
             raise
         finally:
             workers.shutdown(wait=True)
-            writer.close()
+            files.close()
     if {label: job.sources(label).change_token() for label in labels} != before:
         raise WriteError(
             job.out, "a source file changed while it was being read", "run again on a stable copy"
