@@ -296,6 +296,11 @@ KeepOption = Annotated[
 CloneOption = Annotated[
     bool, typer.Option("--clone", help="Write every alias as its own copy instead.")
 ]
+NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Skip reading the output back.")]
+DequantizeOption = Annotated[
+    DecodeChoice | None,
+    typer.Option("--dequantize", help="GGUF: decode block-quantized tensors to this dtype."),
+]
 
 
 @command()
@@ -322,18 +327,13 @@ def convert(
     keep: KeepOption = "first",
     clone: CloneOption = False,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
-    no_verify: Annotated[
-        bool, typer.Option("--no-verify", help="Skip reading the output back.")
-    ] = False,
+    no_verify: NoVerifyOption = False,
     dry_run: DryRunOption = False,
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
-    dequantize: Annotated[
-        DecodeChoice | None,
-        typer.Option("--dequantize", help="GGUF: decode block-quantized tensors to this dtype."),
-    ] = None,
+    dequantize: DequantizeOption = None,
 ) -> None:
     """Convert a PyTorch, safetensors, GGUF, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
 
