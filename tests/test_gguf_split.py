@@ -266,3 +266,25 @@ def test_a_set_with_errors_is_not_rewritten(three: list[Path], tmp_path: Path) -
     run = cli("reshard", three[0], "-o", tmp_path / "out", "--max-shard", "1GB")
     assert run.code == 1 and "(rule split-set;" in run.error_lines[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_parts_carry_a_custom_alignment(tmp_path: Path) -> None:
+    """Each part is read with its own alignment (ggml's default, 32, where it has no key):
+    parts after the first carry the source's when it is not the default."""
+    source = write_gguf(tmp_path / "in" / "m.gguf", alignment=64)
+    assert cli("reshard", source, "-o", tmp_path / "out", "--max-shard", "2500").code == 0
+    parts = _parts(tmp_path / "out")
+    assert len(parts) > 2
+    assert all(gguf_py_fields(part)["general.alignment"] == 64 for part in parts)
+    original = gguf_py_tensors(source)
+    for part in parts:
+        assert all(original[name] == tensor for name, tensor in gguf_py_tensors(part).items())
+    assert cli("reshard", parts[0], "-o", tmp_path / "merged", "--max-shard", "1GB").code == 0
+    assert (tmp_path / "merged" / "m.gguf").read_bytes() == source.read_bytes()
+
+
+def test_fix_says_it_does_not_rewrite_gguf(three: list[Path]) -> None:
+    assert one_error_line("fix", three[0], "-o", three[0].parent / "out") == (
+        f"error: {three[0]}: file is gguf, which fix does not rewrite (rule unsupported-format; "
+        f"`ckptfix convert {three[0]} -o OUT` writes it as safetensors)"
+    )
