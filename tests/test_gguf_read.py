@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckptfix.core.dtypes import DTYPES, byte_size
-from ckptfix.formats.gguf import GGML_TYPES, GgufFile
+from ckptfix.formats.gguf_file import GGML_TYPES, GgufFile
 from ckptfix.io.gather import tensor_bytes, tensor_chunks
 from ckptfix.io.source import LocalFile
 from tests.builders import Factory

@@ -207,7 +207,7 @@ def gguf_fields(data: bytes) -> list[tuple[int, int]]:
     GGUF file, found with ckptfix's reader (spans) and the format's layout."""
     import struct as structs
 
-    from ckptfix.formats.gguf import read_gguf
+    from ckptfix.formats.gguf_file import read_gguf
 
     class _Bytes:
         label, size = "m.gguf", len(data)

@@ -13,7 +13,7 @@ from ckptfix.checks.folder import duplicate_name_findings
 from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.gguf import PROBE, GgufFile
+from ckptfix.formats.gguf_file import PROBE, GgufFile
 from ckptfix.io.gather import Sources, tensor_chunks
 from ckptfix.layouts.gguf import SPLIT_KIND, part_name, split_part
 from ckptfix.layouts.names import GGUF

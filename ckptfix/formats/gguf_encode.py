@@ -16,11 +16,11 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ckptfix.formats.gguf import ALIGNMENT_KEY, GGML_IDS, SPLIT_KEYS, GgufFile
+from ckptfix.formats.gguf import MAGIC
+from ckptfix.formats.gguf_file import ALIGNMENT_KEY, GGML_IDS, SPLIT_KEYS, GgufFile
 from ckptfix.formats.gguf_header import (
     ARRAY,
     BOOL,
-    MAGIC,
     STRING,
     VALUE_IDS,
     VALUE_TYPES,

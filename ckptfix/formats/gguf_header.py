@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptfix.core.errors import CorruptFileError, UnsupportedFormatError
+from ckptfix.formats.gguf import MAGIC
 from ckptfix.io.source import ByteSource
 
-MAGIC = b"GGUF"
 VERSIONS = (2, 3)
 PREFIX = 24  # magic, version, tensor count, key/value count
 DEFAULT_ALIGNMENT = 32

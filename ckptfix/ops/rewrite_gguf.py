@@ -9,7 +9,6 @@ import os
 from dataclasses import replace
 from functools import partial
 
-from ckptfix.formats.gguf import GgufFile
 from ckptfix.formats.gguf_encode import (
     alignment_key,
     carried_keys,
@@ -17,6 +16,7 @@ from ckptfix.formats.gguf_encode import (
     split_keys,
     tensor_info,
 )
+from ckptfix.formats.gguf_file import GgufFile
 from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import with_remote

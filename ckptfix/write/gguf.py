@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from ckptfix.core.errors import CorruptFileError, VerificationError
-from ckptfix.formats.gguf import read_gguf
 from ckptfix.formats.gguf_encode import (
     PartHeader,
     alignment_key,
@@ -29,6 +28,7 @@ from ckptfix.formats.gguf_encode import (
     split_keys,
     tensor_info,
 )
+from ckptfix.formats.gguf_file import read_gguf
 from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT, MAX_HEADER
 from ckptfix.io.source import LocalFile, pread_exact
 from ckptfix.plan.align import Run, residue, shareable
