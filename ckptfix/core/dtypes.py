@@ -132,14 +132,6 @@ def byte_size(dtype: DType, numel: int) -> int | None:
     return bits // 8
 
 
-def numel_from_bytes(dtype: DType, nbytes: int) -> int:
-    """Elements held in `nbytes` bytes of `dtype` (the bytes were validated as whole
-    elements, or whole blocks)."""
-    if dtype.quantized:
-        return nbytes // dtype.block_bytes * dtype.block
-    return nbytes * 8 // dtype.bits
-
-
 def numel_of(shape: tuple[int, ...]) -> int:
     """Element count in exact (Python) integers: never overflows the way int32/int64 products do."""
     count = 1

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from ckptfix.core.dtypes import DTYPES, numel_from_bytes
+from ckptfix.core.dtypes import DTYPES
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +72,13 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        # Exact: nbytes was validated as numel * bits / 8 (whole blocks, for a block-quantized
-        # dtype). O(1), unlike a product of dims.
-        return numel_from_bytes(DTYPES[self.dtype], self.nbytes)
+        # Exact: nbytes was validated as numel * bits / 8, or as whole blocks of a
+        # block-quantized dtype. O(1), unlike a product of dims; inline, since it is summed
+        # over every tensor of a report.
+        dtype = DTYPES[self.dtype]
+        if dtype.block_bytes:
+            return self.nbytes // dtype.block_bytes * dtype.block
+        return self.nbytes * 8 // dtype.bits
 
     @property
     def pieces(self) -> tuple[Piece, ...]:
