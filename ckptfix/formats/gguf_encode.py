@@ -85,9 +85,14 @@ class PartHeader:
     keys: Sequence[bytes]  # every key/value record, in order
     infos: Sequence[bytes]
 
-    def encode(self) -> bytes:
+    def pieces(self) -> list[bytes]:
+        """The header as the pieces it is made of, in order (never joined: the metadata
+        of a large vocabulary is megabytes)."""
         prefix = MAGIC + struct.pack("<IQQ", self.version, len(self.infos), len(self.keys))
-        return b"".join([prefix, *self.keys, *self.infos])
+        return [prefix, *self.keys, *self.infos]
+
+    def encode(self) -> bytes:
+        return b"".join(self.pieces())
 
     @property
     def size(self) -> int:

@@ -15,9 +15,10 @@ in order, each padded to the alignment.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckptfix.core.errors import CorruptFileError, VerificationError
 from ckptfix.formats.gguf_encode import (
@@ -30,13 +31,14 @@ from ckptfix.formats.gguf_encode import (
 )
 from ckptfix.formats.gguf_file import read_gguf
 from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT, MAX_HEADER
-from ckptfix.io.source import LocalFile, pread_exact
+from ckptfix.io.source import LocalFile
 from ckptfix.plan.align import Run, residue, shareable
 from ckptfix.plan.gguf_parts import StartRange, choose_start, padded
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
+from ckptfix.write.copy import write_all
 from ckptfix.write.results import WrittenFile
-from ckptfix.write.safetensors import ShardJob, ShardWriter
+from ckptfix.write.safetensors import ShardJob, ShardWriter, range_digest
 from ckptfix.write.zerocopy import NO_CLONING
 
 _BUG = "this is a bug; please report it"
@@ -54,10 +56,13 @@ class GgufJob(ShardJob):
 
 @dataclass(frozen=True)
 class PartLayout:
-    """A part as it will be written: header bytes, each tensor's file offset, file size, and
-    the tensor bytes that line up with their source's blocks (cloned where it can)."""
+    """A part as it will be written: its header (the pieces, their size and digest), each
+    tensor's file offset, the file's size, and the tensor bytes that line up with their
+    source's blocks (cloned where it can)."""
 
-    header: bytes
+    header: tuple[bytes, ...]
+    header_size: int
+    header_digest: bytes
     placed: tuple[tuple[str, int], ...]
     end: int
     shareable: int = 0
@@ -109,7 +114,13 @@ def layout_part(plan: ShardPlan, job: GgufJob, number: int) -> PartLayout:
     block = (job.cloning or NO_CLONING).block
     lined = sum(shareable(r, block) for r in runs if block and residue(r, block) == chosen % block)
     placed = tuple((name, chosen + rel) for name, rel in zip(shard.tensors, relative, strict=True))
-    return PartLayout(header.encode(), placed, chosen + at, lined, chosen - start)
+    pieces = tuple(header.pieces())
+    digest = hashlib.blake2b(digest_size=32)
+    for piece in pieces:
+        digest.update(piece)
+    return PartLayout(
+        pieces, header.size, digest.digest(), placed, chosen + at, lined, chosen - start
+    )
 
 
 def _data_start(plan: ShardPlan, job: GgufJob, header: int, size: int, runs: list[Run]) -> int:
@@ -127,11 +138,10 @@ def _data_start(plan: ShardPlan, job: GgufJob, header: int, size: int, runs: lis
     return choose_start(StartRange(start, low, room, job.alignment), runs, block)
 
 
-def verify_part(
-    path: str, display: str, header: bytes, planned: Sequence[tuple[object, ...]]
-) -> None:
+def verify_part(path: str, display: str, layout: PartLayout, planned: Sequence[object]) -> None:
     """The finished part must pass every rule of the GGUF reader, hold exactly the planned
-    header bytes and tensors (names, dtypes, shapes, byte ranges)."""
+    header bytes (by their digest, read back in chunks) and tensors (names, dtypes, shapes,
+    byte ranges)."""
     with LocalFile(path, display) as written:
         try:
             read = read_gguf(written)
@@ -140,8 +150,8 @@ def verify_part(
                 display, f"written file does not validate: {exc.detail()}", _BUG
             ) from exc
         got = [(t.name, t.dtype, t.shape, t.byte_range) for t in read.tensors]
-        stored = pread_exact(written.fd(), 0, len(header), display)
-    if got != list(planned) or stored != header:
+        stored = range_digest(written.fd(), (0, layout.header_size))
+    if got != list(planned) or stored != layout.header_digest:
         raise VerificationError(display, "written header differs from the plan", _BUG)
 
 
@@ -153,12 +163,17 @@ class PartWriter(ShardWriter):
         assert isinstance(job, GgufJob)
         layout = layout_part(self.plan, job, self.plan.shards.index(shard))
         job.tally.add("padding", layout.padding)
-        path, display = self.open(shard.file, layout.header, layout.end)
+        path, display = self.open(shard.file, b"", layout.end)
+        at = 0
+        for piece in layout.header:
+            write_all(self.fds[-2], piece, at)
+            at += len(piece)
         self.copy_tensors(layout.placed, display)
         os.ftruncate(self.fds[-2], layout.end)
         if job.verify:
             planned = [_planned(job.tensors[name], offset) for name, offset in layout.placed]
-            self.submit(verify_part, path, display, layout.header, planned)
+            lean = replace(layout, header=())  # the verifier needs the digest, not the bytes
+            self.submit(verify_part, path, display, lean, planned)
         self.close_file()
         return WrittenFile(shard.file, layout.end)
 
