@@ -643,6 +643,14 @@ def bench_zero_copy(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_gguf(repeat: int) -> None:
+    """GGUF inspect, split and merge: bench/gguf_bench.py."""
+    import gguf_bench
+
+    for row in gguf_bench.bench_gguf(CACHE, repeat):
+        print(row, flush=True)
+
+
 def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
@@ -672,6 +680,7 @@ def main() -> None:
         "inspect",
         "remote",
         "reflink",
+        "gguf",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
@@ -697,6 +706,7 @@ def main() -> None:
         "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
         "remote": lambda: bench_remote(args.repeat),
         "reflink": lambda: bench_zero_copy(writes),
+        "gguf": lambda: bench_gguf(writes),
     }
     for job in [args.only] if args.only else jobs:
         runs[job]()

@@ -7,11 +7,26 @@ import pytest
 
 from tests.attacks import ATTACK_CASES
 from tests.builders import Factory
-from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, SHARDING_CASES, Case
+from tests.cases import (
+    GGUF_CASES,
+    INDEX_CASES,
+    PICKLE_CASES,
+    SAFETENSORS_CASES,
+    SHARDING_CASES,
+    Case,
+)
 from tests.helpers import cli, tree_snapshot
 from tests.zero_builders import ZERO_CASES
 
-CORPUS = SAFETENSORS_CASES + SHARDING_CASES + INDEX_CASES + PICKLE_CASES + ATTACK_CASES + ZERO_CASES
+CORPUS = (
+    SAFETENSORS_CASES
+    + SHARDING_CASES
+    + INDEX_CASES
+    + PICKLE_CASES
+    + ATTACK_CASES
+    + ZERO_CASES
+    + GGUF_CASES
+)
 COMMANDS = ["inspect", "reshard", "convert", "dedupe", "hash", "diff"]
 
 
@@ -24,7 +39,7 @@ def marker(case: Case) -> str:
         return "outside the allowlist"
     if case.code == "lfs-pointer":
         return "Git LFS pointer"
-    if case.code == "unsupported-format":
+    if case.code == "unsupported-format" and case.rule in ("torchscript", "tar"):
         return {"torchscript": "TorchScript", "tar": "tar archive"}[case.rule]
     return f"(rule {case.rule};"
 

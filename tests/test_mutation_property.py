@@ -176,3 +176,134 @@ def _check_output(source: Path, out: Path, form: str) -> None:
     if expected is not None:
         for name, (_, shape, raw) in written.items():
             assert expected[name] == (shape, raw), name
+
+
+# --- GGUF ------------------------------------------------------------------------------------
+
+GGML_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_K", "Q6_K"]
+INTERESTING = [0, 1, 2, 31, 32, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**63, 2**64 - 1]
+
+
+@st.composite
+def gguf_files(draw: st.DrawFn) -> bytes:
+    """1-4 tensors of random ggml types and shapes (whole blocks), written by gguf-py."""
+    import tempfile
+
+    from tests.gguf_files import Tensor, write_gguf
+
+    tensors = []
+    for index in range(draw(st.integers(1, 4))):
+        ggml = draw(st.sampled_from(GGML_TYPES))
+        row = 256 * draw(st.integers(1, 2)) if ggml[0] == "Q" else draw(st.integers(1, 64))
+        shape = (draw(st.integers(1, 3)), row) if draw(st.booleans()) else (row,)
+        tensors.append(Tensor(f"blk.{index}.weight", ggml, shape))
+    arch = draw(st.sampled_from(["llama", "qwen2", "gemma3"]))
+    with tempfile.TemporaryDirectory() as folder:
+        return write_gguf(Path(folder) / "m.gguf", arch, tensors).read_bytes()
+
+
+def gguf_fields(data: bytes) -> list[tuple[int, int]]:
+    """(offset, width) of every count, length, type, dimension and offset field of a valid
+    GGUF file, found with ckptfix's reader (spans) and the format's layout."""
+    import struct as structs
+
+    from ckptfix.formats.gguf_file import read_gguf
+
+    class _Bytes:
+        label, size = "m.gguf", len(data)
+
+        def read_at(self, offset: int, size: int) -> bytes:
+            return data[offset : offset + size]
+
+    read = read_gguf(_Bytes())  # type: ignore[arg-type]
+    fields = [(4, 4), (8, 8), (16, 8)]
+    for key in read.keys:
+        at = key.span[0]
+        length = structs.unpack_from("<Q", data, at)[0]
+        fields += [(at, 8), (at + 8 + length, 4)]
+        value = at + 8 + length + 4
+        if key.type == "ARRAY":
+            fields += [(value, 4), (value + 4, 8)]
+        elif key.type == "STRING":
+            fields.append((value, 8))
+    at = read.keys_end
+    for tensor in read.tensors:
+        name = len(tensor.name.encode())
+        fields += [(at, 8), (at + 8 + name, 4)]
+        dims = at + 8 + name + 4
+        fields += [(dims + 8 * i, 8) for i in range(len(tensor.shape))]
+        tail = dims + 8 * len(tensor.shape)
+        fields += [(tail, 4), (tail + 4, 8)]
+        at = tail + 12
+    return fields
+
+
+@st.composite
+def mutated_gguf(draw: st.DrawFn) -> tuple[bytes, str]:
+    """(bytes, kind): a valid file with a random byte changed, or a random header field set
+    to a random or boundary value, or nothing."""
+    original = draw(gguf_files())
+    data = bytearray(original)
+    kind = draw(st.sampled_from(["none", "byte", "field", "field"]))
+    if kind == "byte":
+        data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    elif kind == "field":
+        at, width = draw(st.sampled_from(gguf_fields(original)))
+        value = draw(st.sampled_from(INTERESTING) | st.integers(0, 2 ** (8 * width) - 1))
+        data[at : at + width] = (value % 2 ** (8 * width)).to_bytes(width, "little")
+    return bytes(data), kind
+
+
+@pytest.mark.slow
+@PROPERTY
+@given(mutated_gguf())
+def test_every_command_reads_a_mutated_gguf_exactly_or_fails_cleanly(
+    tmp_path_factory: pytest.TempPathFactory, case: tuple[bytes, str]
+) -> None:
+    data, kind = case
+    root = tmp_path_factory.mktemp("gguf")
+    path = root / "m.gguf"
+    path.write_bytes(data)
+    for reader in (["inspect", path], ["hash", path], ["diff", path, path]):
+        run, _, _ = _bounded_run(*reader, size=len(data))
+        assert run.code in (0, 1), (reader, run.stderr)
+        assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+        assert all(line.startswith("error: ") for line in run.error_lines), run.stderr
+        if kind == "none":
+            assert run.code == 0, run.stderr
+    for command in (
+        ["reshard", "--max-shard", "600"],
+        ["reshard", "--max-shard", "1GB"],
+        ["convert", "--dequantize", "fp32"],
+    ):
+        out = root / f"out-{'-'.join(command)}"
+        run, _, _ = _bounded_run(command[0], path, "-o", out, *command[1:], size=len(data))
+        assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+        if run.code != 0:
+            assert run.code == 1 and len(run.error_lines) == 1, run.stderr
+            assert run.error_lines[0].startswith("error: ") and not out.exists()
+            continue
+        _check_gguf_output(path, out, command[0])
+    assert not list(root.glob(".ckptfix-*"))
+
+
+def _check_gguf_output(source: Path, out: Path, command: str) -> None:
+    """A rewrite that succeeded holds exactly the source's tensors (the GGUF parts read by
+    gguf-py as well); a conversion, exactly its unquantized ones."""
+    from ckptfix.core.dtypes import DTYPES
+    from tests.gguf_files import gguf_py_tensors
+
+    read = read_tensors(source, (".gguf",))
+    if command == "reshard":
+        written = read_tensors(out, (".gguf",))
+        assert written == read
+        from_parts = {}
+        for part in sorted(out.glob("*.gguf")):
+            from_parts.update(gguf_py_tensors(part))
+        assert from_parts == written
+        return
+    converted = read_tensors(out)
+    assert set(converted) == set(read)
+    for name, (dtype, shape, data) in read.items():
+        if not DTYPES[dtype].quantized:
+            assert converted[name] == (dtype, shape, data), name

@@ -39,14 +39,6 @@ SPECS = [
 METADATA_ALLOWANCE = 2**20
 
 
-@pytest.fixture(scope="module", params=["xfs", "btrfs"])
-def filesystem(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Path]:
-    with loop_mount(request.param, tmp_path_factory.mktemp(request.param)) as point:
-        yield point
-
-
 @pytest.fixture(scope="module")
 def xfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     with loop_mount("xfs", tmp_path_factory.mktemp("xfs")) as point:

@@ -229,7 +229,10 @@ def _print_reports(
 @command()
 def reshard(
     src: Annotated[
-        str, typer.Argument(metavar="SRC", help="safetensors file or model folder, or a URL.")
+        str,
+        typer.Argument(
+            metavar="SRC", help="safetensors or GGUF file, model folder or split set, or a URL."
+        ),
     ],
     out: Annotated[
         Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
@@ -273,6 +276,12 @@ class DtypeChoice(str, Enum):
     keep = "keep"
 
 
+class DecodeChoice(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
 SrcArgument = Annotated[  # str, not Path: a Path would fold the // of a URL
     str, typer.Argument(metavar="SRC", help="Checkpoint file or model folder, or a URL.")
 ]
@@ -286,6 +295,11 @@ KeepOption = Annotated[
 ]
 CloneOption = Annotated[
     bool, typer.Option("--clone", help="Write every alias as its own copy instead.")
+]
+NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Skip reading the output back.")]
+DequantizeOption = Annotated[
+    DecodeChoice | None,
+    typer.Option("--dequantize", help="GGUF: decode block-quantized tensors to this dtype."),
 ]
 
 
@@ -313,16 +327,15 @@ def convert(
     keep: KeepOption = "first",
     clone: CloneOption = False,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
-    no_verify: Annotated[
-        bool, typer.Option("--no-verify", help="Skip reading the output back.")
-    ] = False,
+    no_verify: NoVerifyOption = False,
     dry_run: DryRunOption = False,
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
+    dequantize: DequantizeOption = None,
 ) -> None:
-    """Convert a PyTorch, safetensors, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
+    """Convert a PyTorch, safetensors, GGUF, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
 
     \b
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
@@ -347,6 +360,7 @@ def convert(
             clone=clone,
             verify=not no_verify,
             zero_weights=zero_weights.value,
+            dequantize=dequantize.value if dequantize is not None else None,
         )
         result = run_convert(input_path(src), out, options)
     _show(result, json_output)

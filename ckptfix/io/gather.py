@@ -27,8 +27,11 @@ def tensor_chunks(
     sources: Sources | ByteSource, tensor: TensorInfo, chunk: int = CHUNK
 ) -> Iterator[bytes]:
     """The tensor's bytes in row-major order, in chunks of at most `chunk` bytes (a chunk
-    never splits an element: `chunk` is a multiple of every element size)."""
+    never splits an element, nor a block of a block-quantized dtype: it is cut to a multiple
+    of the dtype's unit, so a block can be decoded chunk by chunk)."""
     source_of = _source_of(sources)
+    unit = DTYPES[tensor.dtype].unit
+    chunk = max(chunk - chunk % unit, unit)
     pieces = tensor.pieces
     if tensor.nbytes == 0:
         return

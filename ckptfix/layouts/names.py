@@ -26,6 +26,9 @@ INDEX_RE = re.compile(
     rf"^(?P<stem>{_STEM})\.(?P<ext>safetensors|bin)\.index(?:\.(?P<variant>[A-Za-z0-9_]+))?\.json$"
 )
 LOOSE_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+# llama.cpp's split sets: `<prefix>-00001-of-00003.gguf` (`llama_split_path`'s "%05d").
+GGUF_PART_RE = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5,})-of-(?P<total>\d{5,})\.gguf$")
+GGUF = "gguf"
 # Files that trainers leave beside the weights: pickles of settings or optimizer state,
 # not model weights. They are copied as ordinary files, never read as weights.
 NOT_WEIGHTS = re.compile(
@@ -113,6 +116,8 @@ class Family:
 
     @property
     def label(self) -> str:
+        if self.ext == GGUF:
+            return "loose *.gguf files" if self.stem == "loose" else f"{self.stem}-*-of-*.gguf"
         if self.stem == "loose":  # the torch family holds .bin, .pt, .pth and .ckpt files
             exts = sorted({os.path.splitext(name)[1] for name in self.files}) or [f".{self.ext}"]
             return f"loose {'/'.join(f'*{ext}' for ext in exts)} files"
@@ -121,7 +126,10 @@ class Family:
 
     @property
     def kind(self) -> str:
-        """The family without its variant: what counts towards `mixed-formats`."""
+        """The family without its variant: what counts towards `mixed-formats` (GGUF files,
+        single or split, are one kind: a folder of quantizations is not mixed formats)."""
+        if self.ext == GGUF:
+            return "*.gguf"
         return self.label if self.stem == "loose" else f"{self.stem}*.{self.ext}"
 
 
@@ -169,6 +177,11 @@ def layout_of(names: Sequence[str]) -> FolderLayout:
         index_match = INDEX_RE.match(name)
         if index_match is not None:
             family(index_match["stem"], index_match["variant"], index_match["ext"]).index = name
+            continue
+        gguf_part = GGUF_PART_RE.match(name)
+        if name.endswith(".gguf"):  # a split set's part, or a file of its own
+            family(gguf_part["stem"] if gguf_part else "loose", None, GGUF).files.append(name)
+            weight_files.append(name)
             continue
         parsed = parse_weight_name(name)
         if parsed is not None:

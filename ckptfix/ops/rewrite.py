@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,7 +39,7 @@ from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint, 
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
 from ckptfix.write.extras import carried_as_file, copy_extra
-from ckptfix.write.output import check_free_space, check_names, wrap_os_error
+from ckptfix.write.output import check_free_space, check_names, check_quantized, wrap_os_error
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
@@ -63,7 +63,7 @@ class RewriteResult:
         return document
 
 
-def _carry_over(checkpoint: RewriteSource, outputs: set[str]) -> tuple[list[str], list[str]]:
+def carry_over(checkpoint: RewriteSource, outputs: set[str]) -> tuple[list[str], list[str]]:
     """For --in-place: keep everything but the rewritten checkpoint itself.
 
     Returns (carried, left out): names kept as they are (special files and .git too), and
@@ -80,7 +80,7 @@ def _carry_over(checkpoint: RewriteSource, outputs: set[str]) -> tuple[list[str]
     return sorted(carried), left_out
 
 
-def _nearest_folder(path: str) -> str:
+def nearest_folder(path: str) -> str:
     while not os.path.isdir(path):
         path = os.path.dirname(path)
     return path
@@ -164,7 +164,7 @@ def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) ->
         {plan.index_file} if plan.index_file else set()
     )
     if options.in_place:
-        copied, left_out = _carry_over(source, outputs)
+        copied, left_out = carry_over(source, outputs)
     else:
         copied, left_out = list(source.extra_files), list(source.left_out)
     dropped, shared = dict(selection.dropped), {}
@@ -245,6 +245,7 @@ def _write(
     tensors = {tensor.name: tensor for tensor in selection.tensors}
     torch = options.to == "torch"
     check_names(selection.tensors)
+    check_quantized(selection.tensors, claim.out)
     if torch:
         check_torch_dtypes(selection.tensors, claim.out)
     headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
@@ -260,20 +261,28 @@ def _write(
         verify=options.verify,
     )
     try:
-        folder = _nearest_folder(os.path.dirname(claim.real))  # where staging will be
+        folder = nearest_folder(os.path.dirname(claim.real))  # where staging will be
         needed = sum(headers) + plan.total_size
         if not torch:  # blocks the output can share with the source take no space
             job.cloning = find_cloning(streamed_labels(selection.tensors), job.sources, folder)
             needed -= shareable_bytes(plan, tensors, headers, job.cloning)
             needed += len(plan.shards) * (job.cloning.block or 0)  # padding
         check_free_space(folder, needed, claim.out)
-        return _stage_and_commit(source, plan, job, claim, options)
+        return stage_and_commit(source, plan, job, claim, options)
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
 
 
-def _stage_and_commit(
-    source: RewriteSource, plan: ShardPlan, job: ShardJob, claim: Claim, options: WriteOptions
+Write = Callable[[ShardPlan, ShardJob], list[WrittenFile]]
+
+
+def stage_and_commit(
+    source: RewriteSource,
+    plan: ShardPlan,
+    job: ShardJob,
+    claim: Claim,
+    options: WriteOptions,
+    write: Write = write_shards,
 ) -> RewriteResult:
     with staged(claim) as staging:
 
@@ -283,10 +292,7 @@ def _stage_and_commit(
                 options.progress(done, total)
 
         job.staging, job.progress = staging.path, advance
-        if options.to == "torch":
-            written = write_torch_shards(plan, job)
-        else:
-            written = write_shards(plan, job)
+        written = write_torch_shards(plan, job) if options.to == "torch" else write(plan, job)
         staging.checkpoint()
         if MARKER in plan.copied_files:
             staging.unmark()  # the source's own file of that name takes its place
@@ -331,6 +337,7 @@ class ConvertOptions(RewriteOptions):
     clone: bool = False  # write every alias as its own copy
     verify: bool = True
     zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
+    dequantize: str | None = None  # GGUF: decode block-quantized tensors to bf16, fp16, fp32
 
 
 @dataclass(frozen=True)
@@ -382,6 +389,9 @@ def convert(
         raise UsageError(
             "--dtype", f"unknown dtype {options.dtype!r}", "use bf16, fp16, fp32 or keep"
         )
+    if options.dequantize is not None and options.dequantize not in CAST_TARGETS:
+        what = f"unknown dtype {options.dequantize!r}"
+        raise UsageError("--dequantize", what, "use bf16, fp16 or fp32")
     with _opened(
         src,
         out,
@@ -389,6 +399,10 @@ def convert(
         read=ReadOptions(key=options.key, zero_weights=options.zero_weights),
         torch=True,
     ) as (opened, claim):
+        if opened.gguf_stem is not None:  # its metadata kept as one JSON entry
+            from ckptfix.ops.rewrite_gguf import with_gguf_metadata
+
+            opened = with_gguf_metadata(opened)
         choice = SelectOptions(
             exclude=tuple(options.exclude),
             strip_prefix=options.strip_prefix,
@@ -398,6 +412,7 @@ def convert(
             dtype=CAST_TARGETS.get(options.dtype),
             dtypes=opened.dtypes,
             recorded=opened.aliases,
+            dequantize=CAST_TARGETS.get(options.dequantize or ""),
         )
         selection = select(opened.declared, choice, opened.checkpoint.source)
         write = WriteOptions(
@@ -454,14 +469,18 @@ def reshard(
     out: str | os.PathLike[str] | None,
     options: ReshardOptions | None = None,
 ) -> RewriteResult:
-    """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes."""
+    """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes, or a GGUF
+    file or split set into a llama.cpp split set (one file when it fits)."""
     options = options or ReshardOptions()
-    with _opened(src, out, options, in_place=options.in_place) as (opened, claim):
-        selection = _as_they_are(opened)
+    with _opened(src, out, options, in_place=options.in_place, gguf=True) as (opened, claim):
         write = WriteOptions(
             options.max_shard,
             in_place=options.in_place,
             dry_run=options.dry_run,
             progress=options.progress,
         )
-        return _write(opened, selection, claim, write)
+        if opened.gguf_stem is not None:  # a GGUF file or split set: GGUF parts
+            from ckptfix.ops.rewrite_gguf import write_gguf
+
+            return write_gguf(opened, claim, replace(write, to="gguf"))
+        return _write(opened, _as_they_are(opened), claim, write)

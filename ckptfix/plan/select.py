@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from ckptfix.checks.tensors import common_wrapper_prefixes
 from ckptfix.checks.values import content_groups
-from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.dtypes import DTYPES, byte_size
 from ckptfix.core.errors import UsageError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.source import ByteSource
@@ -33,7 +33,11 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        return self.source.numel * DTYPES[self.dtype].bits // 8
+        if self.dtype == self.source.dtype:  # as stored (a block-quantized one too)
+            return self.source.nbytes
+        size = byte_size(DTYPES[self.dtype], self.source.numel)
+        assert size is not None, "casts and dequantization target whole-byte dtypes"
+        return size
 
     @property
     def streamed(self) -> bool:
@@ -110,6 +114,7 @@ class SelectOptions:
     # dropped -> kept from the source's ckptfix.dropped record: aliases as surely as names
     # on one storage (the dropped name is in the tensors, as the kept tensor)
     recorded: Mapping[str, str] = field(default_factory=dict)
+    dequantize: str | None = None  # decode block-quantized (GGUF) tensors to this dtype
 
 
 def select(
@@ -145,9 +150,9 @@ def select(
         if name in dropped:
             dropped_bytes += tensor.nbytes
             continue
-        floating = DTYPES[tensor.dtype].is_floating
-        target = (options.dtype or options.dtypes.get(tensor.name)) if floating else None
-        target = target or tensor.dtype
+        kind = DTYPES[tensor.dtype]
+        target = (options.dtype or options.dtypes.get(tensor.name)) if kind.is_floating else None
+        target = target or (options.dequantize if kind.quantized else None) or tensor.dtype
         out.append(OutTensor(name, tensor, target))
     return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes, kept_equal, merged)
 

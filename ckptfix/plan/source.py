@@ -17,7 +17,8 @@ from ckptfix.io.folder import LOCAL
 from ckptfix.layouts import model_files
 from ckptfix.layouts.choice import Choice
 from ckptfix.layouts.diffusers import no_weights_message
-from ckptfix.layouts.names import parse_weight_name
+from ckptfix.layouts.gguf import SPLIT_KIND
+from ckptfix.layouts.names import GGUF, parse_weight_name
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
@@ -58,6 +59,9 @@ class RewriteSource:
     variant: str | None = None
     # dropped -> kept: the names its ckptfix.dropped record declares (see `recorded`)
     aliases: dict[str, str] = field(default_factory=dict)
+    # A GGUF checkpoint: the name its rewrites as GGUF keep (`name` of `name.gguf` or of a
+    # split set's `name-00001-of-00003.gguf`); None for every other input.
+    gguf_stem: str | None = None
 
     @property
     def training_checkpoint(self) -> bool:
@@ -138,24 +142,29 @@ def open_checkpoint(
     max_shard: int = DEFAULT_MAX_SHARD,
     read: ReadOptions | None = None,
     torch: bool = False,
+    gguf: bool = False,
 ) -> RewriteSource:
     """Load a checkpoint file or model folder once, check it, and refuse it if it has
-    errors. Only safetensors is accepted unless `torch` allows PyTorch files too (and
-    training checkpoint folders, which hold PyTorch data)."""
+    errors. Only safetensors is accepted unless `torch` allows every other input too
+    (PyTorch files, training checkpoint folders, GGUF), or `gguf` allows GGUF."""
     checkpoint = load(path, read)
     report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
-    return choose_source(checkpoint, report, torch=torch)
+    return choose_source(checkpoint, report, torch=torch, gguf=gguf)
 
 
-def choose_source(checkpoint: Checkpoint, report: Report, *, torch: bool = False) -> RewriteSource:
+def choose_source(
+    checkpoint: Checkpoint, report: Report, *, torch: bool = False, gguf: bool = False
+) -> RewriteSource:
     """The checkpoint a rewrite (or a hash) reads from what `load` found: the family chosen,
     its tensors in source order; refused if it has errors (see open_checkpoint)."""
     path = checkpoint.path
     if checkpoint.training is not None:
         return _training_source(checkpoint, report, torch=torch)
+    if checkpoint.kind in (GGUF, SPLIT_KIND):
+        return _gguf_source(checkpoint, report, allowed=torch or gguf)
     if checkpoint.kind != "folder":
         return _single_file(checkpoint, report, torch=torch)
-    choice = _checked_choice(checkpoint, torch=torch)
+    choice = _checked_choice(checkpoint, torch=torch, gguf=gguf)
     family = choice.family
     assert family is not None  # _checked_choice refuses a folder without one
     names, index_metadata = _family_files(checkpoint, choice)
@@ -183,12 +192,42 @@ def choose_source(checkpoint: Checkpoint, report: Report, *, torch: bool = False
         report=report,
         checkpoint=checkpoint,
         left_out_reasons={name: reasons[name] for name in left_out},
-        stem=family.stem if family.stem != "loose" else "model",
+        stem=family.stem if family.stem != "loose" and family.ext != GGUF else "model",
         variant=family.variant,
+        gguf_stem=gguf_stem(family.stem, names) if family.ext == GGUF else None,
     )
 
 
-def _checked_choice(checkpoint: Checkpoint, *, torch: bool) -> Choice:
+def gguf_stem(stem: str, names: list[str]) -> str:
+    """The name a GGUF checkpoint's rewrites keep: a split set's prefix, a file's name."""
+    return names[0].removesuffix(".gguf") if stem == "loose" else stem
+
+
+def _gguf_source(checkpoint: Checkpoint, report: Report, *, allowed: bool) -> RewriteSource:
+    """A GGUF file, or a split set named by its first part: its tensors in file order."""
+    refuse_if_errors(report)
+    path = checkpoint.path
+    if not allowed:
+        raise UnsupportedFormatError(path, "file is GGUF, not safetensors", "use `ckptfix convert`")
+    labels = tuple(record.label for record in checkpoint.files)
+    names = [os.path.basename(label) for label in labels]
+    stem = checkpoint.layout.families[0].stem if checkpoint.kind == SPLIT_KIND else "loose"
+    return RewriteSource(
+        path=path,
+        is_folder=False,
+        tensors=checkpoint.tensors,
+        metadata={},
+        index_metadata={},
+        source_files=labels,
+        extra_files=(),
+        left_out=(),
+        report=report,
+        checkpoint=checkpoint,
+        gguf_stem=gguf_stem(stem, names),
+    )
+
+
+def _checked_choice(checkpoint: Checkpoint, *, torch: bool, gguf: bool = False) -> Choice:
     """The folder's checkpoint as its loader would choose it; refused when there are several
     separate ones, or when it is PyTorch and a safetensors-only command asked."""
     choice: Choice = checkpoint.choice
@@ -203,7 +242,7 @@ def _checked_choice(checkpoint: Checkpoint, *, torch: bool) -> Choice:
         )
     if choice.family is None:
         raise InputRefusedError(path, no_weights_message(path))
-    if not torch and choice.family.ext != "safetensors":
+    if not torch and choice.family.ext not in ("safetensors", GGUF if gguf else "safetensors"):
         raise UnsupportedFormatError(
             path,
             f"the folder's checkpoint is {choice.label}, not safetensors",

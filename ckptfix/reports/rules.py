@@ -54,6 +54,15 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "A training checkpoint holds optimizer or training state besides the model.",
         "Nothing to fix: `ckptfix convert` writes the model only and reports what it left out.",
     ),
+    "split-set": (
+        "A llama.cpp GGUF split set whose parts do not make one model: a part missing, "
+        "split.* keys disagreeing with the file names or each other, a part renamed.",
+        "Download the missing or mismatched parts again, every part from one upload.",
+    ),
+    "zero-filled": (
+        "GGUF tensor data that is all zeros where a download should have written it.",
+        "Download the file again; `ckptfix inspect --scan-values` checks every tensor.",
+    ),
     "several-checkpoints": (
         "A folder holds several separate checkpoint files (loose files with other names).",
         "They are not one model: inspect or convert one file at a time, or move the others out.",

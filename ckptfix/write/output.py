@@ -9,7 +9,14 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckptfix.core.errors import CkptfixError, CorruptFileError, VerificationError, WriteError
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import (
+    CkptfixError,
+    CorruptFileError,
+    PlanError,
+    VerificationError,
+    WriteError,
+)
 from ckptfix.core.sizes import format_size
 from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.select import OutTensor
@@ -49,6 +56,30 @@ def check_names(tensors: Iterable[OutTensor]) -> None:
                 "no safetensors header or index can hold",
                 "rename the tensor where the checkpoint is made",
             ) from None
+
+
+def check_quantized(tensors: Iterable[OutTensor], out: str) -> None:
+    """Refuse, before anything is written, a block-quantized tensor (GGUF) kept as it is:
+    neither safetensors nor torch has its dtype, and its values exist only decoded; and
+    one to be decoded that the gguf package cannot decode."""
+    tensors = list(tensors)
+    kept = [tensor for tensor in tensors if DTYPES[tensor.dtype].quantized]
+    if not kept:
+        decoded = [t.source for t in tensors if DTYPES[t.source.dtype].quantized]
+        if decoded:
+            from ckptfix.write.dequantize import check_dequantizable
+
+            check_dequantizable({t.dtype for t in decoded}, decoded[0].file)
+        return
+    dtypes = ", ".join(sorted({tensor.dtype for tensor in kept}))
+    raise PlanError(
+        kept[0].source.file,
+        f"{len(kept)} tensor(s) such as {kept[0].name!r} are block-quantized ({dtypes}), which "
+        "safetensors and torch have no dtype for",
+        "decode them with --dequantize bf16, fp16 or fp32, or keep the model as GGUF "
+        "(`ckptfix reshard` splits and merges it)",
+        rule="quantized-tensor",
+    )
 
 
 def check_free_space(folder: str, needed: int, out: str) -> None:

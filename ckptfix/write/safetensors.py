@@ -17,14 +17,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
 from ckptfix.formats.safetensors import MAX_HEADER_SIZE, HeaderEntry, encode_header, read_header
-from ckptfix.io.gather import Sources, tensor_chunks
+from ckptfix.io.gather import CHUNK, Sources, tensor_chunks
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
-from ckptfix.write.copy import COPY_CHUNK, Target, copy_from, write_all
+from ckptfix.write.copy import COMPARE_CHUNK, Target, copy_from, write_all
 from ckptfix.write.filejobs import FileJobs
 from ckptfix.write.output import open_output, write_index
 from ckptfix.write.results import Progress, WrittenFile
@@ -41,15 +42,22 @@ from ckptfix.write.zerocopy import (
 )
 
 FLUSH_EVERY = 256 * 2**20
+DECODED = 4 * 2**20  # F32 bytes a chunk of a block-quantized tensor decodes to, at most
 
 
 def produce(sources: Sources, tensor: OutTensor) -> Iterator[bytes]:
     """The output bytes of a tensor that is not streamed, in bounded chunks: gathered
-    (strided views), then cast if asked."""
-    for chunk in tensor_chunks(sources, tensor.source):
+    (strided views), then cast (or dequantized) if asked. A block-quantized source is read
+    in smaller chunks, so that what it decodes to (DECODED bytes of F32, and the decoder's
+    temporaries, several times that) stays small."""
+    stored = DTYPES[tensor.source.dtype]
+    chunk = CHUNK
+    if stored.quantized:  # each block of block_bytes decodes to `block` F32 values
+        chunk = max(DECODED * stored.block_bytes // (4 * stored.block), stored.block_bytes)
+    for data in tensor_chunks(sources, tensor.source, chunk):
         if tensor.dtype != tensor.source.dtype:
-            chunk = cast_bytes(chunk, tensor.source.dtype, tensor.dtype)
-        yield chunk
+            data = cast_bytes(data, tensor.source.dtype, tensor.dtype)
+        yield data
 
 
 def shard_header(
@@ -123,7 +131,7 @@ def range_digest(fd: int, byte_range: tuple[int, int]) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
     begin, end = byte_range
     while begin < end:
-        chunk = os.pread(fd, min(COPY_CHUNK, end - begin), begin)
+        chunk = os.pread(fd, min(COMPARE_CHUNK, end - begin), begin)
         if not chunk:
             break
         hasher.update(chunk)
@@ -150,13 +158,14 @@ class ShardJob:
     tally: Tally = field(default_factory=Tally)  # cloned bytes, and how each was verified
 
 
-class _Writer:
+class ShardWriter:
     """Copies on the calling thread; two workers flush, verify and fsync behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
         self.plan, self.job = plan, job
         self.files = FileJobs(workers)
         self.done = 0
+        self.fd = self.reader = -1  # the file last opened: its writer's and verifier's
 
     def advance(self, count: int) -> None:
         self.done += count
@@ -178,39 +187,63 @@ class _Writer:
         return pad_header(header, start), entries
 
     def shard(self, shard: PlannedShard, metadata: Mapping[str, str]) -> WrittenFile:
-        path = os.path.join(self.job.staging, shard.file)
-        display = os.path.join(self.job.out, shard.file)
         header, entries = self.header(shard, metadata)
-        reader, fd = open_output(path)
-        self.files.open(reader, fd)
+        placed, offset = [], len(header)
+        for name in shard.tensors:
+            placed.append((name, offset))
+            offset += self.job.tensors[name].nbytes
+        path, display = self.open(shard.file, header, offset)
+        self.copy_tensors(placed, display)
+        os.ftruncate(self.fd, offset)
+        if self.job.verify:
+            self.submit(verify_header, path, display, entries, metadata)
+        self.close_file()
+        return WrittenFile(shard.file, offset)
+
+    def open(self, file: str, header: bytes, size: int) -> tuple[str, str]:
+        """Create a file of the staging folder holding `header`: (path, path shown). Its
+        descriptors become `fd` (the writer's) and `reader` (the verifier's)."""
+        path = os.path.join(self.job.staging, file)
+        self.reader, self.fd = open_output(path)
+        self.files.open(self.reader, self.fd)
         if self.job.cloning and self.job.cloning.block:
             # Sized up front: a write past the end would make XFS reserve blocks after it
             # (speculative preallocation) that the clones then leave allocated.
-            os.ftruncate(fd, len(header) + shard.nbytes)
-        write_all(fd, header, 0)
-        offset, placed, unflushed = len(header), [], 0
+            os.ftruncate(self.fd, size)
+        write_all(self.fd, header, 0)
+        return path, os.path.join(self.job.out, file)
+
+    def submit(self, function: Callable[..., object], *args: object) -> None:
+        """Run `function` behind the copy, among the jobs of the file last opened."""
+        self.files.submit(self.reader, function, *args)
+
+    def copy_tensors(self, placed: Sequence[tuple[str, int]], display: str) -> None:
+        """Copy each tensor to its file offset in the file last opened, flushing and
+        verifying every FLUSH_EVERY bytes."""
+        fd, reader = self.fd, self.reader
         held = HeldRuns(self.target(fd, self.job.cloning))
-        for name in shard.tensors:
+        done: list[tuple[str, int]] = []
+        unflushed = 0
+        for name, offset in placed:
             self.tensor(held, offset, self.job.tensors[name])
-            placed.append((name, offset))
+            done.append((name, offset))
             # Cloned bytes leave nothing to write back: they do not count (cutting the held
             # run would copy the block it is cut in).
             if not lines_up(self.job.tensors[name], offset, self.job.cloning or NO_CLONING):
                 unflushed += self.job.tensors[name].nbytes
-            offset += self.job.tensors[name].nbytes
             if unflushed >= FLUSH_EVERY:  # start writeback and verification early
                 held.write()
-                self.files.submit(reader, os.fdatasync, fd)
-                self.verify_later(reader, display, placed)
-                placed, unflushed = [], 0
+                self.submit(os.fdatasync, fd)
+                self.verify_later(reader, display, done)
+                done, unflushed = [], 0
         held.write()
-        os.ftruncate(fd, offset)
-        self.verify_later(reader, display, placed)
-        if self.job.verify:
-            self.files.submit(reader, verify_header, path, display, entries, metadata)
-        self.files.submit(reader, os.fsync, fd)
-        self.files.ended(reader)  # closed once its jobs are done (a failure raised early)
-        return WrittenFile(shard.file, offset)
+        self.verify_later(reader, display, done)
+
+    def close_file(self) -> None:
+        """fsync the file last opened (behind the copy); it is closed once its jobs are
+        done (a failure seen so far is raised early)."""
+        self.submit(os.fsync, self.fd)
+        self.files.ended(self.reader)
 
     def target(self, fd: int, cloning: Cloning | None) -> Target:
         """Where a shard's cloned runs go: whole blocks cloned, the rest copied."""
@@ -277,7 +310,9 @@ def _verify_tensors(
             )
 
 
-def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+def write_shards(
+    plan: ShardPlan, job: ShardJob, writer_type: type[ShardWriter] = ShardWriter
+) -> list[WrittenFile]:
     """Write every planned shard (and the index) into the staging folder; verify each file.
 
     The main thread only copies (kernel to kernel, into the page cache). Two worker threads
@@ -290,7 +325,7 @@ def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         job.cloning = find_cloning(streamed_labels(job.tensors.values()), job.sources, job.staging)
     written: list[WrittenFile] = []
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:
-        writer = _Writer(plan, job, workers)
+        writer = writer_type(plan, job, workers)
         try:
             for shard, metadata in zip(plan.shards, job.metadata, strict=True):
                 written.append(writer.shard(shard, metadata))
