@@ -25,10 +25,11 @@ def _written_by(kind: str, factory: pytest.TempPathFactory) -> Path:
         return _WRITTEN[kind]
     out = factory.mktemp(kind) / "saved"
     env = {**os.environ, "DS_BUILD_OPS": "0", "PYTHONWARNINGS": "ignore"}
+    module = ["tests.megatron_writer"] if kind == "megatron" else ["tests.training_frameworks", kind]
     for _ in range(2):  # a second try with a fresh port: gloo rendezvous can race
         shutil.rmtree(out, ignore_errors=True)
         done = subprocess.run(
-            [sys.executable, "-m", "tests.training_frameworks", kind, str(out)],
+            [sys.executable, "-m", *module, str(out)],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -54,6 +55,14 @@ def dcp_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def zero_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """zero{1,2,3}_{fp32,bf16}/: DeepSpeed checkpoints (latest, tag folder, zero_to_fp32.py)."""
     return _written_by("zero", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def megatron_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder per case of tests/megatron_writer.py (llama, mistral, qwen2, qwen3, mixtral,
+    qwen3_moe, gpt), each with ckpt/ (written by megatron-core, 2 gloo ranks), hf/ (the
+    transformers model it started from), logits.pt and oracle.pt (Megatron's own load)."""
+    return _written_by("megatron", tmp_path_factory)
 
 
 @pytest.fixture

@@ -287,18 +287,27 @@ KeepOption = Annotated[
 CloneOption = Annotated[
     bool, typer.Option("--clone", help="Write every alias as its own copy instead.")
 ]
+ToOption = Annotated[OutputFormat, typer.Option("--to", help="Output format.")]
+DtypeOption = Annotated[
+    DtypeChoice, typer.Option("--dtype", help="Cast floating tensors (others keep theirs).")
+]
+ToHfOption = Annotated[
+    str | None,
+    typer.Option(
+        "--to-hf",
+        metavar="CONFIG",
+        help="Megatron: map to the Hugging Face model of this config.json (or folder), or "
+        "a model type its training arguments determine.",
+    ),
+]
 
 
 @command()
 def convert(
     src: SrcArgument,
     out: OutOption = None,
-    to: Annotated[
-        OutputFormat, typer.Option("--to", help="Output format.")
-    ] = OutputFormat.safetensors,
-    dtype: Annotated[
-        DtypeChoice, typer.Option("--dtype", help="Cast floating tensors (others keep theirs).")
-    ] = DtypeChoice.keep,
+    to: ToOption = OutputFormat.safetensors,
+    dtype: DtypeOption = DtypeChoice.keep,
     key: Annotated[
         str, typer.Option("--key", help="Where the tensors sit in a training checkpoint, or auto.")
     ] = "auto",
@@ -321,8 +330,9 @@ def convert(
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
+    to_hf: ToHfOption = None,
 ) -> None:
-    """Convert a PyTorch, safetensors, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
+    """Convert a PyTorch, safetensors, DCP, DeepSpeed or Megatron checkpoint into verified safetensors (or torch) shards.
 
     \b
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
@@ -347,6 +357,7 @@ def convert(
             clone=clone,
             verify=not no_verify,
             zero_weights=zero_weights.value,
+            to_hf=to_hf,
         )
         result = run_convert(input_path(src), out, options)
     _show(result, json_output)

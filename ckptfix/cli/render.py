@@ -117,7 +117,11 @@ def _summary(result: Report) -> Table:
 
 def _layout(layout: dict[str, object]) -> str:
     """`DeepSpeed ZeRO-3 · 2 ranks · tag global_step2 (step 2) · fp32 master weights`."""
-    framework = {"dcp": "torch.distributed.checkpoint", "deepspeed": "DeepSpeed"}
+    framework = {
+        "dcp": "torch.distributed.checkpoint",
+        "deepspeed": "DeepSpeed",
+        "megatron": "Megatron-Core torch_dist",
+    }
     parts = [framework.get(str(layout["framework"]), str(layout["framework"]))]
     if layout.get("stage") is not None:
         parts[0] += f" ZeRO-{layout['stage']}"

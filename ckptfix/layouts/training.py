@@ -1,5 +1,6 @@
-"""Which training-checkpoint layout a folder is, if any: torch.distributed.checkpoint
-(`.metadata`, `*.distcp`) or DeepSpeed (`latest` + tag folder, or a tag folder of
+"""Which training-checkpoint layout a folder is, if any: Megatron-Core (`metadata.json` beside
+a torch.distributed.checkpoint save), torch.distributed.checkpoint (`.metadata`, `*.distcp`)
+or DeepSpeed (`latest` + tag folder, or a tag folder of
 `*_model_states.pt`). Everything else is a Hugging Face model folder."""
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ def load_training(
         names = folder.listdir(root)
     except OSError:
         return None  # the Hugging Face loader reports it
-    from ckptfix.layouts import dcp, deepspeed
+    from ckptfix.layouts import dcp, deepspeed, megatron
 
+    if megatron.is_megatron_folder(root, names):
+        return megatron.load_megatron(root, names, options, folder)
     if dcp.is_dcp_folder(root, names):
         return dcp.load_dcp(root, names, options, folder)
     if folder is not LOCAL:

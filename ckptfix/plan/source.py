@@ -53,6 +53,9 @@ class RewriteSource:
     # The family's name, kept by the output: `diffusion_pytorch_model`, variant `fp16`.
     stem: str = "model"
     variant: str | None = None
+    # Files of OUT made by the rewrite rather than copied (config.json of `convert --to-hf`),
+    # by name; they are listed among extra_files.
+    generated: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def training_checkpoint(self) -> bool:
