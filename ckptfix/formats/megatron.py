@@ -91,7 +91,11 @@ def read_backend_config(source: ByteSource) -> BackendConfig:
         raise CorruptFileError(
             path, "megatron-config", f"file is {source.size:,} bytes, not a backend record", _FIX
         )
-    document = strict_json(source.read_at(0, source.size), path)
+    try:
+        document = strict_json(source.read_at(0, source.size), path)
+    except CorruptFileError as exc:
+        what = exc.what.replace("header", "the backend record", 1)
+        raise CorruptFileError(path, "megatron-config", what, _FIX) from exc
     found = {}
     for key, (wanted, version) in SUPPORTED.items():
         name, number = document.get(key), document.get(f"{key}_version", 1)

@@ -20,6 +20,7 @@ from ckptfix.mappings.hf_config import Dims, Target
 from ckptfix.mappings.table import Row
 
 WRAPPERS = ("module.", "model.")
+_ORDER = ("megatron-unmapped", "hf-unsourced", "megatron-shape")
 _FIX = "check that --to-hf names the model this checkpoint was trained as (`ckptfix inspect` lists its tensors)"
 
 
@@ -76,7 +77,8 @@ class _Problems:
     def raise_any(self, path: str) -> None:
         if not self.found:
             return
-        rule, what = self.found[0]
+        # What does not correspond at all says more than a size that disagrees.
+        rule, what = min(self.found, key=lambda item: _ORDER.index(item[0]))
         more = len(self.found) - 1
         tail = f"; and {more} more problem(s) of this mapping" if more else ""
         raise MappingError(path, what + tail, _FIX, rule=rule)

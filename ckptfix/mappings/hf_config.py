@@ -9,7 +9,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfix.core.errors import MappingError, UsageError
+from ckptfix.core.errors import CorruptFileError, MappingError, UsageError
 from ckptfix.formats.strict_json import strict_json
 from ckptfix.mappings import FAMILIES
 from ckptfix.mappings.table import Table
@@ -74,7 +74,11 @@ def _from_file(path: str) -> Target:
         raise UsageError("--to-hf", f"cannot read {path}: {exc.strerror}", _CONFIG_FIX) from exc
     if len(raw) > MAX_CONFIG_BYTES:
         raise UsageError("--to-hf", f"{path} is over {MAX_CONFIG_BYTES:,} bytes", _CONFIG_FIX)
-    config = strict_json(raw, path)
+    try:
+        config = strict_json(raw, path)
+    except CorruptFileError as exc:
+        what = exc.what.replace("header", "the config", 1)
+        raise CorruptFileError(path, "config-not-json", what, _CONFIG_FIX) from exc
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         raise UsageError(
