@@ -242,6 +242,15 @@ def torch_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """The same names, and for each the same dtype, shape and row-major bytes."""
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert got[name].shape == tensor.shape, name
+        assert torch_bytes(got[name]) == torch_bytes(tensor), name
+
+
 def load_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a folder's safetensors files, read by safetensors itself (the
     consumer's view, independent of ckptfix's readers)."""

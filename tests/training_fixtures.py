@@ -25,7 +25,9 @@ def _written_by(kind: str, factory: pytest.TempPathFactory) -> Path:
         return _WRITTEN[kind]
     out = factory.mktemp(kind) / "saved"
     env = {**os.environ, "DS_BUILD_OPS": "0", "PYTHONWARNINGS": "ignore"}
-    module = ["tests.megatron_writer"] if kind == "megatron" else ["tests.training_frameworks", kind]
+    module = (
+        ["tests.megatron_writer"] if kind == "megatron" else ["tests.training_frameworks", kind]
+    )
     for _ in range(2):  # a second try with a fresh port: gloo rendezvous can race
         shutil.rmtree(out, ignore_errors=True)
         done = subprocess.run(
