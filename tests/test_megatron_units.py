@@ -79,26 +79,33 @@ def test_layers_and_row_ranges_are_pieces_of_the_chunks(cuts: list[list[int]]) -
         assert tensor_bytes(lambda label: source, rows) == want.tobytes()
 
 
-def _entry(name: str, size: tuple[int, ...], chunk: tuple[int, ...]) -> TensorEntry:
-    return TensorEntry(name, "F32", size, (Chunk((0,) * len(size), chunk),))
+def _entry(name: str, size: tuple[int, ...], axes: int, step: int = 1) -> TensorEntry:
+    """A tensor saved as megatron-core saves stacked ones: a chunk per index of its first
+    `axes` dimensions (`step` indices per chunk along the first)."""
+    rest = size[axes:]
+    starts = [range(0, size[0], step), *(range(n) for n in size[1:axes])]
+    chunks = tuple(
+        Chunk((*index, *(0,) * len(rest)), (step, *(1,) * (axes - 1), *rest))
+        for index in itertools.product(*starts)
+    )
+    return TensorEntry(name, "F32", size, chunks)
 
 
 def test_stacked_axes_come_from_the_name_and_the_chunks() -> None:
-    per_expert = _entry(STACKED, (4, 8, 6, 3), (1, 1, 6, 3))
-    assert stacked_axes(STACKED, per_expert) == 2
+    assert stacked_axes(STACKED, _entry(STACKED, (4, 8, 6, 3), 2)) == 2
     assert (
         indexed_name(STACKED, (3, 5)) == "decoder.layers.3.mlp.experts.experts.5.linear_fc1.weight"
     )
     one_layer = "decoder.layers.3.mlp.experts.experts.linear_fc1.weight"  # non-homogeneous
-    assert stacked_axes(one_layer, _entry(one_layer, (8, 6, 3), (1, 6, 3))) == 1
+    assert stacked_axes(one_layer, _entry(one_layer, (8, 6, 3), 1)) == 1
     assert (
         indexed_name(one_layer, (5,)) == "decoder.layers.3.mlp.experts.experts.5.linear_fc1.weight"
     )
     plain = "decoder.layers.3.self_attention.linear_qkv.weight"
-    assert stacked_axes(plain, _entry(plain, (8, 6), (8, 6))) == 0
+    assert stacked_axes(plain, _entry(plain, (8, 6), 0)) == 0
     # named as stacked, but its chunks are not one layer each: kept as saved
-    assert stacked_axes(STACKED, _entry(STACKED, (4, 8, 6, 3), (2, 1, 6, 3))) == 0
-    assert stacked_axes("decoder.layers.norm.weight", _entry("x", (4,), (1,))) == 1
+    assert stacked_axes(STACKED, _entry(STACKED, (4, 8, 6, 3), 2, step=2)) == 0
+    assert stacked_axes("decoder.layers.norm.weight", _entry("x", (4,), 1)) == 1
 
 
 def _read(folder: Path) -> dict[str, np.ndarray]:
@@ -221,3 +228,23 @@ def test_to_hf_usage(tmp_path: Path) -> None:
     run = cli("inspect", tiny.SAVED / "common.pt")
     assert run.code == 1  # a plain torch file: Megatron's enum classes are not allowed there
     assert not (tmp_path / "out").exists()
+
+
+def test_a_stack_without_a_chunk_per_layer_is_not_split() -> None:
+    """An edited .metadata claiming 10^12 empty layers (no chunks) is kept as saved: the
+    parts of a split are bounded by the chunks .metadata lists."""
+    empty = TensorEntry(STACKED, "F32", (10**6, 10**6, 0, 3), ())
+    assert stacked_axes(STACKED, empty) == 0
+    two_of_three = TensorEntry(
+        "decoder.layers.w", "F32", (3, 2), (Chunk((0, 0), (1, 2)), Chunk((1, 0), (1, 2)))
+    )
+    assert stacked_axes("decoder.layers.w", two_of_three) == 0
+
+
+def test_a_config_larger_than_the_checkpoint_is_refused_at_once(tmp_path: Path) -> None:
+    line = _refused(tmp_path, "hf-unsourced", num_hidden_layers=10**12)
+    assert "has 1,000,000,000,000 layers, but the checkpoint holds 15 tensors" in line
+    big = 2**40  # q/k/v rows checked against the checkpoint before any range is made
+    _refused(
+        tmp_path, "megatron-shape", num_attention_heads=big, num_key_value_heads=big, head_dim=1
+    )

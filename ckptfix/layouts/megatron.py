@@ -93,11 +93,13 @@ def _stacked(name: str) -> list[re.Pattern[str]]:
 
 def stacked_axes(name: str, entry: TensorEntry) -> int:
     """How many leading axes of a saved tensor are Megatron's stacking: those its name gives,
-    when every chunk is one index of each (as megatron-core writes them); else none."""
+    when every chunk is one index of each and every index has a chunk (as megatron-core
+    writes them); else none."""
     axes = len(_stacked(name))
     if len(entry.size) < axes or any(chunk.sizes[:axes] != (1,) * axes for chunk in entry.chunks):
         return 0
-    return axes
+    # One chunk at least per layer (and expert): the parts are bounded by what .metadata holds.
+    return axes if len(entry.chunks) >= numel_of(entry.size[:axes]) else 0
 
 
 def indexed_name(name: str, indices: tuple[int, ...]) -> str:

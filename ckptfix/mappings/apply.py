@@ -86,6 +86,7 @@ class _Problems:
 
 def map_tensors(target: Target, tensors: Sequence[TensorInfo], path: str) -> Mapped:
     """Apply `target`'s table to the Megatron-named `tensors` of the checkpoint at `path`."""
+    _check_counts(target, len(tensors), path)
     prefix = _wrapper(tensors)
     by_name = {tensor.name[len(prefix) :]: tensor for tensor in tensors}
     problems = _Problems()
@@ -120,6 +121,18 @@ def map_tensors(target: Target, tensors: Sequence[TensorInfo], path: str) -> Map
     return Mapped(tuple(out), sources, padding)
 
 
+def _check_counts(target: Target, count: int, path: str) -> None:
+    """Each layer (and expert) of the config needs a tensor of its own: a config asking for
+    more than the checkpoint holds is refused before its rows are expanded."""
+    layers, experts = target.dims.layers, target.dims.sizes.get("E", 1)
+    if layers * experts > count:
+        what = f"the {target.table.model_type} model of {target.origin} has {layers:,} layers"
+        what += f" of {experts:,} experts" if "E" in target.dims.sizes else ""
+        raise MappingError(
+            path, f"{what}, but the checkpoint holds {count:,} tensors", _FIX, rule="hf-unsourced"
+        )
+
+
 def _wrapper(tensors: Sequence[TensorInfo]) -> str:
     """A prefix every name carries (NeMo 2 saves the model under `module.`), or ""."""
     for prefix in WRAPPERS:
@@ -145,7 +158,7 @@ def _split(
 ) -> list[TensorInfo]:
     """The targets of one row instance, or [] (and a problem) when the sizes disagree."""
     want = dims.shape(row.shape)
-    expected, ranges = _layout(row.split, want, dims, source)
+    expected = _expected(row.split, want, dims, source)
     if expected is None or source.shape != expected:
         shown = (
             list(expected)
@@ -162,22 +175,31 @@ def _split(
         return [replace(source, name=targets[0])]
     return [
         gather_rows(source, name, spans, (sum(b - a for a, b in spans), *source.shape[1:]))
-        for name, spans in zip(targets, ranges, strict=True)
+        for name, spans in zip(targets, _ranges(row.split, want, dims), strict=True)
     ]
 
 
-def _layout(
+def _expected(
     split: str, want: tuple[int, ...], dims: Dims, source: TensorInfo
-) -> tuple[tuple[int, ...] | None, list[list[tuple[int, int]]]]:
-    """The source shape a split needs, and the row ranges of each target."""
+) -> tuple[int, ...] | None:
+    """The source shape a split needs (None: a vocabulary smaller than the config's)."""
     if split == "same":
-        return want, []
+        return want
     if split == "vocab":
         rows = source.shape[0] if source.shape and source.shape[0] >= want[0] else None
-        return (None if rows is None else (rows, *want[1:])), [[(0, want[0])]]
+        return None if rows is None else (rows, *want[1:])
     if split == "swiglu":
-        half = want[0]
-        return (2 * half, *want[1:]), [[(0, half)], [(half, 2 * half)]]
+        return (2 * want[0], *want[1:])
+    return (dims.sizes["Q"] + 2 * dims.sizes["KV"], *want)
+
+
+def _ranges(split: str, want: tuple[int, ...], dims: Dims) -> list[list[tuple[int, int]]]:
+    """The source rows of each target, once the source's shape is known to be right (so a
+    config's group count is bounded by the rows the checkpoint holds)."""
+    if split == "vocab":
+        return [[(0, want[0])]]
+    if split == "swiglu":
+        return [[(0, want[0])], [(want[0], 2 * want[0])]]
     head_dim, groups = dims.sizes["D"], dims.groups
     per_group = dims.sizes["Q"] // dims.sizes["KV"]  # query heads per key-value group
     block = (per_group + 2) * head_dim
@@ -187,4 +209,4 @@ def _layout(
         ranges[0].append((start, start + per_group * head_dim))
         ranges[1].append((start + per_group * head_dim, start + (per_group + 1) * head_dim))
         ranges[2].append((start + (per_group + 1) * head_dim, start + block))
-    return (groups * block, *want), ranges
+    return ranges
