@@ -15,7 +15,7 @@ import pytest
 
 from ckptfix.core.tensor import tiling_problem
 from ckptfix.formats.dcp import Chunk, TensorEntry
-from ckptfix.io.gather import tensor_bytes
+from ckptfix.io.gather import tensor_bytes, tensor_chunks
 from ckptfix.layouts.chunks import Placed, chunk_pieces
 from ckptfix.layouts.megatron import indexed_name, stacked_axes
 from ckptfix.layouts.slices import Parts, gather_rows, tensor_of
@@ -68,6 +68,9 @@ def test_layers_and_row_ranges_are_pieces_of_the_chunks(cuts: list[list[int]]) -
     pieces = [p for chunk in placed for p in chunk_pieces(chunk, array.shape, 4)]
     whole = tensor_of("stacked", "F32", array.shape, pieces, "chunks")
     assert tensor_bytes(lambda label: source, whole) == array.tobytes()
+    for window in (4, 52, 120, 600):  # runs placed together, and runs cut by the window
+        chunks = list(tensor_chunks(lambda label: source, whole, window))
+        assert b"".join(chunks) == array.tobytes() and max(map(len, chunks)) <= window
     parts = Parts(whole, 6 * 5 * 4)
     for layer in range(3):
         part = parts.part(layer, f"layer.{layer}", (6, 5))
