@@ -26,12 +26,9 @@ _FIX = "check that --to-hf names the model this checkpoint was trained as (`ckpt
 
 @dataclass(frozen=True)
 class Mapped:
-    """The Hugging Face tensors in the table's order, each one's Megatron source, and the
-    vocabulary padding rows left out."""
+    """The Hugging Face tensors, in the table's order (model rows, then layer by layer)."""
 
     tensors: tuple[TensorInfo, ...]
-    sources: dict[str, str]  # Hugging Face name -> Megatron name
-    padding_rows: int
 
 
 @dataclass(frozen=True)
@@ -93,8 +90,6 @@ def map_tensors(target: Target, tensors: Sequence[TensorInfo], path: str) -> Map
     used: set[str] = set()
     inactive: dict[str, str] = {}  # a source name -> the flag that turned its row off
     out: list[TensorInfo] = []
-    sources: dict[str, str] = {}
-    padding = 0
     for instance in _instances(target.table.rows, target.dims):
         row = instance.row
         if row.when is not None and not target.dims.flags[row.when]:
@@ -106,19 +101,14 @@ def map_tensors(target: Target, tensors: Sequence[TensorInfo], path: str) -> Map
             problems.problem("hf-unsourced", what)
             continue
         used.update(present)
-        source = by_name[present[0]]
-        made = _split(row, source, instance.targets, target.dims, problems)
-        out += made
-        sources.update(dict.fromkeys((t.name for t in made), source.name))
-        if row.split == "vocab" and made:
-            padding = max(padding, source.shape[0] - made[0].shape[0])
+        out += _split(row, by_name[present[0]], instance.targets, target.dims, problems)
     for name, tensor in by_name.items():
         if name not in used:
             problems.problem(
                 "megatron-unmapped", _no_destination(tensor.name, name, target, inactive)
             )
     problems.raise_any(path)
-    return Mapped(tuple(out), sources, padding)
+    return Mapped(tuple(out))
 
 
 def _check_counts(target: Target, count: int, path: str) -> None:
