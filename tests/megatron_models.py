@@ -40,12 +40,31 @@ def write_case(name: str, case: Case, out: str, rank: int) -> None:
     if case.args:
         state.update(args=training_args(config, case), iteration=3, checkpoint_version=3.0)
     dist_checkpointing.save(state, ckpt)
+    for variant in case.variants:
+        _save_variant(model, variant, os.path.join(out, f"ckpt_{variant}"))
     logits = _forward(model)
     if rank == 0:
         torch.save(logits, os.path.join(out, "logits.pt"))
     dist.barrier()
     parallel_state.destroy_model_parallel()
     _write_oracle(case, hf, ckpt, os.path.join(out, "oracle.pt"), rank)
+
+
+def _save_variant(model: Any, variant: str, folder: str) -> None:
+    from megatron.core import dist_checkpointing, parallel_state
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import (
+        FullyParallelSaveStrategyWrapper,
+    )
+
+    os.makedirs(folder, exist_ok=True)
+    if variant == "singleton":
+        state = model.sharded_state_dict(metadata={"singleton_local_shards": True})
+        dist_checkpointing.save(state, folder, content_metadata={"singleton_local_shards": True})
+        return
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    strategy = FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(), group)
+    dist_checkpointing.save(model.sharded_state_dict(), folder, strategy)
 
 
 def _hf_model(case: Case, out: str, rank: int) -> Any:

@@ -38,6 +38,10 @@ class Case:
     tied: bool = False
     optimizer: bool = False  # also save optimizer state, as Megatron's optimizers do
     args: bool = False  # common.pt holds Megatron-LM's training arguments
+    # Also saved as ckpt_<variant>/: "fully_parallel" (megatron-core's wrapper that spreads
+    # the replicated tensors' saving over the data-parallel ranks), "singleton" (every layer
+    # and expert under its own key, as non-homogeneous models are saved)
+    variants: tuple[str, ...] = ()
 
 
 _DENSE = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2)
@@ -59,6 +63,7 @@ CASES = {
     "mixtral": Case(
         "mixtral",
         ep=2,
+        variants=("fully_parallel", "singleton"),
         hf_config={
             **_MOE,
             "intermediate_size": 80,

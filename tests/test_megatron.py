@@ -211,3 +211,19 @@ def test_the_tiny_test_data_is_what_its_builder_builds(tmp_path: Path) -> None:
     assert hash_checkpoint(fresh).digest == hash_checkpoint(tiny.SAVED).digest
     layouts = [cli("inspect", folder, "--json").json()["layout"] for folder in (fresh, tiny.SAVED)]
     assert layouts[0] == layouts[1]
+
+
+@pytest.mark.parametrize("variant", ["fully_parallel", "singleton"])
+def test_megatron_cores_save_variants_read_the_same(
+    megatron_saved: Path, tmp_path: Path, variant: str
+) -> None:
+    """The fully-parallel save wrapper (other rank files, the same tensors) and a save with
+    every layer and expert under its own key: the same model, the same digest."""
+    folder = megatron_saved / "mixtral"
+    saved = folder / f"ckpt_{variant}"
+    assert hash_checkpoint(saved).digest == hash_checkpoint(folder / "ckpt").digest
+    layout = cli("inspect", saved, "--json").json()["layout"]
+    assert (layout["stacked_tensors"] == 0) == (variant == "singleton"), layout
+    config = folder / "hf" / "config.json"
+    same = cli("diff", saved, folder / "hf", "--to-hf", config)
+    assert same.code == 0, same.stdout + same.stderr

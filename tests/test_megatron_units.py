@@ -9,15 +9,16 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from ckptfix.core.tensor import tiling_problem
+from ckptfix.core.tensor import Piece, tiling_problem
 from ckptfix.formats.dcp import Chunk, TensorEntry
 from ckptfix.io.gather import tensor_bytes, tensor_chunks
 from ckptfix.layouts.chunks import Placed, chunk_pieces
-from ckptfix.layouts.megatron import indexed_name, stacked_axes
+from ckptfix.layouts.megatron import indexed_name, joined_halves, stacked_axes
 from ckptfix.layouts.slices import Parts, gather_rows, tensor_of
 from tests import megatron_builders as tiny
 from tests.helpers import cli
@@ -251,3 +252,23 @@ def test_a_config_larger_than_the_checkpoint_is_refused_at_once(tmp_path: Path) 
     _refused(
         tmp_path, "megatron-shape", num_attention_heads=big, num_key_value_heads=big, head_dim=1
     )
+
+
+def test_swiglu_halves_saved_apart_are_joined() -> None:
+    """megatron-core's singleton_local_shards saves linear_fc1 as `_w` (gate) and `_v` (up):
+    read as the [gate; up] tensor every other save holds, from both halves' pieces."""
+    gate = np.arange(12, dtype=np.float32).reshape(3, 4)
+    up = gate + 100
+    source = _Memory(b"\0" * 5 + up.tobytes() + gate.tobytes())
+    name = "decoder.layers.0.mlp.linear_fc1.weight"
+
+    def half(suffix: str, offset: int) -> Any:
+        return tensor_of(name + suffix, "F32", (3, 4), [Piece("chunks", offset, 48)], "chunks")
+
+    tensors = [half("_v", 5), Parts(half("_w", 53), 16).part(0, "other", (4,)), half("_w", 53)]
+    joined = joined_halves(tensors)
+    assert [t.name for t in joined] == ["other", name]
+    assert joined[1].shape == (6, 4)
+    assert tensor_bytes(lambda label: source, joined[1]) == np.concatenate([gate, up]).tobytes()
+    alone = joined_halves([half("_w", 53)])
+    assert [t.name for t in alone] == [name + "_w"]  # no up half: kept as saved

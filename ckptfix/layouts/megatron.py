@@ -42,7 +42,7 @@ from ckptfix.formats.megatron import (
 from ckptfix.io.folder import LOCAL, Folder
 from ckptfix.io.source import ByteSource
 from ckptfix.layouts.dcp import _no_metadata, _step, read_tensors
-from ckptfix.layouts.slices import Parts
+from ckptfix.layouts.slices import Parts, tensor_of
 
 TRACKER = "latest_checkpointed_iteration.txt"
 # Stacked axes, found by name: `layers.` not followed by a layer index (the layer axis), and
@@ -52,6 +52,7 @@ STACKED_AXES = (
     re.compile(r"\.experts\.experts\.(?=[^\d.])"),
 )
 _TRAINING_STATE = re.compile(r"^(?:optimizer|chained_\d+)\.")
+_HALVES = re.compile(r"(.*\.linear_fc1\.(?:weight|bias))_w")
 # The training arguments inspect shows (and `--to-hf MODEL_TYPE` builds a config from).
 ARCHITECTURE = (
     "num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads",
@@ -135,6 +136,31 @@ def split_stacked(
             stacked[name] = tensor.name
     in_layers = [tensor for index in sorted(layers) for tensor in layers[index]]
     return before + in_layers + after, stacked
+
+
+def joined_halves(tensors: list[TensorInfo]) -> list[TensorInfo]:
+    """A SwiGLU `linear_fc1` saved as its two halves (`…linear_fc1.weight_w`, the gate rows,
+    and `_v`, the up rows: megatron-core's `singleton_local_shards` saves) as the one tensor
+    [gate; up] other saves hold, made of both halves' pieces; anything else as it is."""
+    by_name = {tensor.name: tensor for tensor in tensors}
+    out, joined = [], set()
+    for tensor in tensors:
+        match = _HALVES.fullmatch(tensor.name)
+        other = by_name.get(f"{match.group(1)}_v") if match else None
+        if match is None or other is None or match.group(1) in by_name or not _fit(tensor, other):
+            if tensor.name not in joined:
+                out.append(tensor)
+            continue
+        pieces = [*tensor.pieces, *(replace(p, at=p.at + tensor.nbytes) for p in other.pieces)]
+        shape = (tensor.shape[0] + other.shape[0], *tensor.shape[1:])
+        out.append(tensor_of(match.group(1), tensor.dtype, shape, pieces, tensor.file))
+        joined.add(other.name)
+    return [tensor for tensor in out if tensor.name not in joined]
+
+
+def _fit(gate: TensorInfo, up: TensorInfo) -> bool:
+    same = gate.dtype == up.dtype and gate.shape[1:] == up.shape[1:] and gate.shape
+    return bool(same) and gate.contiguous and up.contiguous
 
 
 def _refuse_duplicates(tensors: list[TensorInfo], path: str) -> None:
@@ -246,6 +272,7 @@ def _with_tensors(
     model = {fqn: fqn for fqn in meta.tensors if not _TRAINING_STATE.match(fqn)}
     read = read_tensors(root, meta, model, folder)
     tensors, stacked = split_stacked(read.tensors, meta)
+    tensors = joined_halves(tensors)
     _refuse_duplicates(tensors, meta_path)
     layout = replace(layout, stacked=stacked)
     training = TrainingLayout(
