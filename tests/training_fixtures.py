@@ -3,6 +3,7 @@ themselves (tests/training_frameworks.py), and helpers to damage copies of them.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pickle
 import shutil
@@ -64,7 +65,20 @@ def megatron_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One folder per case of tests/megatron_writer.py (llama, mistral, qwen2, qwen3, mixtral,
     qwen3_moe, gpt), each with ckpt/ (written by megatron-core, 2 gloo ranks), hf/ (the
     transformers model it started from), logits.pt and oracle.pt (Megatron's own load)."""
+    _require("megatron.core", "megatron-core is not installed (the test extra)")
+    _require("psutil", "psutil is not installed (megatron-core's save hangs without it)")
     return _written_by("megatron", tmp_path_factory)
+
+
+def _require(module: str, reason: str) -> None:
+    """Skip unless `module` can be imported. Looked up, not imported: importing megatron.core
+    costs seconds and prints Transformer Engine warnings, and only the writer needs it."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent that is not a package, or blocked
+        found = False
+    if not found:
+        pytest.skip(reason)
 
 
 @pytest.fixture
