@@ -17,7 +17,7 @@ import pytest
 
 from tests import training_fixtures as fixtures
 from tests.helpers import cli
-from tests.training_fixtures import edit_metadata, storage_entry
+from tests.training_fixtures import assert_refused, edit_metadata, storage_entry
 
 pytestmark = pytest.mark.slow
 megatron_saved = fixtures.megatron_saved
@@ -40,21 +40,8 @@ def llama(megatron_saved: Path, copy_of: Copy) -> Path:
 
 
 def _refused(folder: Path, tmp_path: Path, code: str, file: Path | None = None) -> dict[str, Any]:
-    """inspect reports `code` as its first error (about `file`); convert, with and without
-    --to-hf, writes nothing and says why in one line."""
-    run = cli("inspect", folder, "--json")
-    assert run.code == 1, run.stdout
-    errors = [item for item in run.json()["findings"] if item["severity"] == "error"]
-    assert [item["code"] for item in errors][:1] == [code], errors
-    if file is not None:
-        assert errors[0]["file"] == str(file)
-    for extra in ([], ["--to-hf", "llama"]):
-        out = tmp_path / "never"
-        converted = cli("convert", folder, "-o", out, *extra)
-        assert converted.code == 1, converted.stderr
-        assert len(converted.error_lines) == 1, converted.stderr
-        assert not out.exists() and not list(tmp_path.glob(".ckptfix-*"))
-    return errors[0]
+    """As for any training folder, and the conversion with --to-hf too."""
+    return assert_refused(folder, tmp_path, code, file, ((), ("--to-hf", "llama")))
 
 
 def test_a_missing_rank_file(llama: Path, tmp_path: Path) -> None:

@@ -15,29 +15,13 @@ import pytest
 
 from tests import training_fixtures as fixtures
 from tests.helpers import cli
-from tests.training_fixtures import edit_metadata, storage_entry
+from tests.training_fixtures import assert_refused, edit_metadata, storage_entry
 
 pytestmark = pytest.mark.slow
 copy_of = fixtures.copy_of
 dcp_saved = fixtures.dcp_saved
 zero_saved = fixtures.zero_saved  # fixtures shared by the training tests
 Copy = Callable[[Path], Path]
-
-
-def _refused(folder: Path, tmp_path: Path, code: str, file: Path | None = None) -> dict[str, Any]:
-    """inspect reports `code` as an error (about `file`); convert writes nothing."""
-    run = cli("inspect", folder, "--json")
-    assert run.code == 1, run.stdout
-    errors = [item for item in run.json()["findings"] if item["severity"] == "error"]
-    assert [item["code"] for item in errors][:1] == [code], errors
-    if file is not None:
-        assert errors[0]["file"] == str(file)
-    out = tmp_path / "never"
-    converted = cli("convert", folder, "-o", out)
-    assert converted.code == 1
-    assert len(converted.error_lines) == 1
-    assert not out.exists()
-    return errors[0]
 
 
 class Evil:
@@ -68,14 +52,14 @@ def test_truncated_rank_file(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> 
     folder = copy_of(dcp_saved / "torch_save")
     rank = folder / "__1_0.distcp"
     os.truncate(rank, rank.stat().st_size - 100)
-    error = _refused(folder, tmp_path, "truncated-rank-file", rank)
+    error = assert_refused(folder, tmp_path, "truncated-rank-file", rank)
     assert "cut short" in error["message"]
 
 
 def test_missing_rank_file(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "safetensors")
     (folder / "__0_0.distcp").unlink()
-    error = _refused(folder, tmp_path, "missing-rank-file", folder / "__0_0.distcp")
+    error = assert_refused(folder, tmp_path, "missing-rank-file", folder / "__0_0.distcp")
     assert "0.weight" in error["tensors"]
 
 
@@ -108,7 +92,7 @@ def test_overlapping_chunks(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> N
         chunk.sizes = torch.Size([5])
 
     edit_metadata(folder, grow)
-    error = _refused(folder, tmp_path, "chunk-overlap")
+    error = assert_refused(folder, tmp_path, "chunk-overlap")
     assert "'model.positions'" in error["message"]
     assert "__0_0.distcp" in error["message"] and "__1_0.distcp" in error["message"]
 
@@ -120,7 +104,7 @@ def test_chunk_gap(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
         metadata.state_dict_metadata["model.0.weight"].chunks.pop()
 
     edit_metadata(folder, drop)
-    error = _refused(folder, tmp_path, "chunk-gap")
+    error = assert_refused(folder, tmp_path, "chunk-gap")
     assert "cover 80 of its 140 bytes" in error["message"]
 
 
@@ -133,7 +117,7 @@ def test_chunk_out_of_range(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> N
         metadata.state_dict_metadata["model.0.weight"].size = torch.Size([6, 5])
 
     edit_metadata(folder, shift)
-    error = _refused(folder, tmp_path, "chunk-out-of-range", folder / "__1_0.distcp")
+    error = assert_refused(folder, tmp_path, "chunk-out-of-range", folder / "__1_0.distcp")
     assert "lies outside 'model.0.weight' of shape [6, 5]" in error["message"]
 
 
@@ -148,7 +132,7 @@ def test_metadata_disagreeing_with_the_chunk(
         metadata.state_dict_metadata["model.1.bias"].properties.dtype = torch.int32
 
     edit_metadata(folder, retype)
-    error = _refused(folder, tmp_path, "corrupt-file")
+    error = assert_refused(folder, tmp_path, "corrupt-file")
     assert "holds a F32 tensor of shape" in error["message"]
 
 
@@ -160,7 +144,7 @@ def test_compressed_chunks_are_refused(dcp_saved: Path, copy_of: Copy, tmp_path:
         info.transform_descriptors = ["stream.zstd/1"]
 
     edit_metadata(folder, compress)
-    error = _refused(folder, tmp_path, "unsupported-format")
+    error = assert_refused(folder, tmp_path, "unsupported-format")
     assert "stream.zstd/1" in error["message"]
 
 
@@ -174,14 +158,14 @@ def test_paths_outside_the_folder_are_refused(
         info.relative_path = "../__0_0.distcp"
 
     edit_metadata(folder, escape)
-    error = _refused(folder, tmp_path, "corrupt-file", folder / ".metadata")
+    error = assert_refused(folder, tmp_path, "corrupt-file", folder / ".metadata")
     assert "rule path-traversal" in error["message"]
 
 
 def test_hostile_metadata(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "torch_save")
     (folder / ".metadata").write_bytes(pickle.dumps(Evil()))
-    error = _refused(folder, tmp_path, "unsafe-pickle", folder / ".metadata")
+    error = assert_refused(folder, tmp_path, "unsafe-pickle", folder / ".metadata")
     assert "posix.system" in error["message"]
 
 
@@ -198,7 +182,7 @@ def test_hostile_pickle_in_a_chunk(dcp_saved: Path, copy_of: Copy, tmp_path: Pat
         info.offset, info.length = start, len(hostile)
 
     edit_metadata(folder, point)
-    error = _refused(folder, tmp_path, "unsafe-pickle", rank)
+    error = assert_refused(folder, tmp_path, "unsafe-pickle", rank)
     assert "chunk [4, 0] of 'model.0.weight'" in error["message"]
     assert "posix.system" in error["message"]
     # only the tensor with the hostile chunk is left out; the rest is still described
@@ -212,7 +196,7 @@ def test_missing_optimizer_partition(zero_saved: Path, copy_of: Copy, tmp_path: 
     folder = copy_of(zero_saved / "zero2_bf16")
     missing = folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
     missing.unlink()
-    error = _refused(folder, tmp_path, "missing-rank-file", missing)
+    error = assert_refused(folder, tmp_path, "missing-rank-file", missing)
     assert "rank 1's optimizer partition is missing" in error["message"]
 
 
@@ -220,13 +204,13 @@ def test_missing_stage3_model_states(zero_saved: Path, copy_of: Copy, tmp_path: 
     folder = copy_of(zero_saved / "zero3_fp32")
     missing = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_model_states.pt"
     missing.unlink()
-    _refused(folder, tmp_path, "missing-rank-file", missing)
+    assert_refused(folder, tmp_path, "missing-rank-file", missing)
 
 
 def test_tag_pointing_nowhere(zero_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(zero_saved / "zero1_fp32")
     (folder / "latest").write_text("global_step9")
-    error = _refused(folder, tmp_path, "tag-missing", folder / "latest")
+    error = assert_refused(folder, tmp_path, "tag-missing", folder / "latest")
     assert "tag folders present: global_step2" in error["message"]
 
 
@@ -234,7 +218,7 @@ def test_truncated_optimizer_file(zero_saved: Path, copy_of: Copy, tmp_path: Pat
     folder = copy_of(zero_saved / "zero3_bf16")
     rank = folder / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
     os.truncate(rank, rank.stat().st_size // 2)
-    error = _refused(folder, tmp_path, "corrupt-file", rank)
+    error = assert_refused(folder, tmp_path, "corrupt-file", rank)
     assert "rule bad-zip" in error["message"]
 
 
@@ -242,7 +226,7 @@ def test_hostile_model_states(zero_saved: Path, copy_of: Copy, tmp_path: Path) -
     folder = copy_of(zero_saved / "zero2_fp32")
     states = folder / "global_step2" / "mp_rank_00_model_states.pt"
     states.write_bytes(_hostile_zip())
-    error = _refused(folder, tmp_path, "unsafe-pickle", states)
+    error = assert_refused(folder, tmp_path, "unsafe-pickle", states)
     assert "posix.system" in error["message"]
 
 
@@ -250,7 +234,7 @@ def test_hostile_optimizer_states(zero_saved: Path, copy_of: Copy, tmp_path: Pat
     folder = copy_of(zero_saved / "zero3_fp32")
     states = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     states.write_bytes(_hostile_zip())
-    _refused(folder, tmp_path, "unsafe-pickle", states)
+    assert_refused(folder, tmp_path, "unsafe-pickle", states)
 
 
 @pytest.mark.parametrize(

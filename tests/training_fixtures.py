@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import cli
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -107,3 +109,29 @@ def storage_entry(metadata: Any, fqn: str, index: int = 0) -> tuple[Any, Any]:
     """(MetadataIndex, _StorageInfo) of the index-th chunk of `fqn`."""
     entries = [(k, v) for k, v in metadata.storage_data.items() if k.fqn == fqn]
     return sorted(entries, key=lambda kv: tuple(kv[0].offset))[index]
+
+
+def assert_refused(
+    folder: Path,
+    tmp_path: Path,
+    code: str,
+    file: Path | None = None,
+    conversions: tuple[tuple[str, ...], ...] = ((),),
+) -> dict[str, Any]:
+    """inspect reports `code` as its first error (about `file`); `convert` with each of
+    `conversions`' options writes nothing (no OUT, no staging folder) and says why in one
+    line. Returns the error finding."""
+    run = cli("inspect", folder, "--json")
+    assert run.code == 1, run.stdout
+    errors = [item for item in run.json()["findings"] if item["severity"] == "error"]
+    assert [item["code"] for item in errors][:1] == [code], errors
+    if file is not None:
+        assert errors[0]["file"] == str(file)
+    for options in conversions:
+        out = tmp_path / "never"
+        converted = cli("convert", folder, "-o", out, *options)
+        assert converted.code == 1, converted.stderr
+        assert len(converted.error_lines) == 1, converted.stderr
+        assert not out.exists() and not list(tmp_path.glob(".ckptfix-*"))
+    error: dict[str, Any] = errors[0]
+    return error
