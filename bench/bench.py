@@ -193,6 +193,7 @@ def ensure_inputs() -> dict[str, Path]:
 class Measure:
     wall: float
     rss_mib: float
+    cpu: float = 0.0  # user + system seconds: what a shared machine's load does not stretch
 
 
 def run(command: list[str], *, env: dict[str, str] | None = None) -> Measure:
@@ -204,7 +205,7 @@ def run(command: list[str], *, env: dict[str, str] | None = None) -> Measure:
     with tempfile.NamedTemporaryFile("r", suffix=".time") as report:
         start = time.perf_counter()
         done = subprocess.run(
-            ["/usr/bin/time", "-f", "%M", "-o", report.name, *command],
+            ["/usr/bin/time", "-f", "%U %S %M", "-o", report.name, *command],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=env,
@@ -213,8 +214,8 @@ def run(command: list[str], *, env: dict[str, str] | None = None) -> Measure:
         wall = time.perf_counter() - start
         if done.returncode not in (0, 1):
             raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr!r}")
-        peak_kib = int(report.read().split()[-1])
-    return Measure(wall, peak_kib / 1024)
+        user, system, peak_kib = report.read().split()[-3:]
+    return Measure(wall, int(peak_kib) / 1024, float(user) + float(system))
 
 
 def drop_caches() -> bool:
@@ -619,6 +620,14 @@ def bench_training(kind: str, repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_megatron(repeat: int) -> None:
+    """A Megatron-Core torch_dist checkpoint to a Hugging Face model: bench/megatron_ckpt.py."""
+    import megatron_ckpt
+
+    for row in megatron_ckpt.bench_megatron(repeat):
+        print(row, flush=True)
+
+
 def bench_remote(repeat: int) -> None:
     """inspect over S3 and a Hub on 127.0.0.1: bench/remote.py."""
     import remote
@@ -677,6 +686,7 @@ def main() -> None:
         "to-torch",
         "dcp",
         "zero",
+        "megatron",
         "inspect",
         "remote",
         "reflink",
@@ -703,6 +713,7 @@ def main() -> None:
         ],
         "dcp": lambda: bench_training("dcp", writes),
         "zero": lambda: bench_training("zero", writes),
+        "megatron": lambda: bench_megatron(writes),
         "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
         "remote": lambda: bench_remote(args.repeat),
         "reflink": lambda: bench_zero_copy(writes),

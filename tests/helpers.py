@@ -259,7 +259,7 @@ def torch_bytes(tensor: torch.Tensor) -> bytes:
 
 
 def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    """The same names, and for each the same dtype, shape and bytes."""
+    """The same names, and for each the same dtype, shape and row-major bytes."""
     assert sorted(got) == sorted(want)
     for name, tensor in want.items():
         assert got[name].dtype == tensor.dtype, name

@@ -16,6 +16,7 @@ from tests.cases import (
     Case,
 )
 from tests.helpers import cli, tree_snapshot
+from tests.megatron_cases import MEGATRON_CASES
 from tests.zero_builders import ZERO_CASES
 
 CORPUS = (
@@ -39,8 +40,10 @@ def marker(case: Case) -> str:
         return "outside the allowlist"
     if case.code == "lfs-pointer":
         return "Git LFS pointer"
-    if case.code == "unsupported-format" and case.rule in ("torchscript", "tar"):
-        return {"torchscript": "TorchScript", "tar": "tar archive"}[case.rule]
+    if case.code == "unsupported-format":
+        return {"torchscript": "TorchScript", "tar": "tar archive"}.get(
+            case.rule, f"(rule {case.rule};"
+        )
     return f"(rule {case.rule};"
 
 
@@ -62,6 +65,45 @@ def test_every_command_refuses(
     assert len(run.error_lines) == 1, run.stderr
     line = run.error_lines[0]
     assert line.startswith(f"error: {factory.root}"), line  # names the file
+    assert marker(case) in line, line
+    assert not out.exists()
+    assert not list(factory.root.glob(".ckptfix-*"))
+    assert tree_snapshot(factory.root) == before
+    assert not (factory.root / "CANARY").exists()
+
+
+MEGATRON_COMMANDS = [
+    ["inspect"],
+    ["convert"],
+    ["convert", "--to-hf", "llama"],
+    ["dedupe"],
+    ["hash"],
+    ["diff"],
+    ["diff", "--to-hf", "llama"],
+]
+
+
+@pytest.mark.parametrize("command", MEGATRON_COMMANDS, ids=" ".join)
+@pytest.mark.parametrize("case", MEGATRON_CASES, ids=lambda case: case.id)
+def test_every_command_refuses_a_bad_megatron_folder(
+    factory: Factory, case: Case, command: list[str], tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = case.build(factory)
+    before = tree_snapshot(factory.root)
+    out = factory.root / "out"
+    name, options = command[0], command[1:]
+    args = (
+        [name, path, *options] if name in ("inspect", "hash") else [name, path, "-o", out, *options]
+    )
+    if name == "diff":  # a good checkpoint against the bad one
+        good = Factory(tmp_path_factory.mktemp("good")).safetensors("good.safetensors")
+        args = [name, good, path, *options]
+    run = cli(*args)
+    assert run.code == 1, run.stderr
+    assert "Traceback" not in run.stdout + run.stderr
+    assert len(run.error_lines) == 1, run.stderr
+    line = run.error_lines[0]
+    assert line.startswith(f"error: {factory.root}"), line
     assert marker(case) in line, line
     assert not out.exists()
     assert not list(factory.root.glob(".ckptfix-*"))

@@ -16,10 +16,10 @@ from tests.helpers import cli, measured, torch_bytes
 from tests.training_fixtures import (
     PWNED,
     Evil,
+    assert_refused,
     converted,
     edit_metadata,
     hostile_zip,
-    refused,
     set_zero_value,
     storage_entry,
 )
@@ -45,14 +45,14 @@ def test_truncated_rank_file(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> 
     folder = copy_of(dcp_saved / "torch_save")
     rank = folder / "__1_0.distcp"
     os.truncate(rank, rank.stat().st_size - 100)
-    error = refused(folder, tmp_path, "truncated-rank-file", rank)
+    error = assert_refused(folder, tmp_path, "truncated-rank-file", rank)
     assert "cut short" in error["message"]
 
 
 def test_missing_rank_file(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "safetensors")
     (folder / "__0_0.distcp").unlink()
-    error = refused(folder, tmp_path, "missing-rank-file", folder / "__0_0.distcp")
+    error = assert_refused(folder, tmp_path, "missing-rank-file", folder / "__0_0.distcp")
     assert "0.weight" in error["tensors"]
 
 
@@ -85,7 +85,7 @@ def test_overlapping_chunks(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> N
         chunk.sizes = torch.Size([5])
 
     edit_metadata(folder, grow)
-    error = refused(folder, tmp_path, "chunk-overlap")
+    error = assert_refused(folder, tmp_path, "chunk-overlap")
     assert "'model.positions'" in error["message"]
     assert "__0_0.distcp" in error["message"] and "__1_0.distcp" in error["message"]
 
@@ -97,7 +97,7 @@ def test_chunk_gap(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
         metadata.state_dict_metadata["model.0.weight"].chunks.pop()
 
     edit_metadata(folder, drop)
-    error = refused(folder, tmp_path, "chunk-gap")
+    error = assert_refused(folder, tmp_path, "chunk-gap")
     assert "cover 80 of its 140 bytes" in error["message"]
 
 
@@ -110,7 +110,7 @@ def test_chunk_out_of_range(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> N
         metadata.state_dict_metadata["model.0.weight"].size = torch.Size([6, 5])
 
     edit_metadata(folder, shift)
-    error = refused(folder, tmp_path, "chunk-out-of-range", folder / "__1_0.distcp")
+    error = assert_refused(folder, tmp_path, "chunk-out-of-range", folder / "__1_0.distcp")
     assert "lies outside 'model.0.weight' of shape [6, 5]" in error["message"]
 
 
@@ -147,7 +147,7 @@ def test_dcp_size_claims_are_checked_against_the_files(
     edit_metadata(folder, _claim_huge(claim))
     run = measured("inspect", folder, timeout=60)
     assert run.code == 1 and run.seconds < 20 and run.peak_rss < 500 * 2**20, run
-    refused(folder, tmp_path, code, folder / "__0_0.distcp")
+    assert_refused(folder, tmp_path, code, folder / "__0_0.distcp")
 
 
 def test_metadata_disagreeing_with_the_chunk(
@@ -161,7 +161,7 @@ def test_metadata_disagreeing_with_the_chunk(
         metadata.state_dict_metadata["model.1.bias"].properties.dtype = torch.int32
 
     edit_metadata(folder, retype)
-    error = refused(folder, tmp_path, "corrupt-file")
+    error = assert_refused(folder, tmp_path, "corrupt-file")
     assert "holds a F32 tensor of shape" in error["message"]
 
 
@@ -173,7 +173,7 @@ def test_compressed_chunks_arerefused(dcp_saved: Path, copy_of: Copy, tmp_path: 
         info.transform_descriptors = ["stream.zstd/1"]
 
     edit_metadata(folder, compress)
-    error = refused(folder, tmp_path, "unsupported-format")
+    error = assert_refused(folder, tmp_path, "unsupported-format")
     assert "stream.zstd/1" in error["message"]
 
 
@@ -187,14 +187,14 @@ def test_paths_outside_the_folder_arerefused(
         info.relative_path = "../__0_0.distcp"
 
     edit_metadata(folder, escape)
-    error = refused(folder, tmp_path, "corrupt-file", folder / ".metadata")
+    error = assert_refused(folder, tmp_path, "corrupt-file", folder / ".metadata")
     assert "rule path-traversal" in error["message"]
 
 
 def test_hostile_metadata(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "torch_save")
     (folder / ".metadata").write_bytes(pickle.dumps(Evil()))
-    error = refused(folder, tmp_path, "unsafe-pickle", folder / ".metadata")
+    error = assert_refused(folder, tmp_path, "unsafe-pickle", folder / ".metadata")
     assert "posix.system" in error["message"]
 
 
@@ -211,7 +211,7 @@ def test_hostile_pickle_in_a_chunk(dcp_saved: Path, copy_of: Copy, tmp_path: Pat
         info.offset, info.length = start, len(hostile)
 
     edit_metadata(folder, point)
-    error = refused(folder, tmp_path, "unsafe-pickle", rank)
+    error = assert_refused(folder, tmp_path, "unsafe-pickle", rank)
     assert "chunk [4, 0] of 'model.0.weight'" in error["message"]
     assert "posix.system" in error["message"]
     # only the tensor with the hostile chunk is left out; the rest is still described
@@ -225,7 +225,7 @@ def test_missing_optimizer_partition(zero_saved: Path, copy_of: Copy, tmp_path: 
     folder = copy_of(zero_saved / "zero2_bf16")
     missing = folder / "global_step2" / "bf16_zero_pp_rank_1_mp_rank_00_optim_states.pt"
     missing.unlink()
-    error = refused(folder, tmp_path, "missing-rank-file", missing)
+    error = assert_refused(folder, tmp_path, "missing-rank-file", missing)
     assert "rank 1's optimizer partition is missing" in error["message"]
 
 
@@ -233,13 +233,13 @@ def test_missing_stage3_model_states(zero_saved: Path, copy_of: Copy, tmp_path: 
     folder = copy_of(zero_saved / "zero3_fp32")
     missing = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_model_states.pt"
     missing.unlink()
-    refused(folder, tmp_path, "missing-rank-file", missing)
+    assert_refused(folder, tmp_path, "missing-rank-file", missing)
 
 
 def test_tag_pointing_nowhere(zero_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(zero_saved / "zero1_fp32")
     (folder / "latest").write_text("global_step9")
-    error = refused(folder, tmp_path, "tag-missing", folder / "latest")
+    error = assert_refused(folder, tmp_path, "tag-missing", folder / "latest")
     assert "tag folders present: global_step2" in error["message"]
 
 
@@ -247,7 +247,7 @@ def test_truncated_optimizer_file(zero_saved: Path, copy_of: Copy, tmp_path: Pat
     folder = copy_of(zero_saved / "zero3_bf16")
     rank = folder / "global_step2" / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
     os.truncate(rank, rank.stat().st_size // 2)
-    error = refused(folder, tmp_path, "corrupt-file", rank)
+    error = assert_refused(folder, tmp_path, "corrupt-file", rank)
     assert "rule bad-zip" in error["message"]
 
 
@@ -255,7 +255,7 @@ def test_hostile_model_states(zero_saved: Path, copy_of: Copy, tmp_path: Path) -
     folder = copy_of(zero_saved / "zero2_fp32")
     states = folder / "global_step2" / "mp_rank_00_model_states.pt"
     states.write_bytes(hostile_zip())
-    error = refused(folder, tmp_path, "unsafe-pickle", states)
+    error = assert_refused(folder, tmp_path, "unsafe-pickle", states)
     assert "posix.system" in error["message"]
 
 
@@ -263,7 +263,7 @@ def test_hostile_optimizer_states(zero_saved: Path, copy_of: Copy, tmp_path: Pat
     folder = copy_of(zero_saved / "zero3_fp32")
     states = folder / "global_step2" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
     states.write_bytes(hostile_zip())
-    refused(folder, tmp_path, "unsafe-pickle", states)
+    assert_refused(folder, tmp_path, "unsafe-pickle", states)
 
 
 @pytest.mark.parametrize(("name", "count"), [("zero2_bf16", [10**12, 2]), ("zero3_fp32", 10**12)])
@@ -276,7 +276,7 @@ def test_a_world_size_the_partitions_contradict(
     prefix = "bf16_" if name.endswith("bf16") else ""
     states = folder / "global_step2" / f"{prefix}zero_pp_rank_0_mp_rank_00_optim_states.pt"
     set_zero_value(states, "optimizer_state_dict/partition_count", count)
-    error = refused(folder, tmp_path, "corrupt-file", states)
+    error = assert_refused(folder, tmp_path, "corrupt-file", states)
     assert "partition_count says 1000000000000 ranks" in error["message"]
     assert "(rule zero-counts;" in error["message"]
 
@@ -286,7 +286,7 @@ def test_a_rank_file_past_the_world_size(zero_saved: Path, copy_of: Copy, tmp_pa
     tag = folder / "global_step2"
     stray = tag / "zero_pp_rank_7_mp_rank_00_optim_states.pt"
     stray.write_bytes((tag / "zero_pp_rank_1_mp_rank_00_optim_states.pt").read_bytes())
-    error = refused(folder, tmp_path, "corrupt-file", stray)
+    error = assert_refused(folder, tmp_path, "corrupt-file", stray)
     assert (
         "is rank 7's optimizer partition, but partition_count says the run had 2"
         in (error["message"])
@@ -299,7 +299,7 @@ def test_a_chain_of_shared_params(zero_saved: Path, copy_of: Copy, tmp_path: Pat
     folder = copy_of(zero_saved / "zero2_fp32")
     states = folder / "global_step2" / "mp_rank_00_model_states.pt"
     set_zero_value(states, "shared_params", {"head.weight": "tied", "tied": "embed.weight"})
-    error = refused(folder, tmp_path, "corrupt-file", states)
+    error = assert_refused(folder, tmp_path, "corrupt-file", states)
     assert "makes 'head.weight' an alias of 'tied', itself an alias" in error["message"]
 
 
@@ -333,7 +333,7 @@ def test_missing_optimizer_states_point_at_the_module_weights(
     folder = copy_of(zero_saved / name)
     for path in (folder / "global_step2").glob("*optim_states.pt"):
         path.unlink()
-    error = refused(folder, tmp_path, "missing-rank-file")
+    error = assert_refused(folder, tmp_path, "missing-rank-file")
     if name.startswith("zero3"):  # `module` holds placeholders: nothing to take instead
         assert error["fix"] == "none: copy the missing rank file from where the run saved it"
         assert "--zero-weights" not in error["message"]
@@ -388,7 +388,7 @@ def test_malformed_sharding_info(
         fixtures.set_sharding(header, {**fixtures.sharding_of(header), **info})
 
     path = _edit_rank(folder, 2, change)
-    error = refused(folder, tmp_path, "corrupt-file", path)
+    error = assert_refused(folder, tmp_path, "corrupt-file", path)
     assert "(rule dcp-sharding-info;" in error["message"]
 
 
@@ -406,7 +406,7 @@ def test_pieces_that_do_not_tile(
         fixtures.set_sharding(header, info)
 
     _edit_rank(folder, 2, move)
-    error = refused(folder, tmp_path, code)
+    error = assert_refused(folder, tmp_path, code)
     assert error["tensors"] == ["embed.weight"]
     assert RANK.format(2) in error["message"]
 
@@ -418,7 +418,7 @@ def test_pieces_disagreeing_on_dtype(hf_writer_saved: Path, copy_of: Copy, tmp_p
         header["embed.weight"]["dtype"] = "I32"  # same width, another dtype
 
     _edit_rank(folder, 2, retype)
-    error = refused(folder, tmp_path, "corrupt-file")
+    error = assert_refused(folder, tmp_path, "corrupt-file")
     assert "disagree on dtype" in error["message"]
 
 
@@ -428,7 +428,7 @@ def test_missing_first_rank_file(hf_writer_saved: Path, copy_of: Copy, tmp_path:
     folder = copy_of(hf_writer_saved / "two_files")
     for part in (1, 2):
         (folder / f"shard-00001-model-0000{part}-of-00002.safetensors").unlink()
-    error = refused(folder, tmp_path, "missing-rank-file")
+    error = assert_refused(folder, tmp_path, "missing-rank-file")
     assert "no file of rank 1" in error["message"]
     codes = [f["code"] for f in cli("inspect", folder, "--json").json()["findings"]]
     assert "chunk-gap" in codes
@@ -453,4 +453,4 @@ def test_accelerate_missing_rank_file(
     folder = copy_of(accelerate_saved / "state")
     missing = folder / "pytorch_model_fsdp_0" / "__1_0.distcp"
     missing.unlink()
-    refused(folder, tmp_path, "missing-rank-file", missing)
+    assert_refused(folder, tmp_path, "missing-rank-file", missing)

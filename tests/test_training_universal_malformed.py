@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests import training_fixtures as fixtures
 from tests.helpers import cli, one_error_line, torch_bytes
-from tests.training_fixtures import PWNED, hostile_zip, refused
+from tests.training_fixtures import PWNED, assert_refused, hostile_zip
 
 pytestmark = pytest.mark.slow
 copy_of = fixtures.copy_of
@@ -63,20 +63,22 @@ def test_missing_weight_file(universal_saved: Path, copy_of: Copy, tmp_path: Pat
     folder = _universal(universal_saved, copy_of)
     missing = folder / "zero" / "body.weight" / "fp32.pt"
     missing.unlink()
-    error = refused(folder, tmp_path, "missing-rank-file", missing)
+    error = assert_refused(folder, tmp_path, "missing-rank-file", missing)
     assert "the fp32 weight of 'body.weight' is missing" in error["message"]
 
 
 def test_missing_parameter_folder(universal_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = _universal(universal_saved, copy_of, "zero3_bf16")
     shutil.rmtree(folder / "zero" / "body.bias")
-    refused(folder, tmp_path, "missing-rank-file", folder / "zero" / "body.bias" / "fp32.pt")
+    assert_refused(folder, tmp_path, "missing-rank-file", folder / "zero" / "body.bias" / "fp32.pt")
 
 
 def test_missing_model_states(universal_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = _universal(universal_saved, copy_of)
     (folder / "mp_rank_00_model_states.pt").unlink()
-    error = refused(folder, tmp_path, "missing-rank-file", folder / "mp_rank_00_model_states.pt")
+    error = assert_refused(
+        folder, tmp_path, "missing-rank-file", folder / "mp_rank_00_model_states.pt"
+    )
     assert "model states is missing" in error["message"]
 
 
@@ -84,7 +86,7 @@ def test_truncated_weight_file(universal_saved: Path, copy_of: Copy, tmp_path: P
     folder = _universal(universal_saved, copy_of)
     weight = folder / "zero" / "embed.weight" / "fp32.pt"
     os.truncate(weight, weight.stat().st_size // 2)
-    error = refused(folder, tmp_path, "corrupt-file", weight)
+    error = assert_refused(folder, tmp_path, "corrupt-file", weight)
     assert "rule bad-zip" in error["message"]
 
 
@@ -92,7 +94,7 @@ def test_hostile_weight_file(universal_saved: Path, copy_of: Copy, tmp_path: Pat
     folder = _universal(universal_saved, copy_of, "zero3_fp32")
     weight = folder / "zero" / "embed.weight" / "fp32.pt"
     weight.write_bytes(hostile_zip())
-    error = refused(folder, tmp_path, "unsafe-pickle", weight)
+    error = assert_refused(folder, tmp_path, "unsafe-pickle", weight)
     assert "posix.system" in error["message"]
 
 
@@ -102,7 +104,7 @@ def test_a_weight_file_without_a_tensor(
     folder = _universal(universal_saved, copy_of)
     weight = folder / "zero" / "body.bias" / "fp32.pt"
     _save(weight, {"cat_dim": 0, "params": "none"})
-    error = refused(folder, tmp_path, "corrupt-file", weight)
+    error = assert_refused(folder, tmp_path, "corrupt-file", weight)
     assert "(rule universal-param;" in error["message"]
 
 
@@ -125,7 +127,7 @@ def test_shapes_that_disagree_with_param_shapes(
     weight = folder / "zero" / "body.weight" / "fp32.pt"
     held = _param(folder, "body.weight")
     _save(weight, {**held, "param": cut(held["param"])} if isinstance(held, dict) else cut(held))
-    error = refused(folder, tmp_path, "corrupt-file", weight)
+    error = assert_refused(folder, tmp_path, "corrupt-file", weight)
     assert said in error["message"] and "(rule universal-shape;" in error["message"]
 
 
@@ -153,7 +155,7 @@ def test_an_expert_parallel_parameter_is_refused(
     weight = folder / "zero" / "body.weight" / "fp32.pt"
     held = _param(folder, "body.weight")
     _save(weight, {**held, "is_expert_param": True, "ep_num_experts": 5})
-    error = refused(folder, tmp_path, "unsupported-format", weight)
+    error = assert_refused(folder, tmp_path, "unsupported-format", weight)
     assert "expert-parallel parameter" in error["message"]
 
 
@@ -172,7 +174,7 @@ def test_links_out_of_the_checkpoint_are_never_followed(
     inside, outside = folder / "zero" / moved, tmp_path / "elsewhere"
     shutil.move(inside, outside)
     inside.symlink_to(outside)
-    error = refused(folder, tmp_path, "corrupt-file", inside)
+    error = assert_refused(folder, tmp_path, "corrupt-file", inside)
     assert f"{said} (rule universal-link;" in error["message"]
 
 
@@ -197,7 +199,7 @@ def test_a_weight_file_that_is_a_fifo_is_never_opened(
     weight = folder / "zero" / "body.bias" / "fp32.pt"
     weight.unlink()
     os.mkfifo(weight)
-    error = refused(folder, tmp_path, "corrupt-file", weight)  # no hang
+    error = assert_refused(folder, tmp_path, "corrupt-file", weight)  # no hang
     assert "file is not a regular file (rule universal-link;" in error["message"]
 
 
@@ -205,7 +207,7 @@ def test_zero_folder_that_is_a_link(universal_saved: Path, copy_of: Copy, tmp_pa
     folder = _universal(universal_saved, copy_of)
     shutil.move(folder / "zero", tmp_path / "zero-elsewhere")
     (folder / "zero").symlink_to(tmp_path / "zero-elsewhere")
-    error = refused(folder, tmp_path, "corrupt-file", folder / "zero")
+    error = assert_refused(folder, tmp_path, "corrupt-file", folder / "zero")
     assert "(rule universal-link;" in error["message"]
 
 
@@ -215,7 +217,7 @@ def test_folders_that_name_no_parameter(
     folder = _universal(universal_saved, copy_of)
     for name in ("stray", "evil\nname\x1b[31m"):
         shutil.copytree(folder / "zero" / "body.bias", folder / "zero" / name)
-    error = refused(folder, tmp_path, "corrupt-file", folder / "zero")
+    error = assert_refused(folder, tmp_path, "corrupt-file", folder / "zero")
     assert (
         "zero/ holds 2 folder(s) that name no parameter of the model states: " in (error["message"])
     )
@@ -238,7 +240,7 @@ def test_parameter_names_that_climb_out_of_zero(
     (tmp_path / "escape").mkdir()
     shutil.copy(folder / "zero" / "body.bias" / "fp32.pt", tmp_path / "escape" / "fp32.pt")
     _save(states_path, states)
-    error = refused(folder, tmp_path, "corrupt-file", folder / "zero")
+    error = assert_refused(folder, tmp_path, "corrupt-file", folder / "zero")
     assert "a parameter '../../escape', which is no folder name in zero/" in error["message"]
     assert "(rule path-traversal;" in error["message"]
 
@@ -274,7 +276,7 @@ def test_latest_universal_pointing_nowhere(
     root.mkdir()
     (root / "latest_universal").write_text("global_step9_universal")
     shutil.copytree(universal_saved / "zero2_fp32" / TAG, root / TAG)
-    error = refused(root, tmp_path, "tag-missing", root / "latest_universal")
+    error = assert_refused(root, tmp_path, "tag-missing", root / "latest_universal")
     assert error["message"].startswith("`latest_universal` names the tag 'global_step9_universal'")
 
 

@@ -5,6 +5,7 @@ checkpoints), helpers to damage copies of them, and what a refusal of one must l
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -37,10 +38,13 @@ def _written_by(kind: str, factory: pytest.TempPathFactory) -> Path:
         return _WRITTEN[kind]
     out = factory.mktemp(kind) / "saved"
     env = {**os.environ, "DS_BUILD_OPS": "0", "PYTHONWARNINGS": "ignore"}
+    module = (
+        ["tests.megatron_writer"] if kind == "megatron" else ["tests.training_frameworks", kind]
+    )
     for _ in range(2):  # a second try with a fresh port: gloo rendezvous can race
         shutil.rmtree(out, ignore_errors=True)
         done = subprocess.run(
-            [sys.executable, "-m", "tests.training_frameworks", kind, str(out)],
+            [sys.executable, "-m", *module, str(out)],
             cwd=ROOT,
             env=env,
             capture_output=True,
@@ -129,6 +133,27 @@ def lightning_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _written_by("lightning", tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def megatron_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One folder per case of tests/megatron_writer.py (llama, mistral, qwen2, qwen3, mixtral,
+    qwen3_moe, gpt), each with ckpt/ (written by megatron-core, 2 gloo ranks), hf/ (the
+    transformers model it started from), logits.pt and oracle.pt (Megatron's own load)."""
+    _require("megatron.core", "megatron-core is not installed (the test extra)")
+    _require("psutil", "psutil is not installed (megatron-core's save hangs without it)")
+    return _written_by("megatron", tmp_path_factory)
+
+
+def _require(module: str, reason: str) -> None:
+    """Skip unless `module` can be imported. Looked up, not imported: importing megatron.core
+    costs seconds and prints Transformer Engine warnings, and only the writer needs it."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent that is not a package, or blocked
+        found = False
+    if not found:
+        pytest.skip(reason)
+
+
 @pytest.fixture
 def copy_of(tmp_path: Path) -> Callable[[Path], Path]:
     """A private copy of a saved checkpoint, to damage."""
@@ -157,20 +182,30 @@ def storage_entry(metadata: Any, fqn: str, index: int = 0) -> tuple[Any, Any]:
     return sorted(entries, key=lambda kv: tuple(kv[0].offset))[index]
 
 
-def refused(folder: Path, tmp_path: Path, code: str, file: Path | None = None) -> dict[str, Any]:
-    """inspect reports `code` as an error (about `file`); convert writes nothing."""
+def assert_refused(
+    folder: Path,
+    tmp_path: Path,
+    code: str,
+    file: Path | None = None,
+    conversions: tuple[tuple[str, ...], ...] = ((),),
+) -> dict[str, Any]:
+    """inspect reports `code` as its first error (about `file`); `convert` with each of
+    `conversions`' options writes nothing (no OUT, no staging folder) and says why in one
+    line. Returns the error finding."""
     run = cli("inspect", folder, "--json")
     assert run.code == 1, run.stdout
     errors = [item for item in run.json()["findings"] if item["severity"] == "error"]
     assert [item["code"] for item in errors][:1] == [code], errors
     if file is not None:
         assert errors[0]["file"] == str(file)
-    out = tmp_path / "never"
-    converted = cli("convert", folder, "-o", out)
-    assert converted.code == 1
-    assert len(converted.error_lines) == 1
-    assert not out.exists()
-    return dict(errors[0])
+    for options in conversions:
+        out = tmp_path / "never"
+        converted = cli("convert", folder, "-o", out, *options)
+        assert converted.code == 1, converted.stderr
+        assert len(converted.error_lines) == 1, converted.stderr
+        assert not out.exists() and not list(tmp_path.glob(".ckptfix-*"))
+    error: dict[str, Any] = errors[0]
+    return error
 
 
 PWNED = Path("/tmp/ckptfix-training-pwned")

@@ -301,18 +301,27 @@ DequantizeOption = Annotated[
     DecodeChoice | None,
     typer.Option("--dequantize", help="GGUF: decode block-quantized tensors to this dtype."),
 ]
+ToOption = Annotated[OutputFormat, typer.Option("--to", help="Output format.")]
+DtypeOption = Annotated[
+    DtypeChoice, typer.Option("--dtype", help="Cast floating tensors (others keep theirs).")
+]
+ToHfOption = Annotated[
+    str | None,
+    typer.Option(
+        "--to-hf",
+        metavar="CONFIG",
+        help="Megatron: map to the Hugging Face model of this config.json (or folder), or "
+        "a model type its training arguments determine.",
+    ),
+]
 
 
 @command()
 def convert(
     src: SrcArgument,
     out: OutOption = None,
-    to: Annotated[
-        OutputFormat, typer.Option("--to", help="Output format.")
-    ] = OutputFormat.safetensors,
-    dtype: Annotated[
-        DtypeChoice, typer.Option("--dtype", help="Cast floating tensors (others keep theirs).")
-    ] = DtypeChoice.keep,
+    to: ToOption = OutputFormat.safetensors,
+    dtype: DtypeOption = DtypeChoice.keep,
     key: Annotated[
         str, typer.Option("--key", help="Where the tensors sit in a training checkpoint, or auto.")
     ] = "auto",
@@ -334,8 +343,9 @@ def convert(
     replace_any: ReplaceAnyOption = False,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
     dequantize: DequantizeOption = None,
+    to_hf: ToHfOption = None,
 ) -> None:
-    """Convert a PyTorch, safetensors, GGUF, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
+    """Convert a PyTorch, safetensors, GGUF, DCP, DeepSpeed or Megatron checkpoint into verified safetensors (or torch) shards.
 
     \b
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
@@ -361,6 +371,7 @@ def convert(
             verify=not no_verify,
             zero_weights=zero_weights.value,
             dequantize=dequantize.value if dequantize is not None else None,
+            to_hf=to_hf,
         )
         result = run_convert(input_path(src), out, options)
     _show(result, json_output)

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ckptfix.cli.app import JsonOption, _progress, _write_json, command, input_path
+from ckptfix.cli.app import JsonOption, ToHfOption, _progress, _write_json, command, input_path
 
 NoAliasRecordOption = Annotated[
     bool,
@@ -103,6 +103,7 @@ def diff(
         ),
     ] = DiffFailOn.any,
     no_alias_record: NoAliasRecordOption = False,
+    to_hf: ToHfOption = None,
 ) -> None:
     """Compare two checkpoints tensor by tensor, whatever their formats and sharding.
 
@@ -118,6 +119,7 @@ def diff(
             strip_prefix=strip_prefix,
             alias_record=not no_alias_record,
             progress=advance,
+            to_hf=to_hf,
         )
         result = run_diff(input_path(a), input_path(b), options)
     if json_output:

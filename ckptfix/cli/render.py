@@ -147,6 +147,7 @@ def _layout(layout: dict[str, object]) -> str:
         "dcp": "torch.distributed.checkpoint",
         "deepspeed": "DeepSpeed",
         "hf-storage": "torch HuggingFaceStorageWriter, per rank",
+        "megatron": "Megatron-Core torch_dist",
     }
     parts = [framework.get(str(layout["framework"]), str(layout["framework"]))]
     if layout.get("stage") is not None:

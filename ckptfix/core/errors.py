@@ -165,6 +165,14 @@ class RepairRefusedError(CkptfixError):
         super().__init__(path, what, fix, rule=rule or code)
 
 
+class MappingError(CkptfixError):
+    """A checkpoint and the model it is mapped to (`--to-hf`) do not correspond tensor for
+    tensor: a tensor with no destination, a target with no source, a size that disagrees;
+    `rule` names which."""
+
+    kind = "mapping"
+
+
 class UnsafePickleError(CkptfixError):
     """A pickle names a global outside the allowlist; it was not loaded."""
 

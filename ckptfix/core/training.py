@@ -12,7 +12,7 @@ from ckptfix.core.findings import Finding
 class TrainingLayout:
     """The layout of a training checkpoint: set on `Checkpoint.training` by its loader."""
 
-    framework: str  # "dcp", "deepspeed" or "hf-storage" (torch's per-rank HF writer)
+    framework: str  # "dcp", "deepspeed", "megatron" or "hf-storage" (torch's per-rank HF writer)
     world_size: int | None = None
     serialization: str | None = None  # DCP: "torch_save" or "safetensors"
     tag: str | None = None  # DeepSpeed: the tag folder, e.g. "global_step1000"
@@ -35,6 +35,9 @@ class TrainingLayout:
     # Output dtype a tensor is written in unless --dtype says otherwise (DeepSpeed master
     # weights: floating buffers in fp32, as zero_to_fp32.py writes them).
     dtypes: dict[str, str] = field(default_factory=dict, compare=False)
+    # A framework's own facts for the report (Megatron: its backends, iteration, the
+    # architecture its training arguments give), JSON values only.
+    extra: dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         """The `"layout"` object of the JSON report."""
@@ -55,6 +58,7 @@ class TrainingLayout:
         document.update({key: value for key, value in optional.items() if value is not None})
         if self.separate:
             document["separate"] = list(self.separate)
+        document.update(self.extra)
         document["left_out"] = {
             "tensors": self.left_out_tensors,
             "tensor_bytes": self.left_out_bytes,

@@ -212,12 +212,13 @@ def _refuse_storages(key: str, dtype: str | None, numel: int) -> StorageRef:
     raise PickleRejected("bad-storage-ref", ".metadata refers to tensor storage; it holds none")
 
 
-def read_metadata(source: ByteSource) -> DcpMetadata:
-    """Read and validate `.metadata`; a CorruptFileError or UnsafePickleError names the rule."""
+def read_metadata(source: ByteSource, allowed: Allowlist = METADATA_ALLOWLIST) -> DcpMetadata:
+    """Read and validate `.metadata`; a CorruptFileError or UnsafePickleError names the rule.
+    `allowed`: a writer's own extra stubs (Megatron keeps its save plans there)."""
     path = source.label
     if source.size > MAX_PICKLE_BYTES:
         raise _bad(path, f"file is {source.size} bytes, over {MAX_PICKLE_BYTES}")
-    obj: Any = unpickle(source.read_at(0, source.size), path, _refuse_storages, METADATA_ALLOWLIST)
+    obj: Any = unpickle(source.read_at(0, source.size), path, _refuse_storages, allowed)
     top = _state(obj, "Metadata", path, "the file")
     tensors, others = _entries(top.field("state_dict_metadata"), path)
     version = top.field("version")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 
 from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.core.dtypes import DTYPES
@@ -369,6 +370,46 @@ def load_dcp(
         )
     key, model = choose_model(meta, options.key, root)
     _refuse_duplicates(model, meta_path)
+    read = read_tensors(root, meta, model, folder)
+    layout = TrainingLayout(
+        "dcp",
+        world_size=read.world_size,
+        serialization=read.serialization,
+        step=step_of(root),
+        model_key=key or None,
+        saved_by="lightning" if LIGHTNING_META in names else None,
+        findings=read.findings,
+        **_left_out(meta, model),  # type: ignore[arg-type]
+    )
+    meta_read = FileRead(meta_path, FORMAT, meta_source.size, read.tensors)
+    records = [FileRecord(meta_path, FORMAT, meta_source.size, read=meta_read)]
+    return Checkpoint(
+        path=root,
+        kind=FORMAT,
+        files=tuple(records + read.records),
+        sources={meta_path: meta_source, **read.sources},
+        training=layout,
+    )
+
+
+@dataclass(frozen=True)
+class DcpTensors:
+    """The model tensors of a DCP folder as pieces of its rank files, the rank files' records
+    and sources, and the problems found (missing, truncated or unreadable rank files, chunks
+    that do not tile a tensor)."""
+
+    tensors: tuple[TensorInfo, ...]
+    records: list[FileRecord]
+    sources: dict[str, ByteSource]
+    findings: tuple[Finding, ...]
+    world_size: int
+    serialization: str | None
+
+
+def read_tensors(
+    root: str, meta: DcpMetadata, model: dict[str, str], folder: Folder = LOCAL
+) -> DcpTensors:
+    """The tensors `model` names (fqn -> tensor name), located in the rank files."""
     loader = _Loader(root, meta, folder)
     loader.open_rank_files()
     tensors = [
@@ -377,22 +418,11 @@ def load_dcp(
         if (tensor := loader.tensor(meta.tensors[fqn], name)) is not None
     ]
     formats = set().union(*(reader.formats for reader in loader.readers.values()))
-    layout = TrainingLayout(
-        "dcp",
+    return DcpTensors(
+        tensors=tuple(tensors),
+        records=_rank_records(loader),
+        sources=loader.sources,
+        findings=tuple(_missing_findings(loader.missing) + loader.findings),
         world_size=_world_size(meta),
         serialization="+".join(sorted(formats)) or None,
-        step=step_of(root),
-        model_key=key or None,
-        saved_by="lightning" if LIGHTNING_META in names else None,
-        findings=tuple(_missing_findings(loader.missing) + loader.findings),
-        **_left_out(meta, model),  # type: ignore[arg-type]
-    )
-    meta_read = FileRead(meta_path, FORMAT, meta_source.size, tuple(tensors))
-    records = [FileRecord(meta_path, FORMAT, meta_source.size, read=meta_read)]
-    return Checkpoint(
-        path=root,
-        kind=FORMAT,
-        files=tuple(records + _rank_records(loader)),
-        sources={meta_path: meta_source, **loader.sources},
-        training=layout,
     )

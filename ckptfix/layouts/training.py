@@ -1,9 +1,9 @@
-"""Which training-checkpoint layout a folder is, if any: torch.distributed.checkpoint
-(`.metadata`, `*.distcp`), accelerate's and the Trainer's FSDP folders (`pytorch_model_fsdp_N/`),
-torch's per-rank HuggingFaceStorageWriter save (`shard-R-model-K-of-N.safetensors`) or DeepSpeed
-(`latest` + tag folder, or a tag folder of `*_model_states.pt`; a universal checkpoint:
-`latest_universal` + a tag folder with `zero/`). Everything else is a Hugging Face model
-folder."""
+"""Which training-checkpoint layout a folder is, if any: Megatron-Core (`metadata.json` beside
+a torch.distributed.checkpoint save), torch.distributed.checkpoint (`.metadata`, `*.distcp`),
+accelerate's and the Trainer's FSDP folders (`pytorch_model_fsdp_N/`), torch's per-rank
+HuggingFaceStorageWriter save (`shard-R-model-K-of-N.safetensors`) or DeepSpeed (`latest` + tag
+folder, or a tag folder of `*_model_states.pt`; a universal checkpoint: `latest_universal` + a
+tag folder with `zero/`). Everything else is a Hugging Face model folder."""
 
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ def load_training(
         names = folder.listdir(root)
     except OSError:
         return None  # the Hugging Face loader reports it
-    from ckptfix.layouts import accelerate, dcp, deepspeed, deepspeed_universal, hf_shards
+    from ckptfix.layouts import accelerate, dcp, deepspeed, deepspeed_universal, hf_shards, megatron
 
+    if megatron.is_megatron_folder(root, names):
+        return megatron.load_megatron(root, names, options, folder)
     if dcp.is_dcp_folder(root, names):
         return dcp.load_dcp(root, names, options, folder)
     models = accelerate.fsdp_models(root, names, folder)

@@ -38,7 +38,7 @@ from ckptfix.plan.shards import (
 from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint, recorded
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
-from ckptfix.write.extras import carried_as_file, copy_extra
+from ckptfix.write.extras import carried_as_file, copy_extra, write_generated
 from ckptfix.write.output import check_free_space, check_names, check_quantized, wrap_os_error
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
@@ -296,14 +296,12 @@ def stage_and_commit(
         staging.checkpoint()
         if MARKER in plan.copied_files:
             staging.unmark()  # the source's own file of that name takes its place
+        copied = [name for name in plan.copied_files if name not in source.generated]
         if source.is_folder and source.checkpoint.remote is not None:
-            written += download_extra(
-                source.checkpoint.remote, source.path, plan.copied_files, staging.path
-            )
+            written += download_extra(source.checkpoint.remote, source.path, copied, staging.path)
         elif source.is_folder:
-            written += copy_extra(
-                source.path, plan.copied_files, staging.path, link=options.in_place
-            )
+            written += copy_extra(source.path, copied, staging.path, link=options.in_place)
+        written += write_generated(staging.path, source.generated)
         retype_config(staging.path, plan.config_edits, MAX_CONFIG_SIZE)
         staging.commit()
     target = claim.out
@@ -338,6 +336,7 @@ class ConvertOptions(RewriteOptions):
     verify: bool = True
     zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
     dequantize: str | None = None  # GGUF: decode block-quantized tensors to bf16, fp16, fp32
+    to_hf: str | None = None  # Megatron: the Hugging Face config.json (or model type) to map to
 
 
 @dataclass(frozen=True)
@@ -403,6 +402,10 @@ def convert(
             from ckptfix.ops.rewrite_gguf import with_gguf_metadata
 
             opened = with_gguf_metadata(opened)
+        if options.to_hf is not None:
+            from ckptfix.ops.to_hf import hf_source
+
+            opened = hf_source(opened, options.to_hf, CAST_TARGETS.get(options.dtype))
         choice = SelectOptions(
             exclude=tuple(options.exclude),
             strip_prefix=options.strip_prefix,

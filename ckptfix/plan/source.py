@@ -18,7 +18,7 @@ from ckptfix.layouts import model_files
 from ckptfix.layouts.choice import Choice
 from ckptfix.layouts.diffusers import no_weights_message
 from ckptfix.layouts.gguf import SPLIT_KIND
-from ckptfix.layouts.names import GGUF, parse_weight_name
+from ckptfix.layouts.names import GGUF, FolderLayout, parse_weight_name
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
@@ -62,6 +62,9 @@ class RewriteSource:
     # A GGUF checkpoint: the name its rewrites as GGUF keep (`name` of `name.gguf` or of a
     # split set's `name-00001-of-00003.gguf`); None for every other input.
     gguf_stem: str | None = None
+    # Files of OUT made by the rewrite rather than copied (config.json of `convert --to-hf`),
+    # by name; they are listed among extra_files.
+    generated: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def training_checkpoint(self) -> bool:
@@ -338,11 +341,9 @@ def other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], di
     reason. In a training run's folder only the model's own files are copied
     (layouts.model_files)."""
     path, layout = checkpoint.path, checkpoint.layout
-    weights = (
-        set(layout.weight_files) | {f.index for f in layout.families if f.index}
-        if layout
-        else set()
-    )
+    weights = set()  # a Hugging Face folder's weight files (a Megatron layout lists none)
+    if isinstance(layout, FolderLayout):
+        weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
     reasons: dict[str, str] = {}
     extra = []
     remote = checkpoint.remote  # a URL's folder (io.remote_folder), listed through it

@@ -19,12 +19,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from ckptfix.core.errors import WriteError
 from ckptfix.io.folder import unlistable
 from ckptfix.layouts.hub import blobs_of
+from ckptfix.write.copy import write_all
 from ckptfix.write.reflink import clone_file
 from ckptfix.write.results import WrittenFile
 
@@ -317,3 +318,18 @@ def carry_file(source: str, target: str, *, link: bool) -> int:
         return os.lstat(target).st_size
     # A link (a Hugging Face cache snapshot's, into blobs/): the file a loader would read.
     return _copy_file(os.path.realpath(source) if os.path.islink(source) else source, target)
+
+
+def write_generated(staging: str, files: Mapping[str, bytes]) -> list[WrittenFile]:
+    """Files the rewrite made (config.json of `convert --to-hf`): each created exclusively in
+    the staging folder (permissions from the umask), written whole and fsynced."""
+    written = []
+    for name, data in files.items():
+        fd = os.open(os.path.join(staging, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            write_all(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        written.append(WrittenFile(name, len(data)))
+    return written

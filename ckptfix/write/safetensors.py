@@ -25,7 +25,7 @@ from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
-from ckptfix.write.copy import COMPARE_CHUNK, Target, copy_from, write_all
+from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, Target, copy_from, write_all
 from ckptfix.write.filejobs import FileJobs
 from ckptfix.write.output import open_output, write_index
 from ckptfix.write.results import Progress, WrittenFile
@@ -264,20 +264,36 @@ class ShardWriter:
             return
         held.write()
         chunks = produce(self.job.sources, tensor)  # gathered or cast in bounded chunks
-        self.job.digests[tensor.name] = _write_produced(fd, offset, chunks, self.advance)
+        digest = _write_produced(fd, offset, chunks, self.advance, not tensor.gathered_runs)
+        if digest is not None:
+            self.job.digests[tensor.name] = digest
 
 
 def _write_produced(
-    fd: int, offset: int, chunks: Iterable[bytes], advance: Callable[[int], None]
-) -> bytes:
-    """Write produced chunks one after another; return the digest of all of them."""
-    hasher = hashlib.blake2b(digest_size=32)
+    fd: int, offset: int, chunks: Iterable[bytes], advance: Callable[[int], None], digest: bool
+) -> bytes | None:
+    """Write produced chunks one after another; return the digest of all of them when asked."""
+    hasher = hashlib.blake2b(digest_size=32) if digest else None
     for chunk in chunks:
         write_all(fd, chunk, offset)
-        hasher.update(chunk)
+        if hasher is not None:
+            hasher.update(chunk)
         offset += len(chunk)
         advance(len(chunk))
-    return hasher.digest()
+    return hasher.digest() if hasher is not None else None
+
+
+def _equal_gathered(dst: int, offset: int, tensor: OutTensor, job: ShardJob) -> bool:
+    """Whether the output at `offset` holds the tensor's runs, gathered again from their
+    sources (the bytes compared, window by window)."""
+    for chunk in tensor_chunks(job.sources, tensor.source):
+        if job.cancel.is_set():
+            raise Cancelled
+        if os.pread(dst, len(chunk), offset) != chunk:
+            return False
+        offset += len(chunk)
+    job.tally.add("compared", tensor.nbytes)
+    return True
 
 
 def _verify_tensors(
@@ -285,8 +301,8 @@ def _verify_tensors(
 ) -> None:
     """Each tensor written at `(name, offset)` must equal its source: streamed ones compared
     bitwise with the source range (or, for whole blocks cloned from it, by their physical
-    extents: see write.zerocopy.RunCheck), produced ones by the digest taken when they were
-    made."""
+    extents: see write.zerocopy.RunCheck), runs gathered in memory by gathering them again,
+    cast or strided ones by the digest taken when they were made."""
     check = RunCheck(dst, job.cloning or Cloning(), job.tally, job.cancel)
     for name, offset in placed:
         tensor = job.tensors[name]
@@ -299,6 +315,8 @@ def _verify_tensors(
                 for piece in source.pieces
                 for begin, at, length in piece.runs()
             )
+        elif tensor.gathered_runs:
+            same = _equal_gathered(dst, offset, tensor, job)
         else:
             same = range_digest(dst, (offset, offset + tensor.nbytes)) == job.digests[name]
             job.tally.add("digest", tensor.nbytes)
