@@ -9,9 +9,18 @@ from tests.attacks import ATTACK_CASES
 from tests.builders import Factory
 from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, SHARDING_CASES, Case
 from tests.helpers import cli, tree_snapshot
+from tests.hf_shard_builders import HF_SHARD_CASES
 from tests.zero_builders import ZERO_CASES
 
-CORPUS = SAFETENSORS_CASES + SHARDING_CASES + INDEX_CASES + PICKLE_CASES + ATTACK_CASES + ZERO_CASES
+CORPUS = (
+    SAFETENSORS_CASES
+    + SHARDING_CASES
+    + INDEX_CASES
+    + PICKLE_CASES
+    + ATTACK_CASES
+    + ZERO_CASES
+    + HF_SHARD_CASES
+)
 COMMANDS = ["inspect", "reshard", "convert", "dedupe", "hash", "diff"]
 
 

@@ -37,6 +37,7 @@ from ckptfix.layouts.chunks import (
     first_overlap,
     pieces_needed,
 )
+from ckptfix.layouts.zero_counts import missing_ranks
 
 FORMAT = "dcp"
 FRAMEWORK = "hf-storage"
@@ -193,15 +194,27 @@ def load_hf_shards(
 
 
 def _rank_gaps(root: str, ranks: set[int]) -> list[Finding]:
-    """Rank numbers run from 1: a rank below the highest with no file at all."""
-    width = 5
-    return [
+    """Rank numbers run from 1: the ranks below the highest with no file at all, the first
+    few by name and the rest counted (a file numbered in the billions costs no more)."""
+    highest = max(ranks, default=0)
+    listed, count = missing_ranks((rank - 1 for rank in ranks), highest - 1)
+    saved = f"ranks {min(ranks)}-{highest} saved files"
+    found = [
         finding(
             "missing-rank-file",
-            f"no file of rank {rank} (ranks {min(ranks)}-{max(ranks)} saved files; copy its "
-            "shard-*-model-* files from the training run's output)",
-            file=os.path.join(root, f"shard-{rank:0{width}d}-model-*.safetensors"),
+            f"no file of rank {rank + 1} ({saved}; copy its shard-*-model-* files from the "
+            "training run's output)",
+            file=os.path.join(root, f"shard-{rank + 1:05d}-model-*.safetensors"),
         )
-        for rank in range(1, max(ranks, default=0))
-        if rank not in ranks
+        for rank in listed
     ]
+    if count > len(listed):
+        found.append(
+            finding(
+                "missing-rank-file",
+                f"no file of {count - len(listed):,} more of the ranks below {highest} "
+                f"({saved}; copy their shard-*-model-* files from the training run's output)",
+                file=root,
+            )
+        )
+    return found
