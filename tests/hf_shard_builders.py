@@ -89,4 +89,6 @@ def _case(ranks: Mapping[int, Sequence[RankPiece]]) -> Callable[[Factory], Path]
 HF_SHARD_CASES = [
     # rank 2 missing between 1 and 3 (many missing ranks: tests/test_hf_shard_sets.py)
     Case("rank-set-gap", _case({1: DEFAULT_RANKS[1], 3: DEFAULT_RANKS[2]}), "missing-rank-file", "missing-rank-file"),
+    # zero-element pieces placed past 2^64: a shape no safetensors file can hold
+    Case("rank-set-shape-past-2-64", _case({**DEFAULT_RANKS, 3: (RankPiece("empty", (3, 0), (2**70, 0)),)}), "bad-shape"),
 ]  # fmt: skip

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from tests.helpers import cli, measured
-from tests.hf_shard_builders import DEFAULT_RANKS, rank_folder
+from tests.hf_shard_builders import DEFAULT_RANKS, RankPiece, rank_folder
 
 
 def test_a_rank_numbered_in_the_hundreds_of_billions_is_counted_not_listed(
@@ -31,3 +31,22 @@ def test_missing_middle_ranks_are_each_named(tmp_path: Path) -> None:
     findings = cli("inspect", folder, "--json").json()["findings"]
     files = [f["file"] for f in findings if f["code"] == "missing-rank-file"]
     assert files == [str(folder / f"shard-0000{rank}-model-*.safetensors") for rank in (2, 3)]
+
+
+def test_pieces_placed_past_2_64_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """Zero-element pieces at offset 2**70: the tensor they make has a dimension no
+    safetensors file can hold. inspect --json reports it (it was an internal error), and
+    convert refuses it (it wrote it, then failed its verification, 'a bug')."""
+    ranks = {**DEFAULT_RANKS, 3: (RankPiece("empty", (3, 0), (2**70, 0)),)}
+    folder = rank_folder(tmp_path / "ranks", ranks)
+    run = cli("inspect", folder, "--json")
+    assert run.code == 1, run.stderr
+    (problem,) = [f for f in run.json()["findings"] if f["severity"] == "error"]
+    assert problem["file"] == str(folder / "shard-00003-model-00001-of-00001.safetensors")
+    assert "'empty' of shape [1180591620717411303427, 0]" in problem["message"]
+    assert [t["shape"] for t in run.json()["tensors"] if t["name"] == "empty"] == [[2**70 + 3, 0]]
+    out = tmp_path / "out"
+    converted = cli("convert", folder, "-o", out)
+    assert converted.code == 1 and len(converted.error_lines) == 1
+    assert "(rule bad-shape;" in converted.error_lines[0]
+    assert not out.exists()

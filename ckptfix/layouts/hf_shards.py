@@ -99,7 +99,7 @@ class _Assembler:
             return None
         itemsize = DTYPES[first.dtype].bits // 8
         placed = [box for box in boxes if numel_of(box.sizes)]
-        return _whole(name, first.dtype, shape, placed, itemsize)
+        return _whole(name, first.dtype, shape, placed, itemsize, files[0])
 
     def _tiles(self, name: str, shape: tuple[int, ...], boxes: list[Placed], dtype: str) -> bool:
         files = [box.source for box in boxes]
@@ -127,10 +127,12 @@ class _Assembler:
 
 
 def _whole(
-    name: str, dtype: str, shape: tuple[int, ...], boxes: list[Placed], itemsize: int
+    name: str, dtype: str, shape: tuple[int, ...], boxes: list[Placed], itemsize: int, file: str
 ) -> TensorInfo:
+    """The tensor its pieces make; one of no elements (no pieces) is named by `file`, the
+    first rank file that holds a piece of it."""
     pieces = [piece for box in boxes for piece in chunk_pieces(box, shape, itemsize)]
-    first = pieces[0] if pieces else Piece(boxes[0].source if boxes else "", 0, 0)
+    first = pieces[0] if pieces else Piece(file, 0, 0)
     single = len(pieces) == 1 and first.count == 1 and first.at == 0
     return TensorInfo(
         name=name,
