@@ -26,7 +26,7 @@ from ckptfix.formats.dcp import plain_file_name
 from ckptfix.formats.zero import ModelStates
 from ckptfix.formats.zero_universal import UniversalParam, read_universal_param
 from ckptfix.layouts.deepspeed_files import Reader, segment, spread_tensor, view_tensor
-from ckptfix.layouts.hub import blobs_of
+from ckptfix.layouts.hub import stays_inside
 from ckptfix.layouts.zero_model import Assembled, from_states, module
 from ckptfix.layouts.zero_weights import numel, slice_pieces
 
@@ -127,10 +127,6 @@ class _Params:
 
     def __init__(self, root: str, zero: str, reader: Reader, found: Assembled) -> None:
         self.root, self.zero, self.reader, self.out = root, zero, reader, found
-        # Where a link to an fp32.pt may lead: inside the checkpoint, or into the blobs of the
-        # Hugging Face cache repository whose snapshot holds it.
-        blobs = blobs_of(root)
-        self.places = [os.path.realpath(root)] + ([os.path.realpath(blobs)] if blobs else [])
 
     def __call__(self, states: list[ModelStates]) -> list[TensorInfo] | None:
         first = states[0]
@@ -229,12 +225,12 @@ class _Params:
             )
             return False
         if stat.S_ISLNK(mode):
-            real = os.path.realpath(weight)
-            if not any(os.path.commonpath([real, place]) == place for place in self.places):
+            if not stays_inside(weight, self.root):
                 self._problem(
                     weight, "file is a link to a file outside the checkpoint", "universal-link"
                 )
                 return False
+            real = os.path.realpath(weight)
             mode = os.stat(real).st_mode if os.path.exists(real) else 0
         if not stat.S_ISREG(mode):
             self._problem(weight, "file is not a regular file", "universal-link")
