@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.helpers import as_another_user, cli, measured
+from tests.helpers import cli, measured, with_locked_folder
 from tests.zero_builders import ZeroSpec, zero_folder
 
 SECRET = "SECRET-TOKEN-1234"
@@ -70,16 +70,35 @@ def test_a_folder_nobody_may_list_beside_a_missing_tag(tmp_path: Path) -> None:
     'internal error: PermissionError'; it is not one of them."""
     folder = _folder(tmp_path)
     (folder / "latest").write_text("global_step9")
-    locked = folder / "locked"
-    locked.mkdir()
-    locked.chmod(0)
-    try:
-        run = as_another_user("inspect", folder)
-    finally:
-        locked.chmod(0o755)
+    (folder / "locked").mkdir()
+    run = with_locked_folder(folder / "locked", "inspect", folder)
     assert run.code == 1, run.stderr
     assert run.error_lines == [
         f"error: {folder / 'latest'}: `latest` names the tag 'global_step9', but there is no "
         "such folder; tag folders present: global_step1 (rule tag-missing; pass a tag folder "
         "itself, or fix `latest`)"
     ]
+
+
+def test_a_tag_folder_nobody_may_list(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    tag = folder / "global_step1"
+    run = with_locked_folder(tag, "inspect", folder)
+    assert run.code == 1, run.stderr
+    assert run.error_lines == [
+        f"error: {tag}: cannot list the folder: Permission denied (rule unreadable; check its "
+        "permissions)"
+    ]
+
+
+def test_module_weights_beside_an_optimizer_file_that_is_a_dangling_link(tmp_path: Path) -> None:
+    """--zero-weights module counts the optimizer files' sizes as left out: a dangling link
+    among them ended in 'internal error: FileNotFoundError'. It holds nothing to leave out."""
+    folder = _folder(tmp_path)
+    optim = folder / "global_step1" / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    optim.unlink()
+    optim.symlink_to(tmp_path / "gone.pt")
+    out = tmp_path / "out"
+    run = cli("convert", folder, "-o", out, "--zero-weights", "module")
+    assert run.code == 0, run.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["model.safetensors"]

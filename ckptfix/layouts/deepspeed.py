@@ -22,7 +22,7 @@ from ckptfix.core.findings import finding
 from ckptfix.core.training import TrainingLayout
 from ckptfix.formats.dcp import plain_file_name
 from ckptfix.formats.zero import FORMAT
-from ckptfix.io.folder import LOCAL
+from ckptfix.io.folder import LOCAL, unlistable
 from ckptfix.layouts import deepspeed_universal as universal
 from ckptfix.layouts.deepspeed_files import Reader
 from ckptfix.layouts.hub import stays_inside
@@ -112,13 +112,13 @@ def _tag_missing(root: str, names: list[str], tag: str | None, tag_file: str) ->
 
 
 def _files(
-    tag_dir: str, is_universal: bool = False
+    tag_dir: str, names: list[str], is_universal: bool = False
 ) -> tuple[dict[int | None, str], dict[int, str]]:
     """Model-states files (by rank; None for `mp_rank_00_model_states.pt`) and optimizer
     files by rank. Tensor- or pipeline-parallel checkpoints are refused."""
     models: dict[int | None, str] = {}
     optims: dict[int, str] = {}
-    for name in sorted(os.listdir(tag_dir)):
+    for name in sorted(names):
         path = os.path.join(tag_dir, name)
         if match := _MODEL.match(name):
             if int(match.group(2)):
@@ -173,12 +173,16 @@ def load_deepspeed(root: str, names: list[str], weights: str) -> Checkpoint:
     if tag_dir is None:
         return _tag_missing(root, names, tag, tag_file)
     reader = Reader()
-    optim_files = any(_OPTIM.match(name) for name in os.listdir(tag_dir))
+    try:
+        listing = os.listdir(tag_dir)
+    except OSError as exc:
+        raise unlistable(tag_dir, exc) from exc
+    optim_files = any(_OPTIM.match(name) for name in listing)
     if not optim_files and universal.is_universal(tag_dir):
-        models, _ = _files(tag_dir, is_universal=True)
+        models, _ = _files(tag_dir, listing, is_universal=True)
         found = universal.load_universal(root, tag_dir, models, reader, weights)
     else:
-        models, optims = _files(tag_dir)
+        models, optims = _files(tag_dir, listing)
         build = master if weights == "master" else module
         found = build(tag_dir, models, optims, reader)
     digits = _DIGITS.search(tag or "")
