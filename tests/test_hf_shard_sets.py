@@ -4,8 +4,10 @@ itself writes are tested in tests/test_training_writers.py and test_training_mal
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+from tests.builders import Factory, Spec
 from tests.helpers import cli, measured
 from tests.hf_shard_builders import DEFAULT_RANKS, RankPiece, rank_folder
 
@@ -50,3 +52,26 @@ def test_pieces_placed_past_2_64_are_refused_before_anything_is_written(tmp_path
     assert converted.code == 1 and len(converted.error_lines) == 1
     assert "(rule bad-shape;" in converted.error_lines[0]
     assert not out.exists()
+
+
+def test_a_per_rank_set_beside_a_model_file_is_two_checkpoints(
+    tmp_path: Path, factory: Factory
+) -> None:
+    """A per-rank set and a model.safetensors in one folder: the set was read and the model
+    file silently passed over ('left out: not read by a loader of the model', which is what a
+    loader reads). Neither is chosen; convert asks which."""
+    folder = rank_folder(tmp_path / "ranks")
+    factory.safetensors("model.safetensors", [Spec("other")])
+    shutil.copy(factory.root / "model.safetensors", folder / "model.safetensors")
+    report = cli("inspect", folder, "--json").json()
+    assert [item["code"] for item in report["findings"]] == ["several-checkpoints"]
+    assert report["layout"]["separate"] == ["shard-*-model-*.safetensors", "model.safetensors"]
+    assert report["tensor_count"] == 0
+    out = tmp_path / "out"
+    run = cli("convert", folder, "-o", out)
+    assert run.code == 2 and not out.exists()
+    assert run.error_lines == [
+        f"error: {folder}: folder holds 2 models (shard-*-model-*.safetensors, "
+        f"model.safetensors), which are never merged (rule usage; pass the one to use, e.g. "
+        f"{folder / 'model.safetensors'})"
+    ]

@@ -257,11 +257,14 @@ def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> 
             "use `ckptfix convert`",
         )
     if layout.separate:
+        one = os.path.join(checkpoint.path, layout.separate[-1])
         raise UsageError(
             checkpoint.path,
             f"folder holds {len(layout.separate)} models ({', '.join(layout.separate[:3])}), "
             "which are never merged",
-            f"pass the one to use, e.g. {os.path.join(checkpoint.path, layout.separate[-1])}",
+            f"pass the one to use, e.g. {one}"
+            if os.path.exists(one)  # not a DCP save or a per-rank set: those are whole folders
+            else "move all but one of them to a folder of their own",
         )
     sources = tuple(record.label for record in checkpoint.files)
     ours = {os.path.relpath(label, checkpoint.path).split(os.sep)[0] for label in sources}
