@@ -127,9 +127,11 @@ class _Params:
 
     def __init__(self, root: str, zero: str, reader: Reader, found: Assembled) -> None:
         self.root, self.zero, self.reader, self.out = root, zero, reader, found
+        self.vocab_rows: int | None = None  # what the model states say a vocabulary keeps
 
     def __call__(self, states: list[ModelStates]) -> list[TensorInfo] | None:
         first = states[0]
+        self.vocab_rows = first.original_vocab_size
         if self.out.stage is None:
             self.out.stage = first.stage
         self.out.world = first.dp_world_size
@@ -248,11 +250,34 @@ class _Params:
             return spread_tensor(name, view.dtype, shape, pieces)
         cut = len(view.shape) == len(shape) > 0 and view.shape[1:] == shape[1:]
         if held.vocab and cut and view.shape[0] <= shape[0]:
-            return view_tensor(name, view, held.label)
+            return self._vocabulary(name, shape, held)
         self._problem(
             held.label,
             f"file holds a tensor of shape {list(view.shape)}, but the model states give "
             f"{name!r} the shape {list(shape)}",
+            "universal-shape",
+        )
+        return None
+
+    def _vocabulary(
+        self, name: str, shape: tuple[int, ...], held: UniversalParam
+    ) -> TensorInfo | None:
+        """A vocabulary weight without its padding rows: ds_to_universal keeps the rows of
+        the vocabulary's size before padding, which the model states record; any other
+        number of rows is a weight cut short, never taken as the model's."""
+        rows = held.view.shape[0]
+        if rows == self.vocab_rows:
+            return view_tensor(name, held.view, held.label)
+        recorded = (
+            "no original_vocab_size"
+            if self.vocab_rows is None
+            else (f"original_vocab_size {self.vocab_rows}")
+        )
+        self._problem(
+            held.label,
+            f"file holds {rows} row(s) of {name!r} {list(shape)} as a vocabulary without its "
+            f"padding (vocab_tensor), but the model states record {recorded} "
+            "(universal_checkpoint_info)",
             "universal-shape",
         )
         return None
