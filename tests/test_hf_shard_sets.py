@@ -6,10 +6,21 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.builders import Factory, Spec
-from tests.helpers import cli, measured
-from tests.hf_shard_builders import DEFAULT_RANKS, RankPiece, rank_folder
+from tests.helpers import cli, measured, torch_bytes
+from tests.hf_shard_builders import DEFAULT_RANKS, RANK_FILE, RankPiece, rank_folder
+
+MUTATIONS = settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 
 def test_a_rank_numbered_in_the_hundreds_of_billions_is_counted_not_listed(
@@ -75,3 +86,63 @@ def test_a_per_rank_set_beside_a_model_file_is_two_checkpoints(
         f"model.safetensors), which are never merged (rule usage; pass the one to use, e.g. "
         f"{folder / 'model.safetensors'})"
     ]
+
+
+def _torch_reads(folder: Path) -> dict[str, Any] | None:
+    """The set as torch's own HuggingFaceStorageReader loads it, or None when torch refuses
+    it (it checks less than ckptfix: where ckptfix converts, torch must agree)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    try:
+        metadata = HuggingFaceStorageReader(str(folder)).read_metadata().state_dict_metadata
+        state = {
+            name: torch.empty(tuple(entry.size), dtype=entry.properties.dtype)
+            for name, entry in metadata.items()
+        }
+        dcp.load(state, storage_reader=HuggingFaceStorageReader(str(folder)), no_dist=True)
+    except Exception:
+        return None
+    return state
+
+
+@pytest.mark.slow
+@MUTATIONS
+@given(st.data())
+def test_a_damaged_rank_file_converts_as_torch_reads_it_or_fails_cleanly(
+    tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    """One byte of one rank file changed anywhere (header, sharding info or data): every
+    command fails with exit 1 and one error line, or convert writes what torch's own reader
+    loads from the damaged set."""
+    from safetensors.torch import load_file
+
+    root = tmp_path_factory.mktemp("mutated")
+    folder = rank_folder(root / "ranks")
+    rank = folder / RANK_FILE.format(rank=data.draw(st.sampled_from(sorted(DEFAULT_RANKS))))
+    raw = bytearray(rank.read_bytes())
+    start = 8 + int.from_bytes(raw[:8], "little")  # the tensors' bytes: half the draws
+    at = data.draw(st.integers(0, start - 1) | st.integers(start, len(raw) - 1))
+    raw[at] = data.draw(st.integers(0, 255).filter(lambda value: value != raw[at]))
+    rank.write_bytes(bytes(raw))
+    for reader in (["inspect", folder], ["hash", folder]):
+        run = cli(*reader)
+        assert run.code in (0, 1) and "internal error" not in run.stderr, run.stderr
+    out = root / "out"
+    run = cli("convert", folder, "-o", out)
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr
+    if run.code != 0:
+        assert run.code == 1 and len(run.error_lines) == 1, run.stderr
+        assert not out.exists() and not list(root.glob(".ckptfix-*"))
+        return
+    expected = _torch_reads(folder)
+    if expected is None:
+        return
+    written = load_file(out / "model.safetensors")
+    assert sorted(written) == sorted(expected)
+    for name, tensor in written.items():
+        assert (tensor.shape, torch_bytes(tensor)) == (
+            expected[name].shape,
+            torch_bytes(expected[name]),
+        ), name
