@@ -4,9 +4,10 @@ tests/test_training_writers.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from tests.helpers import with_locked_folder
+from tests.helpers import cli, with_locked_folder
 
 
 def test_a_model_folder_nobody_may_list(tmp_path: Path) -> None:
@@ -22,3 +23,19 @@ def test_a_model_folder_nobody_may_list(tmp_path: Path) -> None:
         f"error: {model}: cannot list the folder: Permission denied (rule unreadable; check its "
         "permissions)"
     ]
+
+
+def test_a_model_folder_that_is_a_fifo_leaves_no_weights(tmp_path: Path) -> None:
+    """`pytorch_model_fsdp_0` a FIFO: no model folder, so no weights; convert's line named no
+    rule ('(check the path, or download the weights) (rule input-refused)')."""
+    folder = tmp_path / "state"
+    folder.mkdir()
+    os.mkfifo(folder / "pytorch_model_fsdp_0")
+    (folder / "random_states_0.pkl").write_bytes(b"")
+    run = cli("convert", folder, "-o", tmp_path / "out")
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: {folder}: folder holds no weight file (*.safetensors, *.bin, *.pt, ...) and no "
+        "shard index (rule no-weights; check the path, or download the weights)"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -202,7 +202,8 @@ def _checked_choice(checkpoint: Checkpoint, *, torch: bool) -> Choice:
             f"pass the one to use, e.g. {os.path.join(path, choice.separate[0])}",
         )
     if choice.family is None:
-        raise InputRefusedError(path, no_weights_message(path))
+        what, _, fix = split_message(no_weights_message(path))
+        raise InputRefusedError(path, what, fix, rule="no-weights")
     if not torch and choice.family.ext != "safetensors":
         raise UnsupportedFormatError(
             path,
