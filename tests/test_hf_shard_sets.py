@@ -146,3 +146,28 @@ def test_a_damaged_rank_file_converts_as_torch_reads_it_or_fails_cleanly(
             expected[name].shape,
             torch_bytes(expected[name]),
         ), name
+
+
+@pytest.mark.parametrize(
+    "renamed",
+    [
+        "shard-00002-model-00001-of-00003.safetensors",  # another save's count of files
+        "shard-00002-model-00002-of-00001.safetensors",  # file 2 of 1
+    ],
+    ids=["other-count", "past-the-count"],
+)
+def test_rank_files_of_another_save_are_refused(tmp_path: Path, renamed: str) -> None:
+    """torch's writer names every file of a save `-of-N` with one N (the highest file index
+    of its fqn_to_index_mapping): a file saying another N, or a file number past it, belongs
+    to another save. Its pieces tiled, so it was merged into the model unsaid."""
+    folder = rank_folder(tmp_path / "ranks")
+    (folder / RANK_FILE.format(rank=2)).rename(folder / renamed)
+    run = cli("inspect", folder, "--json")
+    assert run.code == 1, run.stdout
+    (problem,) = [f for f in run.json()["findings"] if f["severity"] == "error"]
+    assert problem["file"] == str(folder / renamed)
+    assert "(rule rank-set;" in problem["message"]
+    out = tmp_path / "out"
+    converted = cli("convert", folder, "-o", out)
+    assert converted.code == 1 and "(rule rank-set;" in converted.error_lines[0]
+    assert not out.exists()

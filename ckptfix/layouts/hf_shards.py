@@ -15,12 +15,12 @@ world size or the global shapes).
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.core.dtypes import DTYPES, numel_of
-from ckptfix.core.errors import CkptfixError
+from ckptfix.core.errors import CkptfixError, CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.tensor import Piece, TensorInfo
 from ckptfix.core.training import TrainingLayout
@@ -41,6 +41,7 @@ from ckptfix.layouts.zero_counts import missing_ranks
 
 FORMAT = "dcp"
 FRAMEWORK = "hf-storage"
+_ONE_SAVE = "keep the rank files of one save only; copy them again from the training run's output"
 
 
 def is_hf_shard_folder(names: list[str]) -> bool:
@@ -184,7 +185,7 @@ def load_hf_shards(
         FRAMEWORK,
         world_size=len(ranks),
         serialization="safetensors",
-        findings=tuple(_rank_gaps(root, ranks) + assembler.findings),
+        findings=tuple(_other_saves(root, files) + _rank_gaps(root, ranks) + assembler.findings),
     )
     return Checkpoint(
         path=root,
@@ -193,6 +194,31 @@ def load_hf_shards(
         sources={source.label: source for source in sources.values()},
         training=layout,
     )
+
+
+def _other_saves(root: str, files: list[str]) -> list[Finding]:
+    """torch's writer names the files of one save `-model-K-of-N` with one N on every rank
+    (the highest file index of its fqn_to_index_mapping) and K from 1 to N: a file saying
+    another N than the others, or a K past its N, belongs to another save (rule rank-set),
+    whose pieces may well tile with these."""
+    numbers = {}
+    for name in files:
+        match = SHARD_NAME.match(name)
+        assert match is not None
+        numbers[name] = (int(match.group(2)), int(match.group(3)))
+    usual = Counter(total for _, total in numbers.values()).most_common(1)[0][0] if files else 0
+    found = []
+    for name, (index, total) in numbers.items():
+        if total != usual:
+            what = f"says its save wrote {total} file(s) per rank, but the other rank files say {usual}"
+        elif not 1 <= index <= total:
+            what = f"is model file {index} of {total}, which no save numbers so"
+        else:
+            continue
+        path = os.path.join(root, name)
+        error = CorruptFileError(path, "rank-set", f"{what}: it belongs to another save", _ONE_SAVE)
+        found.append(finding(error.code, error.detail(), file=path))
+    return found
 
 
 def _rank_gaps(root: str, ranks: set[int]) -> list[Finding]:
