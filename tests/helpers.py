@@ -111,6 +111,16 @@ def python_as_another_user(*args: str | os.PathLike[str]) -> Run:
     return Run(done.returncode, done.stdout, done.stderr)
 
 
+def with_locked_folder(locked: Path, *args: str | os.PathLike[str]) -> Run:
+    """`ckptfix ARGS` as another user while `locked` may not be listed (mode 0), restored
+    after."""
+    locked.chmod(0)
+    try:
+        return as_another_user(*args)
+    finally:
+        locked.chmod(0o755)
+
+
 def give_away(root: Path, uid: int = 65534) -> None:
     """Make `root` and everything under it (links themselves, not their targets) another
     user's: for `as_another_user`, they are then not its own."""

@@ -16,6 +16,7 @@ from tests.cases import (
     Case,
 )
 from tests.helpers import cli, tree_snapshot
+from tests.hf_shard_builders import HF_SHARD_CASES
 from tests.megatron_cases import MEGATRON_CASES
 from tests.zero_builders import ZERO_CASES
 
@@ -27,6 +28,7 @@ CORPUS = (
     + ATTACK_CASES
     + ZERO_CASES
     + GGUF_CASES
+    + HF_SHARD_CASES
 )
 COMMANDS = ["inspect", "reshard", "convert", "dedupe", "hash", "diff"]
 

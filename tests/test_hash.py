@@ -219,6 +219,7 @@ def test_dropped_record_single_file_and_sharded(tmp_path: Path) -> None:
     ("record", "what"),
     [
         ("{not json", "is not JSON"),
+        ("[" * 100_000 + "]" * 100_000, "is not JSON"),  # was an internal RecursionError
         ('["a"]', "is not an object of names"),
         ('{"lm_head": "gone"}', "maps names to 'gone', which is not stored"),
         ('{"a": "b"}', "names 'a' as dropped, but it is stored"),

@@ -107,6 +107,17 @@ def test_json_bytes_is_the_same_document_with_nothing_raw() -> None:
     assert json_bytes(clean) == orjson.dumps(clean, option=orjson.OPT_INDENT_2)
 
 
+@pytest.mark.parametrize("indent", [True, False])
+def test_json_bytes_writes_integers_past_64_bits_exactly(indent: bool) -> None:
+    """A shape a hostile file claims ([2**70, 0]) reaches the JSON report: orjson cannot
+    write it (an internal error), so it is written as the exact number JSON allows."""
+    document = {"shape": [2**70, 0], "name": "##[x\x1b", "bad": os.fsdecode(b"\xff")}
+    data = json_bytes(document, indent=indent)
+    assert json.loads(data) == {"shape": [2**70, 0], "name": "##[x\x1b", "bad": "\\xff"}
+    assert workflow_commands(data.decode()) == [] and hidden_characters(data.decode()) == []
+    assert (b"\n  " in data) is indent
+
+
 def test_json_bytes_writes_bytes_that_are_not_utf8_as_everywhere() -> None:
     name = os.fsdecode(b"m/bad\xff.safetensors")
     document = json.loads(json_bytes({"path": name, "files": [{name: [name]}]}))

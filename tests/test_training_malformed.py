@@ -165,6 +165,44 @@ def test_metadata_disagreeing_with_the_chunk(
     assert "holds a F32 tensor of shape" in error["message"]
 
 
+def test_an_empty_tensor_claiming_a_dimension_past_2_64(
+    dcp_saved: Path, copy_of: Copy, tmp_path: Path
+) -> None:
+    """No elements, so no chunk to check: the shape alone is what no safetensors file can hold
+    (a rewrite wrote it, then failed its own verification as 'a bug')."""
+    import copy
+
+    import torch
+
+    folder = copy_of(dcp_saved / "torch_save")
+
+    def add(metadata: Any) -> None:
+        entry = copy.deepcopy(metadata.state_dict_metadata["model.0.weight"])
+        entry.size, entry.chunks = torch.Size([2**70, 0]), []
+        metadata.state_dict_metadata["model.ghost"] = entry
+
+    edit_metadata(folder, add)
+    error = assert_refused(folder, tmp_path, "corrupt-file", folder / ".metadata")
+    assert "'model.ghost' of shape [1180591620717411303424, 0]" in error["message"]
+    assert "(rule bad-shape;" in error["message"]
+
+
+def test_sharding_info_of_a_safetensors_chunk_nested_too_deeply(
+    dcp_saved: Path, copy_of: Copy, tmp_path: Path
+) -> None:
+    """A DCP safetensors part whose DCP_SHARDING_INFO is nested 5,000 deep: an internal
+    RecursionError; now its rank file's dcp-chunk error."""
+    folder = copy_of(dcp_saved / "safetensors")
+    rank = folder / "__0_0.distcp"
+
+    def deepen(header: dict[str, Any]) -> None:
+        header["__metadata__"]["DCP_SHARDING_INFO"] = "[" * 5000 + "]" * 5000
+
+    fixtures.edit_header(rank, deepen)  # one part per rank file, at its start
+    error = assert_refused(folder, tmp_path, "corrupt-file", rank)
+    assert "DCP_SHARDING_INFO is not a JSON object (rule dcp-chunk;" in error["message"]
+
+
 def test_compressed_chunks_arerefused(dcp_saved: Path, copy_of: Copy, tmp_path: Path) -> None:
     folder = copy_of(dcp_saved / "torch_save")
 

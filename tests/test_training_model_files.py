@@ -90,6 +90,17 @@ def test_a_linked_config_is_not_followed_for_custom_code(factory: Factory, tmp_p
     )
 
 
+def test_a_config_nested_too_deeply_names_no_custom_code(factory: Factory, tmp_path: Path) -> None:
+    """A tokenizer config nested 100,000 deep: looking in it for an `auto_map` ended in an
+    internal RecursionError. It names no code, and is carried as the loader's file it is."""
+    root = _trainer_folder(factory)
+    (root / "tokenizer_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    run = cli("convert", root, "-o", tmp_path / "out", "--json")
+    assert run.code == 0, run.stderr
+    written = sorted(os.listdir(tmp_path / "out"))
+    assert "tokenizer_config.json" in written and "modeling_x.py" in written
+
+
 def test_names_of_model_files_and_training_state() -> None:
     from ckptfix.layouts.model_files import is_model_entry, is_training_folder
 

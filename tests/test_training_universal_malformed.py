@@ -131,21 +131,56 @@ def test_shapes_that_disagree_with_param_shapes(
     assert said in error["message"] and "(rule universal-shape;" in error["message"]
 
 
+def _vocab_cut(folder: Path, rows: int, recorded: int | None) -> Any:
+    """embed.weight's fp32.pt holding its first `rows` rows as a vocabulary cut
+    (`vocab_tensor`), and the model states recording `original_vocab_size` (as the client's
+    universal_checkpoint_info that ds_to_universal cut by), unless None."""
+    held = _param(folder, "embed.weight")
+    kept = held["param"][:rows].clone()
+    _save(
+        folder / "zero" / "embed.weight" / "fp32.pt", {**held, "param": kept, "vocab_tensor": True}
+    )
+    if recorded is not None:
+        states = folder / "mp_rank_00_model_states.pt"
+        info = {"original_vocab_size": recorded}
+        fixtures.set_zero_value(states, "universal_checkpoint_info", info)
+    return kept
+
+
 def test_a_vocabulary_tensor_without_its_padding_rows(
     universal_saved: Path, copy_of: Copy, tmp_path: Path
 ) -> None:
-    """ds_to_universal cuts a vocabulary's padding rows off (`vocab_tensor`): the rows it kept
-    are the weight (DeepSpeed pads them again on load)."""
+    """ds_to_universal cuts a vocabulary's padding rows off (`vocab_tensor`) down to the
+    original_vocab_size the client recorded: the rows it kept are the weight (DeepSpeed pads
+    them again on load)."""
     folder = _universal(universal_saved, copy_of)
-    held = _param(folder, "embed.weight")
-    rows = held["param"][:12].clone()
-    _save(
-        folder / "zero" / "embed.weight" / "fp32.pt", {**held, "param": rows, "vocab_tensor": True}
-    )
+    rows = _vocab_cut(folder, 12, recorded=12)
     run = cli("convert", folder, "-o", tmp_path / "out")
     assert run.code == 0, run.stderr
     written = _written(tmp_path / "out", "embed.weight")
     assert (written.shape, torch_bytes(written)) == ((12, 6), torch_bytes(rows))
+
+
+@pytest.mark.parametrize(
+    ("recorded", "said"),
+    [
+        (12, "but the model states record original_vocab_size 12"),
+        (None, "but the model states record no original_vocab_size"),
+    ],
+    ids=["other-size", "unrecorded"],
+)
+def test_a_vocabulary_cut_to_other_rows_is_refused(
+    universal_saved: Path, copy_of: Copy, tmp_path: Path, recorded: int | None, said: str
+) -> None:
+    """vocab_tensor on a weight of 1 row of the 13 param_shapes gives it: any number of rows
+    was taken as the vocabulary (12 of 13 rows silently lost), whatever the model states
+    recorded as the vocabulary's size."""
+    folder = _universal(universal_saved, copy_of)
+    _vocab_cut(folder, 1, recorded)
+    weight = folder / "zero" / "embed.weight" / "fp32.pt"
+    error = assert_refused(folder, tmp_path, "corrupt-file", weight)
+    assert "holds 1 row(s) of 'embed.weight' [13, 6]" in error["message"]
+    assert said in error["message"] and "(rule universal-shape;" in error["message"]
 
 
 def test_an_expert_parallel_parameter_is_refused(

@@ -5,6 +5,8 @@ the Trainer's ZeRO-3 checkpoint-N/, Lightning's FSDP and DeepSpeed strategies.""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,8 @@ hf_writer_saved = fixtures.hf_writer_saved
 accelerate_saved = fixtures.accelerate_saved
 trainer_saved = fixtures.trainer_saved
 lightning_saved = fixtures.lightning_saved
+copy_of = fixtures.copy_of
+Copy = Callable[[Path], Path]
 
 # What a loader of the tiny Llama reads: the Trainer's save_pretrained and tokenizer files.
 MODEL_FOLDER = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
@@ -130,6 +134,44 @@ def test_several_accelerate_models_ask_which(accelerate_saved: Path, tmp_path: P
     assert not (tmp_path / "out").exists()
     _converted(folder / "pytorch_model_fsdp_1", tmp_path / "one")
     assert_same(_safetensors(tmp_path / "one"), _merged(folder / "pytorch_model_fsdp_1", tmp_path))
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("model.safetensors", ["pytorch_model_fsdp_0", "model.safetensors"]),
+        ("rank-files", ["shard-*-model-*.safetensors", "pytorch_model_fsdp_0"]),
+        ("dcp", [".metadata", "pytorch_model_fsdp_0"]),
+    ],
+)
+def test_an_accelerate_folder_beside_another_checkpoint_asks_which(
+    accelerate_saved: Path,
+    hf_writer_saved: Path,
+    lightning_saved: Path,
+    copy_of: Copy,
+    tmp_path: Path,
+    case: tuple[str, list[str]],
+) -> None:
+    """save_state's model folder and another checkpoint in the same folder (a model file,
+    a per-rank set, a DCP save): one was read and the other silently passed over (a
+    model.safetensors was even 'left out: not read by a loader of the model'). Neither is
+    chosen; convert asks which."""
+    beside, separate = case
+    folder = copy_of(accelerate_saved / "state")
+    others = {
+        "model.safetensors": [accelerate_saved / "plain_two" / "model.safetensors"],
+        "rank-files": sorted((hf_writer_saved / "per_rank").iterdir()),
+        "dcp": sorted((lightning_saved / "fsdp").iterdir()),
+    }[beside]
+    for path in others:
+        shutil.copy(path, folder / path.name)
+    report = cli("inspect", folder, "--json").json()
+    assert [item["code"] for item in report["findings"]] == ["several-checkpoints"]
+    assert report["layout"]["separate"] == separate
+    run = cli("convert", folder, "-o", tmp_path / "out")
+    assert run.code == 2 and len(run.error_lines) == 1, run.stderr
+    assert f"pass the one to use, e.g. {folder / separate[-1]})" in run.error_lines[0]
+    assert not (tmp_path / "out").exists()
 
 
 def test_several_plain_accelerate_models_ask_which(accelerate_saved: Path, tmp_path: Path) -> None:

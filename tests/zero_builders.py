@@ -133,6 +133,27 @@ def _case(spec: ZeroSpec) -> Callable[[Factory], Path]:
     return lambda factory: zero_folder(factory.root / "ds", spec)
 
 
+def _tag_file(kind: str) -> Callable[[Factory], Path]:
+    """A ZeRO folder as DeepSpeed leaves it (zero_to_fp32.py beside) whose `latest` is a link
+    to a file outside it, or a FIFO beside a `latest_universal` naming no folder."""
+
+    def build(factory: Factory) -> Path:
+        import os
+
+        root = zero_folder(factory.root / "ds", ZeroSpec())
+        (root / "zero_to_fp32.py").write_text("# DeepSpeed's script\n")
+        (root / "latest").unlink()
+        if kind == "link-out":
+            (factory.root / "secret.txt").write_text("global_step1")
+            (root / "latest").symlink_to(factory.root / "secret.txt")
+        else:
+            os.mkfifo(root / "latest")
+            (root / "latest_universal").write_text("global_step1_universal")
+        return root
+
+    return build
+
+
 # The count attacks in the bad-input corpus (tests/test_bad_inputs.py); more variants, with
 # the file each names, in tests/test_zero_counts.py.
 ZERO_CASES = [
@@ -144,6 +165,8 @@ ZERO_CASES = [
         _case(ZeroSpec(stage=3, shapes={"embed.weight": (10**9, 10**9), "body.weight": (2, 3)})),
         "zero-counts",
     ),
+    Case("zero-tag-links-out", _tag_file("link-out"), "tag-missing", "tag-missing"),
+    Case("zero-tag-fifo", _tag_file("fifo"), "tag-missing", "tag-missing"),
     Case(
         "zero-alias-chain",
         _case(ZeroSpec(shared_params={"a": "b", "b": "embed.weight"})),

@@ -127,11 +127,26 @@ def json_bytes(document: object, *, indent: bool = True) -> bytes:
     option = orjson.OPT_INDENT_2 if indent else 0
     try:
         data = orjson.dumps(document, option=option)
-    except orjson.JSONEncodeError:  # a lone surrogate; anything else fails again below
-        data = orjson.dumps(_unicode(document), option=option)
+    except orjson.JSONEncodeError:  # a lone surrogate, or an integer past 64 bits
+        document = _unicode(document)
+        try:
+            data = orjson.dumps(document, option=option)
+        except orjson.JSONEncodeError:  # a dimension a hostile file claims (2**70): exact
+            data = _standard_json(document, indent)
     if not data.isascii() or b"\x7f" in data:  # such characters only occur inside strings
         data = _JSON_HIDDEN.sub(_json_escape, data.decode()).encode()
     return data.replace(b"##[", b"##\\u005b") if b"##[" in data else data
+
+
+def _standard_json(document: object, indent: bool) -> bytes:
+    """What orjson writes, by the standard encoder, which writes integers of any size."""
+    import json
+
+    separators = (",", ": ") if indent else (",", ":")
+    text = json.dumps(
+        document, indent=2 if indent else None, separators=separators, ensure_ascii=False
+    )
+    return text.encode()
 
 
 # `scheme://userinfo@host...`, and query parameters whose names say they carry a secret

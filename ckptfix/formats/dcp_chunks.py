@@ -10,14 +10,13 @@ the header is the truth, checked against `.metadata`.
 
 from __future__ import annotations
 
-import json
-
 from ckptfix.core.dtypes import DTYPES, numel_of
 from ckptfix.core.errors import CkptfixError, CorruptFileError, UnsupportedFormatError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.benign import reader_allowlist
 from ckptfix.formats.dcp import Chunk, StorageItem, TensorEntry
 from ckptfix.formats.safetensors import read_header
+from ckptfix.formats.strict_json import loads
 from ckptfix.formats.tensor_dict import check_view
 from ckptfix.formats.torch_zip import read_zip
 from ckptfix.formats.unpickler import TensorRef
@@ -105,7 +104,7 @@ class ChunkReader:
         if offset not in self._parts:
             header = read_header(Window(self.source, offset, self.source.size - offset))
             try:
-                sharding = json.loads((header.metadata or {}).get(SHARDING_KEY, "{}"))
+                sharding = loads((header.metadata or {}).get(SHARDING_KEY, "{}"))
             except ValueError:
                 sharding = None
             if not isinstance(sharding, dict):

@@ -51,6 +51,9 @@ class ModelStates:
     stage: int | None  # from ds_config, when it says
     dp_world_size: int | None
     lightning: bool = False  # Lightning's client state beside the engine's
+    # What a client (Megatron-DeepSpeed) records for ds_to_universal: the vocabulary's size
+    # before padding, the rows a universal checkpoint's vocabulary weights keep.
+    original_vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -134,9 +137,15 @@ def read_model_states(source: ByteSource) -> ModelStates:
         stage=_config_stage(top.get("ds_config")),
         dp_world_size=_int(top.get("dp_world_size")),
         lightning=LIGHTNING_KEY in top,
+        original_vocab_size=_vocab_size(top.get("universal_checkpoint_info")),
     )
     _check_aliases(states)
     return states
+
+
+def _vocab_size(info: object) -> int | None:
+    size = info.get("original_vocab_size") if isinstance(info, dict) else None
+    return size if type(size) is int and size >= 0 else None
 
 
 def _check_aliases(states: ModelStates) -> None:

@@ -18,7 +18,7 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import finding, name_list
 from ckptfix.core.training import TrainingLayout
 from ckptfix.formats.base import ReadOptions
-from ckptfix.io.folder import LOCAL, Folder
+from ckptfix.io.folder import LOCAL, Folder, unlistable
 
 FSDP_MODEL = re.compile(r"^pytorch_model_fsdp_(\d+)$")
 TRAINER_STATE = "trainer_state.json"
@@ -59,7 +59,11 @@ def load_fsdp_models(
         )
         return Checkpoint(root, "dcp", (), training=layout)
     inner = os.path.join(root, models[0])
-    checkpoint = load_dcp(inner, folder.listdir(inner), options, folder)
+    try:
+        inner_names = folder.listdir(inner)
+    except OSError as exc:
+        raise unlistable(inner, exc) from exc
+    checkpoint = load_dcp(inner, inner_names, options, folder)
     assert checkpoint.training is not None
     layout = replace(checkpoint.training, saved_by=who, model_folder=models[0], step=step_of(root))
     return replace(checkpoint, path=root, training=layout)

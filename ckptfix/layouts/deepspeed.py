@@ -17,13 +17,15 @@ import re
 from dataclasses import replace
 
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import UnsupportedFormatError
+from ckptfix.core.errors import CkptfixError, UnsupportedFormatError
 from ckptfix.core.findings import finding
 from ckptfix.core.training import TrainingLayout
 from ckptfix.formats.dcp import plain_file_name
 from ckptfix.formats.zero import FORMAT
+from ckptfix.io.folder import LOCAL, unlistable
 from ckptfix.layouts import deepspeed_universal as universal
 from ckptfix.layouts.deepspeed_files import Reader
+from ckptfix.layouts.hub import stays_inside
 from ckptfix.layouts.zero_model import master, module
 
 _MODEL = re.compile(r"^(?:zero_pp_rank_(\d+)_)?mp_rank_(\d+)_model_states\.pt$")
@@ -34,15 +36,18 @@ _HF_WEIGHTS = re.compile(r"^(?:.*\.safetensors|pytorch_model.*\.bin)$")
 MAX_TAG_BYTES = 4096
 
 
-def _read_tag(root: str, tag_file: str = "latest") -> str | None:
+def _read_tag(root: str, tag_file: str = "latest") -> tuple[str | None, str]:
+    """The tag a tag file names, or None and why it was not read: a link out of the
+    checkpoint is never followed (it may lead to any file of the user's, which would be
+    printed as the tag), a FIFO never opened (it would wait for a writer for ever)."""
+    path = os.path.join(root, tag_file)
+    if not stays_inside(path, root):
+        return None, f"`{tag_file}` is a link to a file outside the checkpoint, which is not read"
     try:
-        with open(os.path.join(root, tag_file), "rb") as handle:
-            raw = handle.read(MAX_TAG_BYTES + 1)
-    except OSError:
-        return None
-    if len(raw) > MAX_TAG_BYTES:
-        return None
-    return raw.decode("utf-8", "replace").strip()
+        raw = LOCAL.read_small(path, path, MAX_TAG_BYTES, "tag")
+    except CkptfixError as exc:
+        return None, f"`{tag_file}`: {exc.what}"
+    return raw.decode("utf-8", "replace").strip(), ""
 
 
 def is_deepspeed_folder(root: str, names: list[str]) -> bool:
@@ -63,7 +68,7 @@ def is_deepspeed_folder(root: str, names: list[str]) -> bool:
 def _tag_dir(root: str, tag_file: str) -> tuple[str | None, str | None]:
     """(tag, tag folder) that `latest` (or `latest_universal`) names: the folder None when
     there is no such folder, or the tag is not a plain name."""
-    tag = _read_tag(root, tag_file)
+    tag, _ = _read_tag(root, tag_file)
     if not tag or not plain_file_name(tag) or not os.path.isdir(os.path.join(root, tag)):
         return tag, None
     return tag, os.path.join(root, tag)
@@ -82,18 +87,24 @@ def refuse_remote(root: str, names: list[str]) -> None:
         )
 
 
-def _tag_missing(root: str, tag: str | None, tag_file: str) -> Checkpoint:
-    others = sorted(
-        name
-        for name in os.listdir(root)
-        if os.path.isdir(os.path.join(root, name))
-        and any(_MODEL.match(n) for n in os.listdir(os.path.join(root, name)))
-    )
+def _holds_model_states(folder: str) -> bool:
+    """A tag folder: model states in it (one that cannot be listed is not counted)."""
+    try:
+        return os.path.isdir(folder) and any(_MODEL.match(n) for n in os.listdir(folder))
+    except OSError:
+        return False
+
+
+def _tag_missing(root: str, names: list[str], tag: str | None, tag_file: str) -> Checkpoint:
+    others = sorted(name for name in names if _holds_model_states(os.path.join(root, name)))
     listed = f"; tag folders present: {', '.join(others[:5])}" if others else ""
+    if tag is None:  # the tag file was not read: say why
+        what = _read_tag(root, tag_file)[1]
+    else:
+        what = f"`{tag_file}` names the tag {tag!r}, but there is no such folder"
     problem = finding(
         "tag-missing",
-        f"`{tag_file}` names the tag {tag!r}, but there is no such folder{listed} (pass a "
-        f"tag folder itself, or fix `{tag_file}`)",
+        f"{what}{listed} (pass a tag folder itself, or fix `{tag_file}`)",
         file=os.path.join(root, tag_file),
     )
     layout = TrainingLayout("deepspeed", tag=tag, findings=(problem,))
@@ -101,13 +112,13 @@ def _tag_missing(root: str, tag: str | None, tag_file: str) -> Checkpoint:
 
 
 def _files(
-    tag_dir: str, is_universal: bool = False
+    tag_dir: str, names: list[str], is_universal: bool = False
 ) -> tuple[dict[int | None, str], dict[int, str]]:
     """Model-states files (by rank; None for `mp_rank_00_model_states.pt`) and optimizer
     files by rank. Tensor- or pipeline-parallel checkpoints are refused."""
     models: dict[int | None, str] = {}
     optims: dict[int, str] = {}
-    for name in sorted(os.listdir(tag_dir)):
+    for name in sorted(names):
         path = os.path.join(tag_dir, name)
         if match := _MODEL.match(name):
             if int(match.group(2)):
@@ -152,7 +163,7 @@ def _locate(root: str, names: list[str]) -> tuple[str | None, str | None, str]:
         tag, tag_dir = _tag_dir(root, tag_file)
         if tag_dir is not None:
             return tag, tag_dir, tag_file
-    return _read_tag(root, present[0]), None, present[0]
+    return _read_tag(root, present[0])[0], None, present[0]
 
 
 def load_deepspeed(root: str, names: list[str], weights: str) -> Checkpoint:
@@ -160,14 +171,18 @@ def load_deepspeed(root: str, names: list[str], weights: str) -> Checkpoint:
     weights), or `module` with weights="module"."""
     tag, tag_dir, tag_file = _locate(root, names)
     if tag_dir is None:
-        return _tag_missing(root, tag, tag_file)
+        return _tag_missing(root, names, tag, tag_file)
     reader = Reader()
-    optim_files = any(_OPTIM.match(name) for name in os.listdir(tag_dir))
+    try:
+        listing = os.listdir(tag_dir)
+    except OSError as exc:
+        raise unlistable(tag_dir, exc) from exc
+    optim_files = any(_OPTIM.match(name) for name in listing)
     if not optim_files and universal.is_universal(tag_dir):
-        models, _ = _files(tag_dir, is_universal=True)
+        models, _ = _files(tag_dir, listing, is_universal=True)
         found = universal.load_universal(root, tag_dir, models, reader, weights)
     else:
-        models, optims = _files(tag_dir)
+        models, optims = _files(tag_dir, listing)
         build = master if weights == "master" else module
         found = build(tag_dir, models, optims, reader)
     digits = _DIGITS.search(tag or "")

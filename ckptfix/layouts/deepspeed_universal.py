@@ -26,7 +26,7 @@ from ckptfix.formats.dcp import plain_file_name
 from ckptfix.formats.zero import ModelStates
 from ckptfix.formats.zero_universal import UniversalParam, read_universal_param
 from ckptfix.layouts.deepspeed_files import Reader, segment, spread_tensor, view_tensor
-from ckptfix.layouts.hub import blobs_of
+from ckptfix.layouts.hub import stays_inside
 from ckptfix.layouts.zero_model import Assembled, from_states, module
 from ckptfix.layouts.zero_weights import numel, slice_pieces
 
@@ -127,13 +127,11 @@ class _Params:
 
     def __init__(self, root: str, zero: str, reader: Reader, found: Assembled) -> None:
         self.root, self.zero, self.reader, self.out = root, zero, reader, found
-        # Where a link to an fp32.pt may lead: inside the checkpoint, or into the blobs of the
-        # Hugging Face cache repository whose snapshot holds it.
-        blobs = blobs_of(root)
-        self.places = [os.path.realpath(root)] + ([os.path.realpath(blobs)] if blobs else [])
+        self.vocab_rows: int | None = None  # what the model states say a vocabulary keeps
 
     def __call__(self, states: list[ModelStates]) -> list[TensorInfo] | None:
         first = states[0]
+        self.vocab_rows = first.original_vocab_size
         if self.out.stage is None:
             self.out.stage = first.stage
         self.out.world = first.dp_world_size
@@ -229,12 +227,12 @@ class _Params:
             )
             return False
         if stat.S_ISLNK(mode):
-            real = os.path.realpath(weight)
-            if not any(os.path.commonpath([real, place]) == place for place in self.places):
+            if not stays_inside(weight, self.root):
                 self._problem(
                     weight, "file is a link to a file outside the checkpoint", "universal-link"
                 )
                 return False
+            real = os.path.realpath(weight)
             mode = os.stat(real).st_mode if os.path.exists(real) else 0
         if not stat.S_ISREG(mode):
             self._problem(weight, "file is not a regular file", "universal-link")
@@ -252,11 +250,34 @@ class _Params:
             return spread_tensor(name, view.dtype, shape, pieces)
         cut = len(view.shape) == len(shape) > 0 and view.shape[1:] == shape[1:]
         if held.vocab and cut and view.shape[0] <= shape[0]:
-            return view_tensor(name, view, held.label)
+            return self._vocabulary(name, shape, held)
         self._problem(
             held.label,
             f"file holds a tensor of shape {list(view.shape)}, but the model states give "
             f"{name!r} the shape {list(shape)}",
+            "universal-shape",
+        )
+        return None
+
+    def _vocabulary(
+        self, name: str, shape: tuple[int, ...], held: UniversalParam
+    ) -> TensorInfo | None:
+        """A vocabulary weight without its padding rows: ds_to_universal keeps the rows of
+        the vocabulary's size before padding, which the model states record; any other
+        number of rows is a weight cut short, never taken as the model's."""
+        rows = held.view.shape[0]
+        if rows == self.vocab_rows:
+            return view_tensor(name, held.view, held.label)
+        recorded = (
+            "no original_vocab_size"
+            if self.vocab_rows is None
+            else (f"original_vocab_size {self.vocab_rows}")
+        )
+        self._problem(
+            held.label,
+            f"file holds {rows} row(s) of {name!r} {list(shape)} as a vocabulary without its "
+            f"padding (vocab_tensor), but the model states record {recorded} "
+            "(universal_checkpoint_info)",
             "universal-shape",
         )
         return None

@@ -15,12 +15,12 @@ world size or the global shapes).
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, replace
 
 from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.core.dtypes import DTYPES, numel_of
-from ckptfix.core.errors import CkptfixError
+from ckptfix.core.errors import CkptfixError, CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.tensor import Piece, TensorInfo
 from ckptfix.core.training import TrainingLayout
@@ -37,9 +37,11 @@ from ckptfix.layouts.chunks import (
     first_overlap,
     pieces_needed,
 )
+from ckptfix.layouts.zero_counts import missing_ranks
 
 FORMAT = "dcp"
 FRAMEWORK = "hf-storage"
+_ONE_SAVE = "keep the rank files of one save only; copy them again from the training run's output"
 
 
 def is_hf_shard_folder(names: list[str]) -> bool:
@@ -98,7 +100,7 @@ class _Assembler:
             return None
         itemsize = DTYPES[first.dtype].bits // 8
         placed = [box for box in boxes if numel_of(box.sizes)]
-        return _whole(name, first.dtype, shape, placed, itemsize)
+        return _whole(name, first.dtype, shape, placed, itemsize, files[0])
 
     def _tiles(self, name: str, shape: tuple[int, ...], boxes: list[Placed], dtype: str) -> bool:
         files = [box.source for box in boxes]
@@ -126,10 +128,12 @@ class _Assembler:
 
 
 def _whole(
-    name: str, dtype: str, shape: tuple[int, ...], boxes: list[Placed], itemsize: int
+    name: str, dtype: str, shape: tuple[int, ...], boxes: list[Placed], itemsize: int, file: str
 ) -> TensorInfo:
+    """The tensor its pieces make; one of no elements (no pieces) is named by `file`, the
+    first rank file that holds a piece of it."""
     pieces = [piece for box in boxes for piece in chunk_pieces(box, shape, itemsize)]
-    first = pieces[0] if pieces else Piece(boxes[0].source if boxes else "", 0, 0)
+    first = pieces[0] if pieces else Piece(file, 0, 0)
     single = len(pieces) == 1 and first.count == 1 and first.at == 0
     return TensorInfo(
         name=name,
@@ -181,7 +185,7 @@ def load_hf_shards(
         FRAMEWORK,
         world_size=len(ranks),
         serialization="safetensors",
-        findings=tuple(_rank_gaps(root, ranks) + assembler.findings),
+        findings=tuple(_other_saves(root, files) + _rank_gaps(root, ranks) + assembler.findings),
     )
     return Checkpoint(
         path=root,
@@ -192,16 +196,53 @@ def load_hf_shards(
     )
 
 
+def _other_saves(root: str, files: list[str]) -> list[Finding]:
+    """torch's writer names the files of one save `-model-K-of-N` with one N on every rank
+    (the highest file index of its fqn_to_index_mapping) and K from 1 to N: a file saying
+    another N than the others, or a K past its N, belongs to another save (rule rank-set),
+    whose pieces may well tile with these."""
+    numbers = {}
+    for name in files:
+        match = SHARD_NAME.match(name)
+        assert match is not None
+        numbers[name] = (int(match.group(2)), int(match.group(3)))
+    usual = Counter(total for _, total in numbers.values()).most_common(1)[0][0] if files else 0
+    found = []
+    for name, (index, total) in numbers.items():
+        if total != usual:
+            what = f"says its save wrote {total} file(s) per rank, but the other rank files say {usual}"
+        elif not 1 <= index <= total:
+            what = f"is model file {index} of {total}, which no save numbers so"
+        else:
+            continue
+        path = os.path.join(root, name)
+        error = CorruptFileError(path, "rank-set", f"{what}: it belongs to another save", _ONE_SAVE)
+        found.append(finding(error.code, error.detail(), file=path))
+    return found
+
+
 def _rank_gaps(root: str, ranks: set[int]) -> list[Finding]:
-    """Rank numbers run from 1: a rank below the highest with no file at all."""
-    width = 5
-    return [
+    """Rank numbers run from 1: the ranks below the highest with no file at all, the first
+    few by name and the rest counted (a file numbered in the billions costs no more)."""
+    highest = max(ranks, default=0)
+    listed, count = missing_ranks((rank - 1 for rank in ranks), highest - 1)
+    saved = f"ranks {min(ranks)}-{highest} saved files"
+    found = [
         finding(
             "missing-rank-file",
-            f"no file of rank {rank} (ranks {min(ranks)}-{max(ranks)} saved files; copy its "
-            "shard-*-model-* files from the training run's output)",
-            file=os.path.join(root, f"shard-{rank:0{width}d}-model-*.safetensors"),
+            f"no file of rank {rank + 1} ({saved}; copy its shard-*-model-* files from the "
+            "training run's output)",
+            file=os.path.join(root, f"shard-{rank + 1:05d}-model-*.safetensors"),
         )
-        for rank in range(1, max(ranks, default=0))
-        if rank not in ranks
+        for rank in listed
     ]
+    if count > len(listed):
+        found.append(
+            finding(
+                "missing-rank-file",
+                f"no file of {count - len(listed):,} more of the ranks below {highest} "
+                f"({saved}; copy their shard-*-model-* files from the training run's output)",
+                file=root,
+            )
+        )
+    return found

@@ -25,12 +25,12 @@ modules an `auto_map` names. Everything else is left out, and said so.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterable
 
 from ckptfix.core.errors import CkptfixError
+from ckptfix.formats.strict_json import loads
 from ckptfix.io.folder import LOCAL, Folder
 
 # Written by trainers to resume training, never part of a model folder.
@@ -85,7 +85,7 @@ def code_modules(root: str, names: Iterable[str], folder: Folder = LOCAL) -> set
         if folder is LOCAL and os.path.islink(path):
             continue  # a link may lead out of the folder: never followed to read it
         try:
-            parsed = json.loads(folder.read_small(path, path, MAX_AUTO_MAP_FILE, "config"))
+            parsed = loads(folder.read_small(path, path, MAX_AUTO_MAP_FILE, "config"))
         except (CkptfixError, ValueError):
             continue
         auto_map = parsed.get("auto_map") if isinstance(parsed, dict) else None

@@ -331,5 +331,13 @@ def _from_module(states: ModelStates, optims: dict[int, str]) -> Assembled:
     found = Assembled(weights="module", lightning=states.lightning)
     found.stage, found.world, found.step = states.stage, states.dp_world_size, states.global_steps
     found.tensors = [view_tensor(name, view, states.label) for name, view in states.module.items()]
-    found.left_out_bytes = sum(os.path.getsize(path) for path in optims.values())
+    found.left_out_bytes = sum(_size(path) for path in optims.values())
     return found
+
+
+def _size(path: str) -> int:
+    """A file's size; nothing for one that is gone (a dangling link): it holds nothing."""
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

@@ -10,11 +10,11 @@ storage in a `.bin`, or its own copy with --clone (plan.source, plan.select).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Any
 
 from ckptfix.core.errors import CorruptFileError
+from ckptfix.formats.strict_json import loads
 
 DROPPED_KEY = "ckptfix.dropped"
 FIX = "remove the record from the metadata, or correct it"  # the fix a rewrite gives
@@ -28,7 +28,7 @@ def read_record(
     record: dict[str, str] = {}
     if DROPPED_KEY in metadata:
         try:
-            parsed = json.loads(metadata[DROPPED_KEY])
+            parsed = loads(metadata[DROPPED_KEY])
         except ValueError as exc:
             raise bad_record(path, "is not JSON", fix) from exc
         record.update(_string_map(parsed, path, fix))

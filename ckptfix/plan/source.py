@@ -244,7 +244,8 @@ def _checked_choice(checkpoint: Checkpoint, *, torch: bool, gguf: bool = False) 
             f"pass the one to use, e.g. {os.path.join(path, choice.separate[0])}",
         )
     if choice.family is None:
-        raise InputRefusedError(path, no_weights_message(path))
+        what, _, fix = split_message(no_weights_message(path))
+        raise InputRefusedError(path, what, fix, rule="no-weights")
     if not torch and choice.family.ext not in ("safetensors", GGUF if gguf else "safetensors"):
         raise UnsupportedFormatError(
             path,
@@ -299,11 +300,14 @@ def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> 
             "use `ckptfix convert`",
         )
     if layout.separate:
+        one = os.path.join(checkpoint.path, layout.separate[-1])
         raise UsageError(
             checkpoint.path,
             f"folder holds {len(layout.separate)} models ({', '.join(layout.separate[:3])}), "
             "which are never merged",
-            f"pass the one to use, e.g. {os.path.join(checkpoint.path, layout.separate[-1])}",
+            f"pass the one to use, e.g. {one}"
+            if os.path.exists(one)  # not a DCP save or a per-rank set: those are whole folders
+            else "move all but one of them to a folder of their own",
         )
     sources = tuple(record.label for record in checkpoint.files)
     ours = {os.path.relpath(label, checkpoint.path).split(os.sep)[0] for label in sources}
