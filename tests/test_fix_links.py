@@ -227,3 +227,61 @@ def test_in_place_refuses_a_folder_it_could_not_clear(factory: Factory) -> None:
     ]
     assert tree_snapshot(factory.root) == before
     assert leftovers(factory.root) == []
+
+
+def test_in_place_keeps_a_fifo_beside_the_checkpoint(factory: Factory) -> None:
+    """A FIFO in the model folder is kept by a hard link: it was carried twice (as an entry
+    of the folder and as a file left out for not being regular), and the second link
+    failed with "write failed: File exists"."""
+    model = broken(factory, "stale-single")
+    os.mkfifo(model / "pipe")
+    run = cli("fix", model, "--in-place")
+    assert run.code == 0, run.stderr
+    assert stat.S_ISFIFO(os.lstat(model / "pipe").st_mode)
+    assert (model / ASIDE / "model.safetensors").is_file()
+    assert leftovers(factory.root) == []
+
+
+@pytest.mark.parametrize("kind", ["folder", "link to a folder"])
+def test_in_place_aside_name_taken_by_a_folder(factory: Factory, kind: str) -> None:
+    """The aside folder holds a folder (or a link to one) named like the file fix takes
+    out: only files counted as taken, so the move collided with it ("write failed: File
+    exists"). The file goes in beside it as NAME.2."""
+    model = broken(factory, "stale-single")
+    stale_bytes = (model / "model.safetensors").read_bytes()
+    taken = model / ASIDE / "model.safetensors"
+    taken.parent.mkdir()
+    if kind == "folder":
+        taken.mkdir()
+        (taken / "keep.txt").write_text("keep")
+    else:
+        (factory.root / "elsewhere").mkdir()
+        os.symlink(factory.root / "elsewhere", taken)
+    run = cli("fix", model, "--in-place")
+    assert run.code == 0, run.stderr
+    assert (model / ASIDE / "model.safetensors.2").read_bytes() == stale_bytes
+    assert taken.is_dir() and (kind == "folder") != taken.is_symlink()
+    assert leftovers(factory.root) == []
+
+
+def test_in_place_refuses_to_take_out_a_file_a_link_reaches(factory: Factory) -> None:
+    """`sub -> .`: the index reaches the shards as sub/…, and the same files at the top
+    level looked like orphans. fix --in-place took them out from under the link, and its
+    own check then called the result a bug; it now refuses, naming the link."""
+    factory.safetensors(f"m/{ONE}", [Spec("a")])
+    factory.safetensors(f"m/{TWO}", [Spec("b")])
+    factory.index(f"m/{INDEX}", {"a": f"sub/{ONE}", "b": f"sub/{TWO}"}, 9)
+    model = factory.root / "m"
+    os.symlink(".", model / "sub")
+    _refused_in_place(
+        factory,
+        model,
+        f"error: {model / 'sub'}: is a link (to .), and fix --in-place would take {ONE} out "
+        f"from under it (it is sub/{ONE}, which the index reaches through the link) (rule "
+        "usage; repair into a new folder with -o OUT, or replace the link with the folder it "
+        "points to)",
+    )
+    out = factory.root / "out"
+    assert cli("fix", model, "-o", out).code == 0
+    assert cli("inspect", out, "--fail-on", "warning").code == 0
+
