@@ -13,7 +13,7 @@ import pytest
 
 from tests.builders import Factory, Spec
 from tests.fix_cases import INDEX, ONE, TWO, broken, loaded, stale
-from tests.helpers import as_another_user, cli, give_away, tree_snapshot
+from tests.helpers import as_another_user, cli, give_away
 
 ASIDE = "ckptfix-aside"
 
@@ -217,15 +217,22 @@ def test_in_place_refuses_a_folder_it_could_not_clear(factory: Factory) -> None:
     theirs.mkdir()
     (theirs / "data.txt").write_text("theirs")
     give_away(theirs)
-    before = tree_snapshot(factory.root)
-    run = as_another_user("fix", model, "--in-place")
-    assert run.code == 1, run.stderr
-    assert run.error_lines == [
+    _refused_as_another_user(
+        factory,
+        ["fix", model, "--in-place"],
         f"error: {theirs}: folder is not writable and not ours to make writable, so its old "
         "entries could not be removed once the new folder is in place (rule write-failed; "
-        "make it writable, or run as its owner)"
-    ]
-    assert tree_snapshot(factory.root) == before
+        "make it writable, or run as its owner)",
+    )
+
+
+def _refused_as_another_user(factory: Factory, args: list[str | Path], line: str) -> None:
+    """Run as another user: exit 1, exactly `line`, and nothing anywhere changed."""
+    before = entries(factory.root)
+    run = as_another_user(*args)
+    assert run.code == 1, run.stderr
+    assert run.error_lines == [line]
+    assert entries(factory.root) == before
     assert leftovers(factory.root) == []
 
 
@@ -285,3 +292,24 @@ def test_in_place_refuses_to_take_out_a_file_a_link_reaches(factory: Factory) ->
     assert cli("fix", model, "-o", out).code == 0
     assert cli("inspect", out, "--fail-on", "warning").code == 0
 
+
+@pytest.mark.parametrize("command", ["fix", "reshard"])
+def test_in_place_refuses_another_users_file_in_a_sticky_folder(
+    factory: Factory, command: str
+) -> None:
+    """A sticky folder (1777) of another user's holding their file: the new folder was
+    swapped in, then the old one could not be emptied and stayed beside PATH as a
+    .ckptfix-* folder (exit 1 after the swap). Refused before anything is written."""
+    model = broken(factory, "stale-single")
+    shared = model / "shared"
+    shared.mkdir()
+    (shared / "theirs.txt").write_text("theirs")
+    give_away(shared)
+    shared.chmod(0o1777)
+    _refused_as_another_user(
+        factory,
+        [command, model, "--in-place"],
+        f"error: {shared / 'theirs.txt'}: is another user's, in a sticky folder (mode +t) that "
+        "is not ours either, so it could not be removed once the new folder is in place (rule "
+        "write-failed; have its owner move it out, or run as the folder's owner)",
+    )

@@ -75,6 +75,13 @@ def _open_regular(path: str) -> int:
     return fd
 
 
+def unreadable_file(label: str, exc: OSError) -> CorruptFileError:
+    """A file that cannot be opened for reading (no permission, another user's): one line."""
+    return CorruptFileError(
+        label, "unreadable", f"cannot read the file: {exc.strerror}", "check its permissions"
+    )
+
+
 class LocalFile:
     """A local file, opened read-only on first use. Its descriptor belongs to the shared
     pool (io.descriptors), which may close it while nobody reads; it is then reopened when
@@ -136,12 +143,7 @@ class LocalFile:
                 raise SourceChangedError(
                     self._label, f"file cannot be opened again ({exc.strerror}): it changed"
                 ) from exc
-            raise CorruptFileError(
-                self._label,
-                "unreadable",
-                f"cannot read the file: {exc.strerror}",
-                "check its permissions",
-            ) from exc
+            raise unreadable_file(self._label, exc) from exc
         info = os.fstat(fd)
         identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
         if self._identity is not None and identity != self._identity:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from ckptfix.core.errors import WriteError
 from ckptfix.io.folder import unlistable
+from ckptfix.io.source import unreadable_file
 from ckptfix.layouts.hub import blobs_of
 from ckptfix.write.reflink import clone_file
 from ckptfix.write.results import WrittenFile
@@ -104,12 +105,14 @@ class _Entry:
 def _copy_file(entry: _Entry | str, target: str) -> int:
     """Copy a regular file with its permission bits and times; fsync it. An entry is opened
     relative to its folder's descriptor, never through a path a link could redirect."""
-    if isinstance(entry, _Entry):
-        shown = entry.shown
-        reader = os.open(entry.name, _READ_FLAGS, dir_fd=entry.dir_fd)
-    else:
-        shown = entry
-        reader = os.open(entry, _READ_FLAGS)
+    shown = entry.shown if isinstance(entry, _Entry) else entry
+    try:
+        if isinstance(entry, _Entry):
+            reader = os.open(entry.name, _READ_FLAGS, dir_fd=entry.dir_fd)
+        else:
+            reader = os.open(entry, _READ_FLAGS)
+    except PermissionError as exc:  # the source's fault, not the output's
+        raise unreadable_file(shown, exc) from exc
     try:
         info = os.fstat(reader)
         if not stat.S_ISREG(info.st_mode):  # swapped for something else since it was listed
