@@ -95,11 +95,11 @@ def test_a_signed_url_is_printed_without_its_signature(server: HttpServer) -> No
     signed = (
         f"{server.url}/plain.safetensors?X-Amz-Algorithm=AWS4-HMAC-SHA256"
         "&X-Amz-Credential=AKIAEXAMPLEKEY%2F20240101%2Fus-east-1%2Fs3%2Faws4_request"
-        f"&X-Amz-Security-Token=tok{SECRET}&X-Amz-Signature=sig{SECRET}"
+        f"&X-Amz-Security-Token=tok{SECRET}&X-Amz-Signature=sig{SECRET}&jwt=t{SECRET}"
     )
-    shown = (
-        f"{server.url}/plain.safetensors?X-Amz-Algorithm=AWS4-HMAC-SHA256"
-        "&X-Amz-Credential=***&X-Amz-Security-Token=***&X-Amz-Signature=***"
+    shown = (  # every value: a secret may go by any name (`jwt` was printed as given)
+        f"{server.url}/plain.safetensors?X-Amz-Algorithm=***"
+        "&X-Amz-Credential=***&X-Amz-Security-Token=***&X-Amz-Signature=***&jwt=***"
     )
     for args in (["inspect", signed], ["inspect", signed, "--json"], ["hash", signed]):
         run = cli(*args)
