@@ -31,6 +31,7 @@ from ckptfix.core.errors import OutputConflictError, UsageError, WriteError
 from ckptfix.core.signals import Signals, restore
 from ckptfix.core.signals import current as current_signals
 from ckptfix.io.folder import unlistable
+from ckptfix.io.urls import refuse_url
 from ckptfix.layouts.names import foreign_entries
 from ckptfix.write.tree import OutputState, blocked_folder, differences, record, remove_tree
 
@@ -199,6 +200,7 @@ def claim_output(
 ) -> Claim:
     """Check that OUT may be written (`check_output`); for a write, also lock an existing OUT
     and record what it holds, before the input is even read."""
+    refuse_url(out, "ckptfix writes its output only to a local folder")
     real = os.path.realpath(out)
     lock = _lock(out, real) if write and os.path.isdir(real) else None
     try:
