@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
-from ckptfix.io.descriptors import POOL
+from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, POOL, out_of_descriptors, with_room
 
 
 @runtime_checkable
@@ -139,6 +139,8 @@ class LocalFile:
         try:
             fd = _open_with_room(self.path)
         except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:  # the run's fault, not the file's
+                raise out_of_descriptors(self._label) from exc
             if self._identity is not None:
                 raise SourceChangedError(
                     self._label, f"file cannot be opened again ({exc.strerror}): it changed"
@@ -196,7 +198,7 @@ def _open_with_room(path: str) -> int:
     try:
         return _open_regular(path)
     except OSError as exc:
-        if exc.errno not in (errno.EMFILE, errno.ENFILE) or not POOL.shed(len(POOL)):
+        if exc.errno not in OUT_OF_DESCRIPTORS or not POOL.shed(len(POOL)):
             raise
     return _open_regular(path)
 
@@ -253,5 +255,10 @@ def open_stream(source: ByteSource) -> BinaryIO:
     """A file object reading `source`: the file itself when it is local."""
     if isinstance(source, LocalFile):
         with source.held() as fd:
-            return os.fdopen(os.dup(fd), "rb")
+            try:
+                return os.fdopen(with_room(lambda: os.dup(fd)), "rb")
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                raise out_of_descriptors(source.label) from exc
     return io.BufferedReader(_SourceReader(source), buffer_size=2**16)

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Sequence
 from ckptfix.core.errors import OutputConflictError, UsageError, WriteError
 from ckptfix.core.signals import Signals, restore
 from ckptfix.core.signals import current as current_signals
+from ckptfix.io.descriptors import with_room
 from ckptfix.io.folder import unlistable
 from ckptfix.io.urls import refuse_url
 from ckptfix.layouts.names import foreign_entries
@@ -335,7 +336,9 @@ class Staging:
             return
         if self.path:
             with contextlib.suppress(OSError):  # already failing: the first error stands
-                remove_tree(self.path)
+                # out of descriptors (the failure itself, often): the sources' idle ones
+                # make room, or the staging folder would stay behind
+                with_room(lambda: remove_tree(self.path))
         for folder in self.made:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only while empty: another writer may have used it
