@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -313,3 +314,38 @@ def test_in_place_refuses_another_users_file_in_a_sticky_folder(
         "is not ours either, so it could not be removed once the new folder is in place (rule "
         "write-failed; have its owner move it out, or run as the folder's owner)",
     )
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["kept", "one-rewritten"])
+@pytest.mark.parametrize("option", ["-o", "--in-place"])
+def test_a_kept_shard_swapped_during_the_run_is_never_carried(
+    factory: Factory, monkeypatch: pytest.MonkeyPatch, option: str, rewrite: bool
+) -> None:
+    """sub/ (a real folder, its shards kept) swapped for a link to a folder of other shards
+    of the same names after fix read them: -o copied the other bytes into OUT, unchecked;
+    --in-place, with the other shard rewritten, left the kept one behind the new link and
+    called its own check's failure a bug."""
+    from ckptfix.ops import fix
+
+    model, real = _linked(factory, relative=False, rewrite=rewrite)
+    (model / "sub").unlink()
+    real.rename(model / "sub")
+    factory.safetensors(f"decoy/{ONE}", [stale(Spec("a"))])
+    factory.safetensors(f"decoy/{TWO}", [stale(Spec("b"))])
+    fill = fix.fill
+
+    def swapped_then_filled(*args: Any) -> Any:
+        (model / "sub").rename(factory.root / "moved")
+        os.symlink(factory.root / "decoy", model / "sub")
+        return fill(*args)
+
+    monkeypatch.setattr(fix, "fill", swapped_then_filled)
+    out = factory.root / "out"
+    run = cli("fix", model, *([option, out] if option == "-o" else [option]))
+    assert run.code == 1, run.stderr
+    kept = TWO if rewrite else ONE
+    assert run.error_lines == [
+        f"error: {model / 'sub' / kept}: file was replaced or modified since it was first read "
+        "(rule source-changed; run again on a stable copy)"
+    ]
+    assert not out.exists() and leftovers(factory.root) == []

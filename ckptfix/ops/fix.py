@@ -34,7 +34,15 @@ from ckptfix.plan.repair import ASIDE, RepairPlan
 from ckptfix.plan.repair_plan import plan_repair
 from ckptfix.plan.source import STAGING_FOLDER, other_entries
 from ckptfix.write.output import check_free_space, wrap_os_error
-from ckptfix.write.repair import RepairJob, Rewrite, cloning_for, fill, rewrites, space_needed
+from ckptfix.write.repair import (
+    RepairJob,
+    Rewrite,
+    behind_links,
+    cloning_for,
+    fill,
+    rewrites,
+    space_needed,
+)
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.staging import Claim, claim_output, staged
 from ckptfix.write.tree import first_link
@@ -238,24 +246,32 @@ def fix(
         taken = _aside_contents(source) if options.in_place and checkpoint.kind == "folder" else []
         plan = plan_repair(checkpoint, report.findings, taken=taken)
         plan = _with_entries(plan, checkpoint, options.in_place)
+        behind: frozenset[str] = frozenset()
         if options.in_place and not plan.single_file:
             _refuse_links(source, plan)
+            behind = behind_links(source, plan, in_place=True)
         if options.dry_run:
             return FixResult(report, plan, None)
         if plan.refused:
             raise _refused(plan)
         if options.in_place and not plan.changes:
             return FixResult(report, plan, None)
-        return _write(checkpoint, report, plan, claim, options)
+        return _write(checkpoint, report, plan, claim, options, behind)
 
 
 def _write(
-    checkpoint: Checkpoint, report: Report, plan: RepairPlan, claim: Claim, options: FixOptions
+    checkpoint: Checkpoint,
+    report: Report,
+    plan: RepairPlan,
+    claim: Claim,
+    options: FixOptions,
+    behind: frozenset[str],
 ) -> FixResult:
     found = rewrites(checkpoint, plan, claim.out)
     job = RepairJob(
         checkpoint, plan, "", claim.out, options.in_place, lambda: None, options.progress
     )
+    job.behind_links = behind  # as the plan was checked
     try:
         _check_space(job, found, claim)
         written = _stage(job, found, claim)
