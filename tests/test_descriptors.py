@@ -18,7 +18,7 @@ from ckptfix.io.descriptors import POOL
 from ckptfix.io.source import LocalFile, descriptor
 from ckptfix.ops.rewrite import ReshardOptions
 from tests.builders import Factory, Spec, seeded_bytes
-from tests.helpers import limit_open_files, read_tensors
+from tests.helpers import limit_open_files, measured, read_tensors
 
 CAPACITY = 4
 
@@ -182,3 +182,48 @@ def test_many_files_are_read_under_a_low_limit(factory: Factory) -> None:
     )
     assert (done.returncode, done.stdout.strip()) == (0, "100"), done.stderr[-2000:]
     assert len(read_tensors(folder)) == 100
+
+
+def _one_per_shard(factory: Factory) -> Path:
+    """40 shards of one tensor each, without "format" (so fix rewrites every one)."""
+    folder = factory.sharded("model", [[Spec(f"w{number}", shape=(2,))] for number in range(40)])
+    for number, shard in enumerate(sorted(folder.glob("*.safetensors"))):
+        factory.safetensors(
+            f"model/{shard.name}", [Spec(f"w{number}", shape=(2,))], with_format=False
+        )
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("to", ["safetensors", "torch"])
+def test_writes_under_a_very_low_limit(factory: Factory, to: str) -> None:
+    """Soft = hard = 32: the writers failed to open their outputs or read them back ("write
+    failed: Too many open files ... check the disk", or "written file does not read back:
+    ... [Errno 24]", a bug); the sources' idle descriptors now make room."""
+    out = factory.root / "out"
+    args = ["convert", _one_per_shard(factory), "-o", out, "--to", to, "--max-shard", "12"]
+    run = measured(*args, open_files=32)
+    assert run.code == 0, run.stderr
+    assert len(read_tensors(out)) == 40
+    assert not list(factory.root.glob(".ckptfix-*"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["reshard", "fix"])
+def test_a_limit_too_low_for_a_write_is_one_line_and_no_residue(
+    factory: Factory, command: str
+) -> None:
+    """Soft = hard = 16: the line named a staging file with "check the disk", and the
+    staging folder, whose removal needed descriptors too, was left behind."""
+    model = _one_per_shard(factory)
+    out = factory.root / "out"
+    run = measured(
+        command, model, "-o", out, *(["--max-shard", "12"] * (command == "reshard")), open_files=16
+    )
+    assert run.code == 1, run.stderr
+    assert run.error_lines == [
+        f"error: {out}: too many open files: the process may open 16, fewer than this run "
+        "needs at once; nothing was written (rule open-files-limit; raise the limit (e.g. "
+        "`ulimit -n 1024`), then run again)"
+    ]
+    assert not out.exists() and not list(factory.root.glob(".ckptfix-*"))

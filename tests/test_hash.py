@@ -268,10 +268,21 @@ def test_missing_path_and_empty_folder(tmp_path: Path) -> None:
     assert missing.error_lines == [
         f"error: {tmp_path / 'nope'}: no such file or directory (rule input-not-found; check the path)"
     ]
-    (tmp_path / "empty").mkdir()
-    empty = cli("hash", tmp_path / "empty")
-    assert empty.code == 1
-    assert len(empty.error_lines) == 1
+
+
+@pytest.mark.parametrize("command", ["hash", "diff", "reshard", "convert", "dedupe", "inspect"])
+def test_an_empty_folder_is_one_line_naming_its_rule(tmp_path: Path, command: str) -> None:
+    """Every command but inspect and fix ended the line `(check the path, or download the
+    weights) (rule input-refused)`, not `(rule no-weights; ...)` as SPEC's lines go."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    extra = {"diff": [empty], "hash": [], "inspect": []}.get(command, ["-o", tmp_path / "out"])
+    run = cli(command, empty, *extra)
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: {empty}: folder holds no weight file (*.safetensors, *.bin, *.pt, ...) and no "
+        "shard index (rule no-weights; check the path, or download the weights)"
+    ]
 
 
 @pytest.mark.parametrize("form", ["safetensors", "zip"])

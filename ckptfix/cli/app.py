@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,6 +28,11 @@ def input_path(text: str) -> str:
     from ckptfix.io.urls import is_url
 
     return text if is_url(text) else str(Path(text))
+
+
+# -o and --manifest are parsed as inputs are, not as Path: a Path would fold the // of a URL
+# into a relative path (`s3:/bucket/x`), which was then written; the operations refuse URLs.
+LOCAL_PATH: dict[str, Any] = {"parser": input_path, "metavar": "OUT"}
 
 
 app = typer.Typer(
@@ -123,10 +128,10 @@ FormatOption = Annotated[
     ),
 ]
 ManifestOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--manifest",
-        metavar="M.json",
+        **{**LOCAL_PATH, "metavar": "M.json"},
         help="Check every tensor against a manifest written by `ckptfix hash --manifest`.",
     ),
 ]
@@ -235,7 +240,7 @@ def reshard(
         ),
     ],
     out: Annotated[
-        Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
+        str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
     ] = None,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     dry_run: Annotated[
@@ -287,7 +292,7 @@ SrcArgument = Annotated[  # str, not Path: a Path would fold the // of a URL
 ]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
 OutOption = Annotated[
-    Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
+    str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
 ]
 KeepOption = Annotated[
     str,

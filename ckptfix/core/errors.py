@@ -117,6 +117,13 @@ class SourceChangedError(WriteError):
         super().__init__(path, what, "run again on a stable copy")
 
 
+class OpenFilesError(WriteError):
+    """The process ran out of descriptors (its open-file limit is lower than the files a
+    run needs at once, even with the sources' idle ones closed); nothing was written."""
+
+    kind = "open-files-limit"
+
+
 class PlanError(CkptfixError):
     """The output cannot be written as asked (e.g. a header over the format's limit)."""
 

@@ -16,9 +16,13 @@ when the CLI starts) the soft limit is raised to the hard limit where the system
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections import OrderedDict
-from typing import Protocol
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+from ckptfix.core.errors import OpenFilesError
 
 MIN_OPEN = 16
 MAX_OPEN = 4096
@@ -107,3 +111,43 @@ class DescriptorPool:
 
 
 POOL = DescriptorPool()
+
+
+_T = TypeVar("_T")
+OUT_OF_DESCRIPTORS = (errno.EMFILE, errno.ENFILE)
+
+
+def with_room(call: Callable[[], _T]) -> _T:
+    """`call()`, something that opens descriptors (an output file, a folder to remove);
+    when the process is out of them, the pool's idle ones are closed and it is tried once
+    more. Not called with the pool's lock held."""
+    try:
+        return call()
+    except OSError as exc:
+        if exc.errno not in OUT_OF_DESCRIPTORS:
+            raise
+        with POOL.lock:
+            if not POOL.shed(len(POOL)):
+                raise
+    return call()
+
+
+def open_files_limit() -> int | None:
+    """The soft RLIMIT_NOFILE in force (None where there is none): for messages."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def out_of_descriptors(path: str) -> OpenFilesError:
+    """The one-line error for a run that ran out of descriptors at `path`."""
+    limit = open_files_limit()
+    return OpenFilesError(
+        path,
+        f"too many open files: the process may open {limit or 'only a few'}, fewer than this "
+        "run needs at once; nothing was written",
+        "raise the limit (e.g. `ulimit -n 1024`), then run again",
+    )

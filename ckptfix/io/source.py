@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
-from ckptfix.io.descriptors import POOL
+from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, POOL, out_of_descriptors, with_room
 
 
 @runtime_checkable
@@ -73,6 +73,13 @@ def _open_regular(path: str) -> int:
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file")
     return fd
+
+
+def unreadable_file(label: str, exc: OSError) -> CorruptFileError:
+    """A file that cannot be opened for reading (no permission, another user's): one line."""
+    return CorruptFileError(
+        label, "unreadable", f"cannot read the file: {exc.strerror}", "check its permissions"
+    )
 
 
 class LocalFile:
@@ -132,16 +139,13 @@ class LocalFile:
         try:
             fd = _open_with_room(self.path)
         except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:  # the run's fault, not the file's
+                raise out_of_descriptors(self._label) from exc
             if self._identity is not None:
                 raise SourceChangedError(
                     self._label, f"file cannot be opened again ({exc.strerror}): it changed"
                 ) from exc
-            raise CorruptFileError(
-                self._label,
-                "unreadable",
-                f"cannot read the file: {exc.strerror}",
-                "check its permissions",
-            ) from exc
+            raise unreadable_file(self._label, exc) from exc
         info = os.fstat(fd)
         identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
         if self._identity is not None and identity != self._identity:
@@ -194,7 +198,7 @@ def _open_with_room(path: str) -> int:
     try:
         return _open_regular(path)
     except OSError as exc:
-        if exc.errno not in (errno.EMFILE, errno.ENFILE) or not POOL.shed(len(POOL)):
+        if exc.errno not in OUT_OF_DESCRIPTORS or not POOL.shed(len(POOL)):
             raise
     return _open_regular(path)
 
@@ -251,5 +255,10 @@ def open_stream(source: ByteSource) -> BinaryIO:
     """A file object reading `source`: the file itself when it is local."""
     if isinstance(source, LocalFile):
         with source.held() as fd:
-            return os.fdopen(os.dup(fd), "rb")
+            try:
+                return os.fdopen(with_room(lambda: os.dup(fd)), "rb")
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                raise out_of_descriptors(source.label) from exc
     return io.BufferedReader(_SourceReader(source), buffer_size=2**16)

@@ -243,7 +243,7 @@ def _checked_choice(checkpoint: Checkpoint, *, torch: bool, gguf: bool = False) 
             "never merged",
             f"pass the one to use, e.g. {os.path.join(path, choice.separate[0])}",
         )
-    if choice.family is None:
+    if choice.family is None:  # the line names the finding inspect reports, as fix's does
         what, _, fix = split_message(no_weights_message(path))
         raise InputRefusedError(path, what, fix, rule="no-weights")
     if not torch and choice.family.ext not in ("safetensors", GGUF if gguf else "safetensors"):

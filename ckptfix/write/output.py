@@ -18,6 +18,7 @@ from ckptfix.core.errors import (
     WriteError,
 )
 from ckptfix.core.sizes import format_size
+from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, out_of_descriptors, with_room
 from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
@@ -31,10 +32,10 @@ def create_file(path: str) -> int:
 
 def open_output(path: str) -> tuple[int, int]:
     """A new output file, created (see create_file): a descriptor to read it back, and
-    one to write it."""
-    fd = create_file(path)
+    one to write it; room is made for them among the sources' idle descriptors if need be."""
+    fd = with_room(lambda: create_file(path))
     try:
-        return os.open(path, os.O_RDONLY), fd
+        return with_room(lambda: os.open(path, os.O_RDONLY)), fd
     except BaseException:
         os.close(fd)
         raise
@@ -138,5 +139,7 @@ def wrap_os_error(exc: OSError, out: str) -> CkptfixError:
         )
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return WriteError(out, f"cannot write: {exc.strerror}", "check the folder's permissions")
+    if exc.errno in OUT_OF_DESCRIPTORS:
+        return out_of_descriptors(out)
     where = exc.filename or out
     return WriteError(str(where), f"write failed: {exc.strerror}", "check the disk and run again")

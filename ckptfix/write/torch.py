@@ -27,7 +27,13 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from ckptfix.core.errors import CkptfixError, PlanError, VerificationError, WriteError
+from ckptfix.core.errors import (
+    CkptfixError,
+    OpenFilesError,
+    PlanError,
+    VerificationError,
+    WriteError,
+)
 from ckptfix.formats import read_file
 from ckptfix.formats.pickle_writer import TensorEntry, state_dict_pickle, torch_can_store
 from ckptfix.formats.torch_zip_writer import (
@@ -278,6 +284,8 @@ def _verify_archive(archive: _Archive) -> None:
         with zipfile.ZipFile(archive.path) as opened:
             records = ((i.filename, i.header_offset, i.file_size, i.CRC) for i in opened.filelist)
             same = same and _same(records, planned)
+    except OpenFilesError:
+        raise  # the limit's fault, not the file's
     except (CkptfixError, zipfile.BadZipFile) as exc:
         detail = exc.detail() if isinstance(exc, CkptfixError) else str(exc)
         raise VerificationError(
