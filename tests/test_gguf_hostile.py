@@ -1,0 +1,73 @@
+"""What a hostile review of the GGUF support (issue 27) broke, each pinned by a test that
+failed before its fix (see each docstring for what it did then)."""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from ckptfix.core.tensor import TensorInfo
+from ckptfix.formats.gguf_encode import split_keys, tensor_info
+from ckptfix.plan.gguf_parts import PartEntry, PartKeys, pack_parts, part_size, plan_parts
+from ckptfix.plan.select import OutTensor
+from ckptfix.write.gguf import GgufJob, needed_bytes
+
+_FIX = "re-download the file, or convert the model to GGUF again"
+
+
+# --- many tensors, many parts --------------------------------------------------------------
+
+
+def test_parts_are_packed_greedily_by_file_size() -> None:
+    """In source order, each part as full as --max-shard lets its whole file be (a tensor
+    over it alone in a part of its own), each part's size counted as part_size counts it."""
+    rng = random.Random(27)
+    for _ in range(300):
+        entries = [
+            PartEntry(f"t{i}", rng.randint(1, 600), rng.randint(30, 90))
+            for i in range(rng.randint(0, 25))
+        ]
+        keys = PartKeys(rng.randint(0, 300), rng.randint(0, 80), 0)
+        alignment, limit = rng.choice([1, 32, 64]), rng.randint(100, 2500)
+        groups = pack_parts(entries, limit, keys, alignment)
+        assert [entry for group in groups for entry in group] == entries
+        for number, group in enumerate(groups):
+            own = keys.first if number == 0 else keys.rest
+            assert len(group) == 1 or part_size(own, group, alignment) <= limit
+            if number + 1 < len(groups):  # the next tensor did not fit
+                assert part_size(own, [*group, groups[number + 1][0]], alignment) > limit
+
+
+@pytest.mark.slow
+def test_packing_many_tensors_takes_one_pass() -> None:
+    """Packing summed every part so far again for each tensor: 10,000 tensors merged into
+    one file took minutes, the million a header may hold would never end."""
+    entries = [PartEntry(f"blk.{i}.weight", 4096, 40) for i in range(300_000)]
+    start = time.perf_counter()
+    plan = plan_parts(entries, 10**12, "model", PartKeys(500, 60, 60), 32)
+    assert time.perf_counter() - start < 10
+    assert [len(shard.tensors) for shard in plan.shards] == [300_000]
+
+
+@pytest.mark.slow
+def test_laying_out_many_parts_takes_one_pass(tmp_path: Path) -> None:
+    """Each part's layout listed every tensor of the plan again (its split.tensors.count):
+    a split into 20,000 parts took minutes before the first byte was written. The parts
+    laid out are the sizes the plan packed them by."""
+    count = 20_000
+    tensors = {
+        name: OutTensor.same(TensorInfo(name, "F32", (8,), 32, "m.gguf", (i * 32, i * 32 + 32)))
+        for i, name in enumerate(f"t{i}" for i in range(count))
+    }
+    entries = [PartEntry(name, 32, len(tensor_info(name, (8,), "F32", 0))) for name in tensors]
+    split = sum(map(len, split_keys(0, count, count)))
+    plan = plan_parts(entries, 1, "m", PartKeys(split, split, split), 32)
+    job = GgufJob(tensors, [{}] * count, {}, {}, staging="", out=str(tmp_path), verify=False)
+    start = time.perf_counter()
+    needed = needed_bytes(plan, job)
+    assert time.perf_counter() - start < 10
+    assert len(plan.shards) == count
+    assert needed == sum(part_size(split, [entry], 32) for entry in entries)
