@@ -14,6 +14,8 @@ from ckptfix.formats.gguf_encode import split_keys, tensor_info
 from ckptfix.plan.gguf_parts import PartEntry, PartKeys, pack_parts, part_size, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.write.gguf import GgufJob, needed_bytes
+from tests.gguf_files import Info, RawGguf
+from tests.helpers import one_error_line, tree_snapshot
 
 _FIX = "re-download the file, or convert the model to GGUF again"
 
@@ -71,3 +73,23 @@ def test_laying_out_many_parts_takes_one_pass(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 10
     assert len(plan.shards) == count
     assert needed == sum(part_size(split, [entry], 32) for entry in entries)
+
+
+@pytest.mark.slow
+def test_more_parts_than_split_count_can_say_are_refused(tmp_path: Path) -> None:
+    """split.count is a UINT16: a plan of 65,536 parts was an internal error (struct's
+    ushort) once the first part was laid out; now it is refused with the plan."""
+    count = 65_536
+    raw = RawGguf(
+        infos=[Info(f"t{i}", [1], 24, 32 * i) for i in range(count)],
+        data=b"".join(bytes([i % 251]) + bytes(31) for i in range(count)),
+    )
+    source = raw.write(tmp_path / "in" / "many.gguf")
+    before = tree_snapshot(tmp_path)
+    line = one_error_line("reshard", source, "-o", tmp_path / "out", "--max-shard", "1")
+    assert line == (
+        f"error: {source}: --max-shard 1 would split it into 65,536 parts; a GGUF split set "
+        "holds at most 65,535 (split.count is a UINT16) (rule gguf-split-count; choose a "
+        "larger --max-shard)"
+    )
+    assert tree_snapshot(tmp_path) == before

@@ -9,6 +9,7 @@ import os
 from dataclasses import replace
 from functools import partial
 
+from ckptfix.core.errors import PlanError
 from ckptfix.formats.gguf_encode import (
     alignment_key,
     carried_keys,
@@ -27,7 +28,7 @@ from ckptfix.ops.rewrite import (
     nearest_folder,
     stage_and_commit,
 )
-from ckptfix.plan.gguf_parts import PartEntry, PartKeys, plan_parts
+from ckptfix.plan.gguf_parts import MAX_PARTS, PartEntry, PartKeys, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.plan.source import RewriteSource
@@ -64,7 +65,16 @@ def _plan(source: RewriteSource, head: GgufFile, carried: list[bytes], max_size:
     extra = len(alignment_key(head.alignment)) if head.alignment != DEFAULT_ALIGNMENT else 0
     keys = PartKeys(sum(map(len, carried)) + split, split + extra, split)
     assert source.gguf_stem is not None
-    return plan_parts(entries, max_size, source.gguf_stem, keys, head.alignment)
+    plan = plan_parts(entries, max_size, source.gguf_stem, keys, head.alignment)
+    if len(plan.shards) > MAX_PARTS:
+        raise PlanError(
+            source.path,
+            f"--max-shard {max_size} would split it into {len(plan.shards):,} parts; a GGUF "
+            f"split set holds at most {MAX_PARTS:,} (split.count is a UINT16)",
+            "choose a larger --max-shard",
+            rule="gguf-split-count",
+        )
+    return plan
 
 
 def _with_files(source: RewriteSource, plan: ShardPlan, options: WriteOptions) -> ShardPlan:

@@ -19,6 +19,7 @@ from ckptfix.plan.align import Run, residue, shareable
 from ckptfix.plan.shards import OutputName, PlannedShard, ShardPlan
 
 PREFIX = 24  # magic, version, tensor count, key/value count
+MAX_PARTS = 65_535  # split.count and split.no are UINT16 (llama.cpp reads them so)
 
 
 def padded(size: int, alignment: int) -> int:
