@@ -620,6 +620,14 @@ GGUF_CASES = [
         _gguf(RawGguf(keys=[kv("split.count", 8, gstr("3"))])),
         "gguf-bad-value",
     ),
+    Case(
+        "gguf-split-u32", _gguf(RawGguf(keys=[_ARCH, u32_kv("split.count", 1)])), "gguf-bad-value"
+    ),
+    Case(
+        "gguf-split-negative",
+        _gguf(RawGguf(keys=[_ARCH, kv("split.tensors.count", 5, struct.pack("<i", -1))])),
+        "gguf-bad-value",
+    ),
     Case("gguf-name-64", _gguf(RawGguf(infos=[Info("n" * 64, [4])])), "gguf-name-too-long"),
     Case("gguf-name-not-utf8", _gguf(RawGguf(infos=[Info(b"w\xff", [4])])), "gguf-bad-string"),
     Case("gguf-5-dims", _gguf(RawGguf(infos=[Info("w", [1, 1, 1, 1, 4])])), "gguf-dims"),

@@ -4,6 +4,7 @@ failed before its fix (see each docstring for what it did then)."""
 from __future__ import annotations
 
 import random
+import struct
 import time
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from ckptfix.formats.gguf_encode import split_keys, tensor_info
 from ckptfix.plan.gguf_parts import PartEntry, PartKeys, pack_parts, part_size, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.write.gguf import GgufJob, needed_bytes
-from tests.gguf_files import Info, RawGguf
+from tests.gguf_files import Info, RawGguf, gstr, kv
 from tests.helpers import one_error_line, tree_snapshot
 
 _FIX = "re-download the file, or convert the model to GGUF again"
@@ -93,3 +94,30 @@ def test_more_parts_than_split_count_can_say_are_refused(tmp_path: Path) -> None
         "larger --max-shard)"
     )
     assert tree_snapshot(tmp_path) == before
+
+
+# --- split keys of another type ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "record", "shown"),
+    [
+        ("split.count", struct.pack("<II", 4, 1), "UINT32 1"),
+        ("split.no", struct.pack("<Iq", 11, 0), "INT64 0"),
+        ("split.tensors.count", struct.pack("<IQ", 10, 1), "UINT64 1"),
+    ],
+    ids=["split.count", "split.no", "split.tensors.count"],
+)
+def test_split_keys_are_read_only_as_llama_cpp_reads_them(
+    tmp_path: Path, key: str, record: bytes, shown: str
+) -> None:
+    """llama.cpp reads split.no and split.count as UINT16 and split.tensors.count as INT32,
+    and refuses a file that stores them otherwise ("key split.count has wrong type"; a later
+    part's split.no aborts it). Such a file passed inspect clean."""
+    wanted = {"split.count": "UINT16", "split.no": "UINT16", "split.tensors.count": "INT32"}
+    keys = [kv("general.architecture", 8, gstr("llama")), gstr(key) + record]
+    path = RawGguf(keys=keys).write(tmp_path / "m.gguf")
+    assert one_error_line("inspect", path) == (
+        f"error: {path}: metadata key {key!r} is {shown}; llama.cpp reads it only as "
+        f"{wanted[key]} and refuses the file (rule gguf-bad-value; {_FIX})"
+    )
