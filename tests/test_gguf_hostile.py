@@ -3,6 +3,7 @@ failed before its fix (see each docstring for what it did then)."""
 
 from __future__ import annotations
 
+import json
 import random
 import struct
 import time
@@ -10,8 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from ckptfix.core.errors import PlanError
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.gguf_encode import split_keys, tensor_info
+from ckptfix.formats.gguf_encode import metadata_json, split_keys, tensor_info
+from ckptfix.formats.gguf_file import read_gguf
+from ckptfix.io.source import LocalFile
 from ckptfix.plan.gguf_parts import PartEntry, PartKeys, pack_parts, part_size, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.write.gguf import GgufJob, needed_bytes
@@ -121,3 +125,89 @@ def test_split_keys_are_read_only_as_llama_cpp_reads_them(
         f"error: {path}: metadata key {key!r} is {shown}; llama.cpp reads it only as "
         f"{wanted[key]} and refuses the file (rule gguf-bad-value; {_FIX})"
     )
+
+
+# --- the metadata a conversion keeps ---------------------------------------------------------
+
+
+class _Counted(LocalFile):
+    """A LocalFile that counts the bytes read from it."""
+
+    read = 0
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        self.read += size
+        return super().read_at(offset, size)
+
+
+def test_metadata_over_the_header_limit_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """A 101 MB string value (a hole, walked over in no time as a header) cannot fit in the
+    100,000,000-byte header of a safetensors file: it was decoded in full (as \\u0000
+    escapes, six bytes each) before the header was measured; now the spans say so at once."""
+    size = 101_000_000
+    keys = [
+        kv("general.architecture", 8, gstr("llama")),
+        kv("tokenizer.chat_template", 8, struct.pack("<Q", size)),
+    ]
+    path = tmp_path / "in" / "m.gguf"
+    path.parent.mkdir()
+    header = RawGguf(keys=keys, infos=[]).header()
+    path.write_bytes(header)
+    with open(path, "r+b") as handle:  # the string's bytes: a hole, then the file ends
+        handle.truncate(len(header) + size)
+    start = time.perf_counter()
+    line = one_error_line("convert", path, "-o", tmp_path / "out")
+    assert time.perf_counter() - start < 10
+    assert line == (
+        f"error: {path}: its metadata would take at least {size + 4 + 9:,} bytes as the "
+        "JSON a safetensors header keeps, over that format's 100,000,000-byte header limit "
+        "(rule header-too-large; keep the model as GGUF, or re-download it: no model's "
+        "metadata is this large)"
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def _tokens(path: Path, strings: list[bytes]) -> Path:
+    """A GGUF whose metadata holds `strings` as its tokenizer's tokens."""
+    payload = struct.pack("<IQ", 8, len(strings)) + b"".join(map(gstr, strings))
+    keys = [kv("general.architecture", 8, gstr("llama")), kv("tokenizer.ggml.tokens", 9, payload)]
+    return RawGguf(keys=keys).write(path)
+
+
+def _refused(path: Path, limit: int) -> tuple[PlanError, int]:
+    """The error metadata_json raises under `limit`, and the bytes it read before."""
+    with _Counted(str(path), str(path)) as source:
+        head = read_gguf(source)
+        source.read = 0
+        with pytest.raises(PlanError) as raised:
+            metadata_json(head, source, limit)
+        return raised.value, source.read
+
+
+def _tokens_kept(path: Path) -> object:
+    with LocalFile(str(path), str(path)) as source:
+        kept = json.loads(metadata_json(read_gguf(source), source, 10**8))
+    return kept["metadata"]["tokenizer.ggml.tokens"]["value"]
+
+
+def test_metadata_is_refused_as_soon_as_it_outgrows_the_limit(tmp_path: Path) -> None:
+    """Quotes take one byte in the file and four in the header (`\\\\\\"`): the spans
+    cannot tell, so the document is measured as it is built, and refused once it is over,
+    without reading the rest."""
+    strings = [b'"' * 1000] * 2000
+    path = _tokens(tmp_path / "m.gguf", strings)
+    error, read = _refused(path, 1_000_000)
+    assert error.rule == "header-too-large"
+    assert read < 1000 * 2000 / 2
+    assert _tokens_kept(path) == ['"' * 1000] * 2000  # under a limit it fits: in full
+
+
+def test_metadata_floor_refuses_without_reading_a_value(tmp_path: Path) -> None:
+    """30 million empty strings (what a 240 MB header can hold) took 163 s and 440 MB to
+    decode before their header was found too large for safetensors."""
+    count = 200_000
+    path = _tokens(tmp_path / "m.gguf", [b""] * count)
+    error, read = _refused(path, 5 * count - 2)  # `\"\",` each, the last without ","
+    assert read == 0
+    assert "at least 1,000,008 bytes" in error.detail()
+    assert _tokens_kept(path) == [""] * count

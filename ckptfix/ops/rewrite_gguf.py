@@ -19,6 +19,7 @@ from ckptfix.formats.gguf_encode import (
 )
 from ckptfix.formats.gguf_file import GgufFile
 from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT
+from ckptfix.formats.safetensors import MAX_HEADER_SIZE
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.rewrite import (
@@ -53,7 +54,8 @@ def head_of(source: RewriteSource) -> tuple[GgufFile, ByteSource]:
 def with_gguf_metadata(source: RewriteSource) -> RewriteSource:
     """The source with its GGUF metadata as one string entry of the safetensors metadata."""
     head, head_source = head_of(source)
-    return replace(source, metadata={GGUF_METADATA_KEY: metadata_json(head, head_source)})
+    kept = metadata_json(head, head_source, MAX_HEADER_SIZE)
+    return replace(source, metadata={GGUF_METADATA_KEY: kept})
 
 
 def _plan(source: RewriteSource, head: GgufFile, carried: list[bytes], max_size: int) -> ShardPlan:
