@@ -7,6 +7,7 @@ import json
 import random
 import struct
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,20 @@ def test_metadata_floor_refuses_without_reading_a_value(tmp_path: Path) -> None:
     assert read == 0
     assert "at least 1,000,008 bytes" in error.detail()
     assert _tokens_kept(path) == [""] * count
+
+
+# --- dequantizing, dedupe, reserved names --------------------------------------------------
+
+
+def test_nan_scales_decode_without_numpy_warnings() -> None:
+    """A Q6_K block with an Inf scale decodes to NaN, as in ggml; numpy printed two
+    RuntimeWarnings with their source lines among convert's output."""
+    pytest.importorskip("gguf")
+    from ckptfix.write.dequantize import dequantize_bytes
+
+    block = bytearray(210)
+    block[208:210] = struct.pack("<e", float("inf"))  # the block's fp16 scale, its scales 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        values = struct.unpack("<256f", dequantize_bytes(bytes(block), "Q6_K"))
+    assert all(value != value for value in values)
