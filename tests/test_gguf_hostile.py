@@ -20,8 +20,8 @@ from ckptfix.io.source import LocalFile
 from ckptfix.plan.gguf_parts import PartEntry, PartKeys, pack_parts, part_size, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.write.gguf import GgufJob, needed_bytes
-from tests.gguf_files import Info, RawGguf, gstr, kv
-from tests.helpers import one_error_line, tree_snapshot
+from tests.gguf_files import PLAIN_TENSORS, Info, RawGguf, gstr, kv, write_gguf
+from tests.helpers import cli, one_error_line, read_weights, tree_snapshot
 
 _FIX = "re-download the file, or convert the model to GGUF again"
 
@@ -229,3 +229,15 @@ def test_nan_scales_decode_without_numpy_warnings() -> None:
         warnings.simplefilter("error")
         values = struct.unpack("<256f", dequantize_bytes(bytes(block), "Q6_K"))
     assert all(value != value for value in values)
+
+
+def test_dedupe_keeps_the_gguf_metadata_as_convert_does(tmp_path: Path) -> None:
+    """dedupe writes safetensors from a GGUF too; it dropped the metadata (the tokenizer
+    among it) that convert keeps under "gguf"."""
+    source = write_gguf(tmp_path / "in" / "m.gguf", "qwen2", PLAIN_TENSORS)
+    for command in ("convert", "dedupe"):
+        assert cli(command, source, "-o", tmp_path / command).code == 0
+    kept = [
+        read_weights(tmp_path / c / "model.safetensors").metadata for c in ("convert", "dedupe")
+    ]
+    assert kept[0] == kept[1] and "tokenizer.ggml.merges" in json.loads(kept[1]["gguf"])["metadata"]
