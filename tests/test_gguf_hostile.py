@@ -241,3 +241,22 @@ def test_dedupe_keeps_the_gguf_metadata_as_convert_does(tmp_path: Path) -> None:
         read_weights(tmp_path / c / "model.safetensors").metadata for c in ("convert", "dedupe")
     ]
     assert kept[0] == kept[1] and "tokenizer.ggml.merges" in json.loads(kept[1]["gguf"])["metadata"]
+
+
+def test_a_tensor_named_metadata_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    """GGUF (and torch) names are free; safetensors keeps `__metadata__` for its metadata.
+    The file was written, then failed its own verification as "a bug"."""
+    raw = RawGguf(infos=[Info("__metadata__", [8]), Info("b", [8], 0, 32)])
+    source = raw.write(tmp_path / "in" / "m.gguf")
+    for command in ("convert", "dedupe"):
+        out = tmp_path / command
+        assert one_error_line(command, source, "-o", out) == (
+            f"error: {out / 'model.safetensors'}: a tensor named '__metadata__' cannot be "
+            "written: safetensors keeps that key for the header's string metadata (rule "
+            "metadata-as-tensor; leave it out (`ckptfix convert --exclude __metadata__`), "
+            "or write torch files (`--to torch`))"
+        )
+        assert not out.exists() and not list(tmp_path.glob(".ckptfix-*"))
+    excluded = cli("convert", source, "-o", tmp_path / "ex", "--exclude", "__metadata__")
+    assert excluded.code == 0, excluded.stderr
+    assert cli("convert", source, "-o", tmp_path / "pt", "--to", "torch").code == 0
