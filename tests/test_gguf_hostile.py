@@ -260,3 +260,15 @@ def test_a_tensor_named_metadata_is_refused_before_anything_is_written(tmp_path:
     excluded = cli("convert", source, "-o", tmp_path / "ex", "--exclude", "__metadata__")
     assert excluded.code == 0, excluded.stderr
     assert cli("convert", source, "-o", tmp_path / "pt", "--to", "torch").code == 0
+
+
+def test_a_file_named_only_gguf_splits_into_parts_named_as_parts(tmp_path: Path) -> None:
+    """`.gguf` has no name to keep: its parts were `-00001-of-00003.gguf`, ..., which are not
+    named as parts, so inspect of the output reported every one as a renamed part."""
+    source = write_gguf(tmp_path / "in" / ".gguf", "llama", PLAIN_TENSORS)
+    assert cli("reshard", source, "-o", tmp_path / "out", "--max-shard", "3000").code == 0
+    names = sorted(path.name for path in (tmp_path / "out").iterdir())
+    assert names == [f"model-{i:05d}-of-00003.gguf" for i in (1, 2, 3)]
+    run = cli("inspect", tmp_path / "out", "--json")
+    assert run.code == 0, run.stderr
+    assert [f["code"] for f in run.json()["findings"] if f["severity"] != "info"] == []
