@@ -622,6 +622,33 @@ GGUF_CASES = [
         _gguf(RawGguf(keys=[kv("split.count", 8, gstr("3"))])),
         "gguf-bad-value",
     ),
+    Case(
+        "gguf-split-u32", _gguf(RawGguf(keys=[_ARCH, u32_kv("split.count", 1)])), "gguf-bad-value"
+    ),
+    Case(
+        "gguf-split-negative",
+        _gguf(RawGguf(keys=[_ARCH, kv("split.tensors.count", 5, struct.pack("<i", -1))])),
+        "gguf-bad-value",
+    ),
+    Case(
+        "gguf-alignment-0", _gguf(RawGguf(keys=[u32_kv("general.alignment", 0)])), "gguf-alignment"
+    ),
+    Case("gguf-key-70000", _gguf(RawGguf(keys=[u32_kv("k" * 70_000, 1)])), "gguf-bad-string"),
+    Case(
+        "gguf-array-item-2-32",
+        _gguf(RawGguf(keys=[kv("a", 9, struct.pack("<IQ", 2**32 - 1, 1))])),
+        "gguf-bad-value-type",
+    ),
+    Case(
+        "gguf-bool-array-2",
+        _gguf(RawGguf(keys=[kv("a", 9, struct.pack("<IQ", 7, 3) + b"\0\1\2")])),
+        "gguf-bad-value",
+    ),
+    Case(
+        "gguf-html-escapes",
+        _gguf_bytes(b"<html><title>\x1b]0;pwned\x07\n::error::x ##[y]</title>" + b" " * 64),
+        "gguf-bad-magic",
+    ),
     Case("gguf-name-64", _gguf(RawGguf(infos=[Info("n" * 64, [4])])), "gguf-name-too-long"),
     Case("gguf-name-not-utf8", _gguf(RawGguf(infos=[Info(b"w\xff", [4])])), "gguf-bad-string"),
     Case("gguf-5-dims", _gguf(RawGguf(infos=[Info("w", [1, 1, 1, 1, 4])])), "gguf-dims"),
@@ -635,6 +662,25 @@ GGUF_CASES = [
         "gguf-shape-overflow",
     ),
     Case("gguf-misaligned", _gguf(RawGguf(infos=[Info("w", [4], 0, 8)])), "gguf-misaligned"),
+    Case("gguf-offset-2-64", _gguf(RawGguf(infos=[Info("w", [4], 0, 2**64 - 32)])), "gguf-layout"),
+    Case(
+        "gguf-rank-2-32",
+        _gguf_bytes(
+            b"GGUF"
+            + struct.pack("<IQQ", 3, 1, 1)
+            + _ARCH
+            + gstr("w")
+            + struct.pack("<I", 2**32 - 1)
+            + bytes(64)
+        ),
+        "gguf-dims",
+    ),
+    Case("gguf-type-2-32", _gguf(RawGguf(infos=[Info("w", [32], 2**32 - 1)])), "gguf-unknown-type"),
+    Case(
+        "gguf-bytes-2-65",
+        _gguf(RawGguf(infos=[Info("w", [2**62], 28)], data=bytes(64))),
+        "truncated",
+    ),
     Case(
         "gguf-overlap",
         _gguf(RawGguf(infos=[Info("a", [16]), Info("b", [8], 0, 32)], data=bytes(96))),

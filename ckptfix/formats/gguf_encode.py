@@ -16,6 +16,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ckptfix.core.errors import PlanError
 from ckptfix.formats.gguf import MAGIC
 from ckptfix.formats.gguf_file import ALIGNMENT_KEY, GGML_IDS, SPLIT_KEYS, GgufFile
 from ckptfix.formats.gguf_header import (
@@ -115,6 +116,15 @@ def alignment_key(alignment: int) -> bytes:
 
 # --- the metadata as JSON (convert to safetensors) ---------------------------------------
 
+# The shortest JSON of one array item with its comma: `0,`, `0.0,`, `true,`, and for a
+# string its two quotes, escaped again in the safetensors header (`\"\",`).
+_SHORTEST = {"FLOAT32": 4, "FLOAT64": 4, "BOOL": 5, "STRING": 5}
+_CHUNK = 4096  # array items decoded and encoded at a time
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
 
 def _json_value(value: object) -> object:
     """A float that JSON cannot hold (NaN, ±Infinity) as the string Python writes for it."""
@@ -132,26 +142,88 @@ def _decode_value(cursor: Cursor, type_id: int) -> object:
     return bool(value) if type_id == BOOL else _json_value(value)
 
 
-def metadata_json(head: GgufFile, source: ByteSource) -> str:
+def _floor(key: GgufKey) -> int:
+    """The fewest bytes a key/value's JSON takes in a safetensors header, from its span and
+    type alone (nothing read): every string byte at least one, every item its shortest."""
+    payload = key.span[1] - key.span[0] - 8 - len(key.key.encode("utf-8")) - 4
+    if key.type == "STRING":
+        return payload - 8 + _SHORTEST["STRING"] - 1
+    if key.type != "ARRAY" or key.item_type is None or not key.count:
+        return 1
+    items = _SHORTEST.get(key.item_type, 2) * key.count - 1  # the last without its comma
+    if key.item_type == "STRING":  # and the strings' bytes
+        return payload - 12 - 8 * key.count + items
+    return items
+
+
+class JsonBudget:
+    """The JSON document, piece by piece, refused (PlanError) as soon as it would take more
+    than `limit` bytes as the string a safetensors header holds it in (where each `"` and
+    `\\` of it is escaped once more)."""
+
+    def __init__(self, label: str, limit: int) -> None:
+        self.label, self.limit = label, limit
+        self.pieces: list[str] = []
+        self.size = 0
+
+    def check(self, size: int) -> None:
+        if size > self.limit:
+            raise PlanError(
+                self.label,
+                f"its metadata would take at least {size:,} bytes as the JSON a safetensors "
+                f"header keeps, over that format's {self.limit:,}-byte header limit",
+                "keep the model as GGUF, or re-download it: no model's metadata is this large",
+                rule="header-too-large",
+            )
+
+    def add(self, text: str) -> None:
+        self.pieces.append(text)
+        self.size += len(text.encode("utf-8")) + text.count('"') + text.count("\\")
+        self.check(self.size)
+
+
+def metadata_json(head: GgufFile, source: ByteSource, limit: int) -> str:
     """Every carried key/value of a GGUF file decoded in full, as one JSON document:
     `{"version": 3, "metadata": {key: {"type", "value"} or {"type": "ARRAY", "items",
     "value"}}}` (non-finite floats as strings, strings that are not UTF-8 with backslash
-    escapes)."""
-    decoded: dict[str, object] = {}
-    for key in head.keys:
-        if key.key in NOT_CARRIED:
-            continue
+    escapes). Refused before anything is read when the spans alone say it cannot fit in
+    `limit` bytes of a safetensors header, else as soon as it grows past them; arrays are
+    decoded a chunk at a time, so no key's values are ever all held as objects."""
+    carried = [key for key in head.keys if key.key not in NOT_CARRIED]
+    budget = JsonBudget(head.label, limit)
+    budget.check(sum(map(_floor, carried)))
+    budget.add(f'{{"version":{head.version},"metadata":{{')
+    for number, key in enumerate(carried):
+        budget.add(("," if number else "") + _dumps(key.key) + ":")
         cursor = Cursor(source, key.span[0])
         cursor.skip(8 + len(key.key.encode("utf-8")))
-        decoded[key.key] = _decode_tail(cursor, key)
-    document = {"version": head.version, "metadata": decoded}
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":"))
+        _value_json(cursor, key, budget)
+    budget.add("}}")
+    return "".join(budget.pieces)
 
 
-def _decode_tail(cursor: Cursor, key: GgufKey) -> dict[str, object]:
+def _value_json(cursor: Cursor, key: GgufKey, budget: JsonBudget) -> None:
     type_id = cursor.u32()
     if type_id != ARRAY:
-        return {"type": key.type, "value": _decode_value(cursor, type_id)}
+        budget.add(_dumps({"type": key.type, "value": _decode_value(cursor, type_id)}))
+        return
     item, count = cursor.u32(), cursor.u64()
-    values = [_decode_value(cursor, item) for _ in range(count)]
-    return {"type": "ARRAY", "items": VALUE_TYPES[item][0], "value": values}
+    budget.add(f'{{"type":"ARRAY","items":{_dumps(VALUE_TYPES[item][0])},"value":[')
+    separator = ""
+    while count:
+        values = _items(cursor, item, min(count, _CHUNK))
+        count -= len(values)
+        budget.add(separator + _dumps(values)[1:-1])
+        separator = ","
+    budget.add("]}")
+
+
+def _items(cursor: Cursor, item: int, most: int) -> list[object]:
+    """At least one and at most `most` items of an array, decoded."""
+    if item == STRING:
+        return list(cursor.strings(most))
+    _, fmt, size = VALUE_TYPES[item]
+    values = list(struct.unpack(f"<{most}{fmt[1]}", cursor.take(most * size)))
+    if item == BOOL:
+        return [bool(value) for value in values]
+    return [_json_value(value) for value in values] if fmt[1] in "fd" else values

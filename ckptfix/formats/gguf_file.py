@@ -43,10 +43,12 @@ _REMOVED = {
     36: "IQ4_NL_4_4", 37: "IQ4_NL_4_8", 38: "IQ4_NL_8_8",
 }  # fmt: skip
 SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
+# The one type llama.cpp reads each split key as: any other is refused ("key split.count has
+# wrong type"), or aborts it (split.no in a later part, read by gguf_get_val_u16).
+SPLIT_TYPES = {"split.no": "UINT16", "split.count": "UINT16", "split.tensors.count": "INT32"}
 ALIGNMENT_KEY = "general.alignment"
 ELEMENTS_LIMIT = 2**63  # ggml counts elements in int64
 PROBE = 4096  # bytes of tensor data read from the end to see whether they are all zeros
-_INTEGERS = ("UINT8", "INT8", "UINT16", "INT16", "UINT32", "INT32", "UINT64", "INT64")
 
 
 @dataclass(frozen=True)
@@ -87,7 +89,7 @@ def padded(size: int, alignment: int) -> int:
 
 
 def _integer(key: GgufKey, label: str) -> int:
-    if key.type not in _INTEGERS or not isinstance(key.value, int) or key.value < 0:
+    if not isinstance(key.value, int) or key.value < 0:  # its type is checked already
         raise CorruptFileError(
             label,
             "gguf-bad-value",
@@ -116,6 +118,15 @@ def _split(keys: dict[str, GgufKey], label: str) -> SplitInfo | None:
     present = [keys[name] for name in SPLIT_KEYS if name in keys]
     if not present:
         return None
+    for key in present:
+        if key.type != SPLIT_TYPES[key.key]:
+            raise CorruptFileError(
+                label,
+                "gguf-bad-value",
+                f"metadata key {key.key!r} is {key.type} {key.value!r}; llama.cpp reads it "
+                f"only as {SPLIT_TYPES[key.key]} and refuses the file",
+                FIX,
+            )
     values = {key.key: _integer(key, label) for key in present}
     count = values.get("split.count", 0)
     if count == 0:  # what `gguf-split --merge` leaves in a merged file: not a split set

@@ -203,6 +203,27 @@ class Cursor:
                 raise self.past(position)
         self.position = position
 
+    def strings(self, most: int) -> list[str]:
+        """At least one and at most `most` strings of an array, decoded (bytes that are not
+        UTF-8 as backslash escapes): those whole in the window in one tight loop, as
+        skip_strings walks them; a longer one alone."""
+        self._fill(8)
+        buffer, base, position = self.buffer, self.start, self.position
+        found: list[str] = []
+        while len(found) < most and position - base + 8 <= len(buffer):
+            at = position - base + 8
+            end = at + _U64(buffer, at - 8)[0]
+            if end > len(buffer):
+                break
+            found.append(buffer[at:end].decode("utf-8", "backslashreplace"))
+            position = base + end
+        self.position = position
+        if not found:
+            found.append(
+                self.take(self.length(self.remaining())).decode("utf-8", "backslashreplace")
+            )
+        return found
+
 
 def read_prefix(source: ByteSource) -> tuple[int, int, int, Cursor]:
     """(version, tensor count, key count) and a cursor after them; refuses the wrong magic,

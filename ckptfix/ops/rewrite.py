@@ -398,10 +398,7 @@ def convert(
         read=ReadOptions(key=options.key, zero_weights=options.zero_weights),
         torch=True,
     ) as (opened, claim):
-        if opened.gguf_stem is not None:  # its metadata kept as one JSON entry
-            from ckptfix.ops.rewrite_gguf import with_gguf_metadata
-
-            opened = with_gguf_metadata(opened)
+        opened = _gguf_metadata_kept(opened, options.to)
         if options.to_hf is not None:
             from ckptfix.ops.to_hf import hf_source
 
@@ -437,6 +434,16 @@ def _config_ties(checkpoint: Checkpoint, tensors: Sequence[TensorInfo]) -> dict[
     return declared_ties(record.config, [t.name for t in tensors])
 
 
+def _gguf_metadata_kept(opened: RewriteSource, to: str) -> RewriteSource:
+    """A GGUF source written as safetensors keeps its metadata as one JSON header entry, by
+    every command that writes it so (torch files have no place for it)."""
+    if opened.gguf_stem is None or to != "safetensors":
+        return opened
+    from ckptfix.ops.rewrite_gguf import with_gguf_metadata
+
+    return with_gguf_metadata(opened)
+
+
 def dedupe(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str] | None,
@@ -445,6 +452,7 @@ def dedupe(
     """Write aliases once (and, with `by_content`, identical tensors once) as safetensors."""
     options = options or DedupeOptions()
     with _opened(src, out, options, torch=True) as (opened, claim):
+        opened = _gguf_metadata_kept(opened, "safetensors")
         choice = SelectOptions(
             keep=options.keep,
             clone=options.clone,

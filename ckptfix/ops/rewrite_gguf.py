@@ -9,6 +9,7 @@ import os
 from dataclasses import replace
 from functools import partial
 
+from ckptfix.core.errors import PlanError
 from ckptfix.formats.gguf_encode import (
     alignment_key,
     carried_keys,
@@ -18,6 +19,7 @@ from ckptfix.formats.gguf_encode import (
 )
 from ckptfix.formats.gguf_file import GgufFile
 from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT
+from ckptfix.formats.safetensors import MAX_HEADER_SIZE
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.rewrite import (
@@ -27,7 +29,7 @@ from ckptfix.ops.rewrite import (
     nearest_folder,
     stage_and_commit,
 )
-from ckptfix.plan.gguf_parts import PartEntry, PartKeys, plan_parts
+from ckptfix.plan.gguf_parts import MAX_PARTS, PartEntry, PartKeys, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.plan.source import RewriteSource
@@ -52,7 +54,8 @@ def head_of(source: RewriteSource) -> tuple[GgufFile, ByteSource]:
 def with_gguf_metadata(source: RewriteSource) -> RewriteSource:
     """The source with its GGUF metadata as one string entry of the safetensors metadata."""
     head, head_source = head_of(source)
-    return replace(source, metadata={GGUF_METADATA_KEY: metadata_json(head, head_source)})
+    kept = metadata_json(head, head_source, MAX_HEADER_SIZE)
+    return replace(source, metadata={GGUF_METADATA_KEY: kept})
 
 
 def _plan(source: RewriteSource, head: GgufFile, carried: list[bytes], max_size: int) -> ShardPlan:
@@ -64,7 +67,16 @@ def _plan(source: RewriteSource, head: GgufFile, carried: list[bytes], max_size:
     extra = len(alignment_key(head.alignment)) if head.alignment != DEFAULT_ALIGNMENT else 0
     keys = PartKeys(sum(map(len, carried)) + split, split + extra, split)
     assert source.gguf_stem is not None
-    return plan_parts(entries, max_size, source.gguf_stem, keys, head.alignment)
+    plan = plan_parts(entries, max_size, source.gguf_stem, keys, head.alignment)
+    if len(plan.shards) > MAX_PARTS:
+        raise PlanError(
+            source.path,
+            f"--max-shard {max_size} would split it into {len(plan.shards):,} parts; a GGUF "
+            f"split set holds at most {MAX_PARTS:,} (split.count is a UINT16)",
+            "choose a larger --max-shard",
+            rule="gguf-split-count",
+        )
+    return plan
 
 
 def _with_files(source: RewriteSource, plan: ShardPlan, options: WriteOptions) -> ShardPlan:

@@ -19,6 +19,7 @@ from ckptfix.plan.align import Run, residue, shareable
 from ckptfix.plan.shards import OutputName, PlannedShard, ShardPlan
 
 PREFIX = 24  # magic, version, tensor count, key/value count
+MAX_PARTS = 65_535  # split.count and split.no are UINT16 (llama.cpp reads them so)
 
 
 def padded(size: int, alignment: int) -> int:
@@ -55,15 +56,21 @@ def part_size(keys: int, entries: Iterable[PartEntry], alignment: int) -> int:
 def pack_parts(
     entries: Sequence[PartEntry], max_size: int, keys: PartKeys, alignment: int
 ) -> list[list[PartEntry]]:
-    """Greedy packing in source order, by file size (see the module docstring)."""
+    """Greedy packing in source order, by file size (see the module docstring). The part's
+    tensor infos and padded data are kept as running sums: a model of a million tensors
+    packs in one pass, not one pass per tensor."""
     groups: list[list[PartEntry]] = []
     current: list[PartEntry] = []
+    infos = data = 0  # of `current`
     for entry in entries:
         own = keys.first if not groups else keys.rest
-        if current and part_size(own, [*current, entry], alignment) > max_size:
+        size = padded(entry.nbytes, alignment)
+        header = padded(PREFIX + own + infos + entry.info, alignment)
+        if current and header + data + size > max_size:
             groups.append(current)
-            current = []
+            current, infos, data = [], 0, 0
         current.append(entry)
+        infos, data = infos + entry.info, data + size
     if current or not groups:
         groups.append(current)
     return groups

@@ -202,8 +202,10 @@ def choose_source(
 
 
 def gguf_stem(stem: str, names: list[str]) -> str:
-    """The name a GGUF checkpoint's rewrites keep: a split set's prefix, a file's name."""
-    return names[0].removesuffix(".gguf") if stem == "loose" else stem
+    """The name a GGUF checkpoint's rewrites keep: a split set's prefix, a file's name; a
+    file named only `.gguf` has none, and its parts (`-00001-of-00003.gguf`) would not be
+    named as parts, so they get the default name."""
+    return (names[0].removesuffix(".gguf") if stem == "loose" else stem) or "model"
 
 
 def _gguf_source(checkpoint: Checkpoint, report: Report, *, allowed: bool) -> RewriteSource:

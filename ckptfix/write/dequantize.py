@@ -30,7 +30,10 @@ def dequantize_bytes(data: bytes | memoryview, dtype: str) -> bytes:
 
     types, dequantize = _quants()
     blocks = np.frombuffer(data, dtype=np.uint8).reshape(-1, DTYPES[dtype].block_bytes)
-    values = dequantize(blocks, types[dtype])
+    # A block whose scale is Inf or NaN decodes to NaN, as ggml decodes it; numpy would also
+    # print a RuntimeWarning with its source line among ckptfix's output.
+    with np.errstate(all="ignore"):
+        values = dequantize(blocks, types[dtype])
     return bytes(np.ascontiguousarray(values, dtype="<f4").tobytes())
 
 

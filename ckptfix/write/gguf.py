@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from ckptfix.core.errors import CorruptFileError, VerificationError
@@ -98,7 +99,7 @@ def _runs(names: Sequence[str], relative: Sequence[int], job: GgufJob) -> list[R
 def layout_part(plan: ShardPlan, job: GgufJob, number: int) -> PartLayout:
     """Where everything of part `number` (from 0) goes (see the module docstring)."""
     shard, alignment = plan.shards[number], job.alignment
-    keys = part_keys(job, number, len(plan.shards), len(plan.weight_map))
+    keys = part_keys(job, number, len(plan.shards), len(job.tensors))
     infos, relative, at = [], [], 0
     for name in shard.tensors:
         tensor = job.tensors[name]
@@ -159,10 +160,14 @@ def verify_part(path: str, display: str, layout: PartLayout, planned: Sequence[o
 class PartWriter(ShardWriter):
     """ShardWriter's copying, flushing and verification, for GGUF parts."""
 
+    def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
+        super().__init__(plan, job, workers)
+        self.numbers = {shard.file: number for number, shard in enumerate(plan.shards)}
+
     def shard(self, shard: PlannedShard, metadata: Mapping[str, str]) -> WrittenFile:
         job = self.job
         assert isinstance(job, GgufJob)
-        layout = layout_part(self.plan, job, self.plan.shards.index(shard))
+        layout = layout_part(self.plan, job, self.numbers[shard.file])
         job.tally.add("padding", layout.padding)
         path, display = self.open(shard.file, b"", layout.end)
         at = 0

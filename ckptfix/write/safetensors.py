@@ -19,7 +19,13 @@ from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
-from ckptfix.formats.safetensors import MAX_HEADER_SIZE, HeaderEntry, encode_header, read_header
+from ckptfix.formats.safetensors import (
+    MAX_HEADER_SIZE,
+    METADATA_KEY,
+    HeaderEntry,
+    encode_header,
+    read_header,
+)
 from ckptfix.io.gather import CHUNK, Sources, tensor_chunks
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
@@ -90,9 +96,19 @@ def checked_headers(
 ) -> list[int]:
     """The header size of every planned shard, refusing before anything is written a shard
     whose header would break the format's 100,000,000-byte limit (many tensor names, large
-    metadata, or "format" added to a header already at the limit)."""
+    metadata, or "format" added to a header already at the limit), or that would hold a
+    tensor under the key the format keeps for its metadata (a GGUF or torch name)."""
     sizes = []
     for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
+        if METADATA_KEY in shard.tensors:
+            raise PlanError(
+                os.path.join(out, shard.file),
+                f"a tensor named {METADATA_KEY!r} cannot be written: safetensors keeps that "
+                "key for the header's string metadata",
+                f"leave it out (`ckptfix convert --exclude {METADATA_KEY}`), or write torch "
+                "files (`--to torch`)",
+                rule="metadata-as-tensor",
+            )
         size = len(shard_header(shard, tensors, shard_metadata)[0]) - 8
         if size > MAX_HEADER_SIZE:
             raise PlanError(
