@@ -1,12 +1,11 @@
 """The backends behind remote URLs, each used for ranged reads only.
 
-s3:// is botocore's S3 client (io.remote_s3), hf:// the Hub's HTTP API (io.remote_hub). The
-others are fsspec file systems, never
-read through fsspec's buffered `open().read()`, whose read-ahead fetches megabytes per file:
-every read is one request for exactly the range wanted. HTTP(S) reads go through the aiohttp
-session of fsspec's HTTP file system with Range and If-Match, checked for a 206 before the
-body is read (a server that ignores Range would otherwise send the whole file); gs:// uses
-`cat_file(path, start, end)` pinned to the object's generation. Each
+s3:// is botocore's S3 client (io.remote_s3), hf:// the Hub's HTTP API (io.remote_hub),
+http(s):// ckptfix's own requests on fsspec's aiohttp session (io.remote_http). gs:// is
+gcsfs's file system, never read through fsspec's buffered `open().read()`, whose read-ahead
+fetches megabytes per file: every read is `cat_file(path, start, end)`, one request for
+exactly the range wanted, pinned to the object's generation. The aiohttp sessions of both
+read every answer against remote_answers' bounds (io.remote_aiohttp). Each
 backend's packages are imported only when a URL of its scheme is read; without them the error
 says how to install them.
 """
@@ -14,13 +13,12 @@ says how to install them.
 from __future__ import annotations
 
 import logging
-import posixpath
 from collections.abc import Callable
 from typing import Any, TypeVar
-from urllib.parse import unquote
 
 from ckptfix.core.errors import UsageError
-from ckptfix.io.remote import Backend, Info, Settings, no_range, range_starts
+from ckptfix.io.remote import Backend, Info, Settings
+from ckptfix.io.remote_answers import ANSWER_TIMEOUTS, Listing
 from ckptfix.io.remote_errors import ObjectReplaced, UnexpectedAnswer
 
 T = TypeVar("T")
@@ -77,15 +75,13 @@ class GcsBackend(GenericBackend):
     answers 404 for a generation that is gone (the object was replaced or deleted), which is
     the object changing under the run, not a missing file. gcsfs parses the answers itself:
     its ValueError, KeyError, TypeError or AttributeError on a body that is not Cloud
-    Storage's JSON (a proxy's page, another service) is an unexpected answer. gcsfs follows
-    a listing's pages by itself: a listing gets LISTING_TIMEOUTS times the request timeout
-    in all, so pages without end are an error, not a hang."""
-
-    LISTING_TIMEOUTS = 10
+    Storage's JSON (a proxy's page, another service) is an unexpected answer. A listing's
+    pages are ckptfix's own requests (one `objects.list` page each, through gcsfs), within
+    remote_answers' bounds: gcsfs would follow pages without end, holding every entry."""
 
     def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
         super().__init__(scheme, fs)
-        self.listing_deadline = max(timeout, 0.1) * self.LISTING_TIMEOUTS
+        self.listing_seconds = max(timeout, 0.1) * ANSWER_TIMEOUTS
 
     def to_path(self, url: str) -> str:
         scheme, _, rest = url.partition("://")
@@ -95,14 +91,40 @@ class GcsBackend(GenericBackend):
         return _parsed(lambda: super(GcsBackend, self).info(path))
 
     def ls(self, path: str) -> list[Info]:
+        bucket, _, key = path.partition("/")
+        prefix = key.rstrip("/") + "/" if key.strip("/") else ""
+        bounds, token = Listing(self.listing_seconds), None
+        items: list[dict[str, Any]] = []
+        folders: list[str] = []
+        while True:
+            page = self._page(bucket, prefix, token, bounds)
+            found, more = page.get("items", []), page.get("prefixes", [])
+            if not isinstance(found, list) or not isinstance(more, list):
+                raise UnexpectedAnswer("not Cloud Storage's JSON (items or prefixes not lists)")
+            items += found
+            folders += more
+            token = page.get("nextPageToken")
+            bounds.page(len(found) + len(more), more=bool(token))
+            if not token:
+                break
+        return _parsed(lambda: _gcs_entries(self.fs, bucket, prefix, items, folders))
+
+    def _page(self, bucket: str, prefix: str, token: object, bounds: Listing) -> Any:
+        """One page of `objects.list`, within what is left of the listing's time."""
+        from fsspec.asyn import sync
         from fsspec.exceptions import FSTimeoutError
 
-        deadline = self.listing_deadline
-        try:  # fsspec's synchronous wrapper takes `timeout` for the whole call
-            entries = _parsed(lambda: self.fs.ls(path, detail=True, timeout=deadline))
+        query = {"delimiter": "/", "prefix": prefix, "maxResults": 1000, "pageToken": token}
+        call = self.fs._call_list_objects
+        try:
+            page = _parsed(
+                lambda: sync(self.fs.loop, call, bucket, timeout=bounds.remaining(), **query)
+            )
         except FSTimeoutError as exc:
-            raise UnexpectedAnswer(f"the listing did not end within {deadline:g} s") from exc
-        return [dict(entry) for entry in entries]
+            raise UnexpectedAnswer(f"the listing did not end within {bounds.seconds:g} s") from exc
+        if not isinstance(page, dict):
+            raise UnexpectedAnswer("not Cloud Storage's JSON (a listing page that is no object)")
+        return page
 
     def read(self, path: str, start: int, end: int, info: Info) -> bytes:
         generation = info.get("generation")
@@ -116,99 +138,25 @@ class GcsBackend(GenericBackend):
             raise ObjectReplaced(path) from exc
 
 
+def _gcs_entries(
+    fs: Any, bucket: str, prefix: str, items: list[Any], folders: list[Any]
+) -> list[Info]:
+    """A listing's objects and sub-folders as gcsfs describes them (the folder's own
+    marker object left out)."""
+    entries = [
+        {"name": f"{bucket}/{str(folder).rstrip('/')}", "type": "directory", "size": 0}
+        for folder in folders
+    ]
+    objects = [fs._process_object(bucket, item) for item in items]
+    return entries + [entry for entry in objects if entry["name"] != f"{bucket}/{prefix}"]
+
+
 def _parsed(call: Callable[[], T]) -> T:
     try:
         return call()
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         what = f"not Cloud Storage's JSON ({type(exc).__name__}: {str(exc)[:80]})"
         raise UnexpectedAnswer(what) from exc
-
-
-class HttpError(Exception):
-    """An HTTP status, as the classifier reads it (`status`)."""
-
-    def __init__(self, status: int, url: str) -> None:
-        super().__init__(f"HTTP {status} for {url}")
-        self.status = status
-
-
-class HttpBackend(GenericBackend):
-    """fsspec's HTTP file system: its session, its directory listings (links in an HTML
-    page); HEAD for sizes and ETags, and our own ranged GETs."""
-
-    def to_path(self, url: str) -> str:
-        return url
-
-    def info(self, path: str) -> Info:
-        from fsspec.asyn import sync
-
-        async def head() -> Info:
-            session = await self.fs.set_session()
-            headers = {"Accept-Encoding": "identity"}
-            async with session.head(path, allow_redirects=True, headers=headers) as response:
-                if response.status >= 400:
-                    raise HttpError(response.status, path)
-                return _head_info(path, response)
-
-        return dict(sync(self.fs.loop, head))
-
-    def ls(self, path: str) -> list[Info]:
-        listing = path if path.endswith("/") else path + "/"
-        self.fs.invalidate_cache(listing)
-        entries = self.fs.ls(listing, detail=True)
-        return [
-            {**entry, "name": unquote(str(entry["name"]))}
-            for entry in entries
-            if str(entry["name"]).startswith(listing) and "?" not in str(entry["name"])
-        ]
-
-    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
-        from fsspec.asyn import sync
-
-        headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
-        etag = info.get("ETag")
-        if isinstance(etag, str) and not etag.startswith("W/"):
-            headers["If-Match"] = etag  # a strong ETag: the same bytes or a 412
-
-        async def get() -> bytes:
-            session = await self.fs.set_session()
-            async with session.get(path, headers=headers) as response:
-                if response.status == 200:
-                    raise no_range(path, start, end)  # before reading the body
-                if response.status != 206:
-                    raise HttpError(response.status, path)
-                length = int(response.headers.get("Content-Length", end - start))
-                if length > end - start or not range_starts(response, start):
-                    raise no_range(path, start, end)
-                return bytes(await response.read())  # a shorter one: the session says so
-
-        return bytes(sync(self.fs.loop, get))
-
-    def token(self, info: Info) -> tuple[object, ...]:
-        return (info.get("size"), info.get("ETag"), info.get("Last-Modified"))
-
-
-def _head_info(path: str, response: Any) -> Info:
-    headers = response.headers
-    size = headers.get("Content-Length")
-    encoded = headers.get("Content-Encoding", "identity") not in ("identity", "")
-    mimetype = headers.get("Content-Type", "").partition(";")[0].strip()
-    return {
-        "name": path,
-        "type": "directory" if mimetype == "text/html" and _looks_like_folder(path) else "file",
-        "size": int(size) if size is not None and size.isdigit() and not encoded else None,
-        "ETag": headers.get("ETag"),
-        "Last-Modified": headers.get("Last-Modified"),
-        "mimetype": mimetype,
-    }
-
-
-def _looks_like_folder(url: str) -> bool:
-    """An HTML page at a URL whose last part has no weight-file extension is a listing."""
-    name = posixpath.basename(url.rstrip("/"))
-    return url.endswith("/") or not name.endswith(
-        (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".json", ".distcp", ".metadata")
-    )
 
 
 def _quiet(*names: str) -> None:
@@ -228,9 +176,11 @@ def make_backend(url: str, settings: Settings) -> Backend:
         if scheme == "s3":
             from ckptfix.io.remote_s3 import S3Backend, s3_client
 
-            return S3Backend(s3_client(settings))
+            return S3Backend(s3_client(settings), settings.timeout)
         if scheme == "http":
-            return HttpBackend(scheme, _http(settings))
+            from ckptfix.io.remote_http import HttpBackend
+
+            return HttpBackend(_http(settings), settings.timeout, ANSWER_TIMEOUTS)
         if scheme == "gs":
             return GcsBackend(scheme, _gcs(settings), settings.timeout)
         import huggingface_hub  # noqa: F401  (first: without it, the missing-extra error)
@@ -251,10 +201,18 @@ def _timeout(settings: Settings) -> Any:
     )
 
 
+def _answers(settings: Settings) -> dict[str, Any]:
+    """An aiohttp session's options for bounded, unencoded answers (io.remote_aiohttp)."""
+    from ckptfix.io.remote_aiohttp import session_options
+
+    return session_options(max(settings.timeout, 0.1) * ANSWER_TIMEOUTS)
+
+
 def _http(settings: Settings) -> Any:
     from fsspec.implementations.http import HTTPFileSystem
 
-    return HTTPFileSystem(client_kwargs={"timeout": _timeout(settings)}, skip_instance_cache=True)
+    options = {"timeout": _timeout(settings), **_answers(settings)}
+    return HTTPFileSystem(client_kwargs=options, skip_instance_cache=True)
 
 
 def _gcs(settings: Settings) -> Any:
@@ -272,4 +230,8 @@ def _gcs(settings: Settings) -> Any:
     one_attempt = getattr(plain._request, "__wrapped__", None)
     methods = {"_request": one_attempt} if one_attempt is not None else {}
     system = type("OneAttemptGCSFileSystem", (plain,), methods)
-    return system(requests_timeout=_timeout(settings), skip_instance_cache=True)
+    return system(
+        requests_timeout=_timeout(settings),
+        session_kwargs=_answers(settings),
+        skip_instance_cache=True,
+    )

@@ -171,13 +171,33 @@ _TIMEOUT_FIX = (
 _ENDPOINT_FIX = "check the network and the endpoint (AWS_ENDPOINT_URL, HF_ENDPOINT, the URL)"
 
 
-def _one(exc: BaseException, scheme: str) -> Failure | None:
+RANGE_FIX = "serve the files from a server that supports HTTP Range requests, or download them"
+_ANSWER_FIX = "check the URL and the endpoint the backend is configured with"
+
+
+def _answer(exc: BaseException) -> Failure | None:
+    """An answer ckptfix refuses (remote_answers), or a redirect aiohttp refused to follow."""
+    if isinstance(exc, RangeRefused):
+        return Failure("remote-no-range", str(exc), RANGE_FIX)
     if isinstance(exc, UnexpectedAnswer):
-        return Failure(
-            "remote-error",
-            f"unexpected answer from the server: {exc}",
-            "check the URL and the endpoint the backend is configured with",
-        )
+        return Failure("remote-error", f"unexpected answer from the server: {exc}", _ANSWER_FIX)
+    name = type(exc).__name__
+    if name == "TooManyRedirects":
+        what = "the server redirected the request too many times (a loop, or a chain)"
+    elif name == "NonHttpUrlRedirectClientError":
+        scheme = str(getattr(exc, "url", exc)).partition(":")[0][:20]
+        what = f"the server redirected to a URL that is not HTTP(S) ({scheme}:)"
+    elif name == "InvalidUrlRedirectClientError":
+        what = "the server redirected to an invalid URL"
+    else:
+        return None
+    return Failure("remote-error", f"unexpected answer from the server: {what}", _ANSWER_FIX)
+
+
+def _one(exc: BaseException, scheme: str) -> Failure | None:
+    answer = _answer(exc)
+    if answer is not None:
+        return answer
     code = boto_code(exc)
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
         return Failure(
@@ -222,6 +242,19 @@ def classify(exc: BaseException, scheme: str) -> Failure | None:
 class UnexpectedAnswer(OSError):
     """A server's answer that is not what its API answers: not JSON, fields missing, pages
     without end (a proxy's or a captive portal's page, another service at the endpoint)."""
+
+
+class HttpError(Exception):
+    """An HTTP status, as the classifier reads it (`status`)."""
+
+    def __init__(self, status: int, url: str) -> None:
+        super().__init__(f"HTTP {status} for {url}")
+        self.status = status
+
+
+class RangeRefused(UnexpectedAnswer):
+    """An answer to a ranged read that is not the range: the whole file, another range,
+    more bytes than asked."""
 
 
 class ObjectReplaced(Exception):

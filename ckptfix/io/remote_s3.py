@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-from ckptfix.io.remote import Info, Settings, no_range
-from ckptfix.io.remote_errors import boto_code, status_of
+from ckptfix.io.remote import Info, Settings
+from ckptfix.io.remote_answers import ANSWER_TIMEOUTS, Body, Listing, new_body
+from ckptfix.io.remote_errors import UnexpectedAnswer, boto_code, status_of
 
 _CLIENTS: dict[tuple[object, ...], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
@@ -60,7 +62,71 @@ def _new_client(session: Any, config_class: Any, settings: Settings) -> Any:
         response_checksum_validation="when_required",
         user_agent_extra="ckptfix",
     )
-    return session.create_client("s3", config=config)
+    client = session.create_client("s3", config=config)
+    endpoint = client._endpoint  # botocore reads every answer but GetObject's whole, inside
+    endpoint.http_session = BoundedSession(
+        endpoint.http_session, max(settings.timeout, 0.1) * ANSWER_TIMEOUTS
+    )
+    return client
+
+
+class BoundedSession:
+    """botocore's HTTP session (urllib3), whose answers are read against remote_answers'
+    bounds: botocore reads every body but a GetObject's whole, in the session's `send`,
+    before any hook of its own can see it; here `send` asks for the body unread, checks
+    the answer's status and headers, and reads it (or lets GetObject stream it) through
+    `BoundedRaw`."""
+
+    def __init__(self, inner: Any, answer_seconds: float) -> None:
+        self._inner = inner
+        self.answer_seconds = answer_seconds
+
+    def send(self, request: Any) -> Any:
+        buffered = not request.stream_output
+        request.stream_output = True
+        response = self._inner.send(request)
+        try:
+            asked = request.headers.get("Range")  # bytes once botocore has signed it
+            if isinstance(asked, bytes):
+                asked = asked.decode("latin-1")
+            body = new_body(asked, response.status_code, response.headers, self.answer_seconds)
+            response.raw = BoundedRaw(response.raw, body)
+            if buffered:
+                response.content  # noqa: B018  (read now, as botocore's session would)
+        except BaseException:
+            response.raw.close()
+            raise
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class BoundedRaw:
+    """urllib3's response as botocore reads it (`stream`, `read`), stopping at its bound."""
+
+    def __init__(self, raw: Any, body: Body) -> None:
+        self._raw = raw
+        self._body = body
+
+    def read(self, amt: int | None = None) -> bytes:
+        if amt is None:
+            return b"".join(self.stream())
+        data = bytes(self._raw.read(self._body.room(amt)))
+        self._body.add(data)
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def stream(self, amt: int = 2**16, decode_content: bool | None = None) -> Iterator[bytes]:
+        while chunk := self.read(amt):
+            yield chunk
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -73,8 +139,9 @@ class S3Backend:
 
     scheme = "s3"
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, timeout: float) -> None:
         self.client = client
+        self.listing_seconds = max(timeout, 0.1) * ANSWER_TIMEOUTS
 
     def to_path(self, url: str) -> str:
         return url.split("://", 1)[1].strip("/")
@@ -120,30 +187,23 @@ class S3Backend:
         raise FileNotFoundError(f"no object s3://{bucket}/{key} and no key under it")
 
     def ls(self, path: str) -> list[Info]:
-        """A folder's objects and sub-folders, every page of the listing."""
+        """A folder's objects and sub-folders, every page of the listing (within
+        remote_answers' bounds for a listing)."""
         bucket, key = _split(path)
         prefix = key + "/" if key else ""
         entries: list[Info] = []
         pages: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
-        while True:
-            page = self.client.list_objects_v2(**pages)
-            entries += [
-                {
-                    "name": f"{bucket}/{item['Key']}",
-                    "type": "file",
-                    "size": item.get("Size"),
-                    "ETag": item.get("ETag"),
-                }
-                for item in page.get("Contents", [])
-                if item["Key"] != prefix  # the empty "folder" object some tools make
-            ]
-            entries += [
-                {"name": f"{bucket}/{item['Prefix'].rstrip('/')}", "type": "directory", "size": 0}
-                for item in page.get("CommonPrefixes", [])
-            ]
-            if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
-                return entries
-            pages["ContinuationToken"] = page["NextContinuationToken"]
+        bounds = Listing(self.listing_seconds)
+        with bounds.pages_of_this_thread():
+            while True:
+                page = self.client.list_objects_v2(**pages)
+                found = _page_entries(bucket, prefix, page)
+                entries += found
+                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+                bounds.page(len(found), more=bool(token))
+                if not token:
+                    return entries
+                pages["ContinuationToken"] = token
 
     def read(self, path: str, start: int, end: int, info: Info) -> bytes:
         bucket, key = _split(path)
@@ -156,12 +216,32 @@ class S3Backend:
             Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin
         )
         body = response["Body"]
-        try:
-            if response["ResponseMetadata"].get("HTTPStatusCode") != 206:
-                raise no_range(f"s3://{path}", start, end)  # before reading the body
-            return bytes(body.read())
+        try:  # a 206 for exactly this range (BoundedSession): one byte more is refused
+            return bytes(body.read(end - start + 1))
         finally:
             body.close()
 
     def token(self, info: Info) -> tuple[object, ...]:
         return (info.get("size"), info.get("ETag"), info.get("VersionId"))
+
+
+def _page_entries(bucket: str, prefix: str, page: dict[str, Any]) -> list[Info]:
+    """The objects and sub-folders of one ListObjectsV2 page (the folder's own empty
+    "folder" object, which some tools make, left out)."""
+    objects, folders = page.get("Contents", []), page.get("CommonPrefixes", [])
+    keys = [item.get("Key") for item in objects] + [item.get("Prefix") for item in folders]
+    if not all(isinstance(name, str) for name in keys):
+        raise UnexpectedAnswer("a listing entry without a key")
+    return [
+        {
+            "name": f"{bucket}/{item['Key']}",
+            "type": "file",
+            "size": item.get("Size"),
+            "ETag": item.get("ETag"),
+        }
+        for item in objects
+        if item["Key"] != prefix
+    ] + [
+        {"name": f"{bucket}/{item['Prefix'].rstrip('/')}", "type": "directory", "size": 0}
+        for item in folders
+    ]

@@ -1,0 +1,193 @@
+"""Servers that misbehave on purpose, against every backend: the test servers of
+tests/remote_servers.py (HTTP, Hub, Cloud Storage JSON API, S3 API), told by
+tests/hostile_answers.py to send gzip-encoded, endless or longer-than-asked ranged answers,
+listings that never end, hold too much or trickle in, and redirects to other schemes, in
+loops and in chains; and indexes whose shard names climb out of the folder once their URL
+is decoded. Each is one error line naming the URL and the rule, in bounded memory and time
+(measured in a fresh process), and nothing outside the folder is ever asked for. The same
+answers against every command: tests/test_bad_inputs.py; random mutations of good answers:
+tests/test_mutation_property.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.builders import Factory, Spec
+from tests.helpers import Measured, cli, measured, one_error_line
+from tests.hostile_answers import KINDS, SERVER_CAP, applies
+from tests.remote_servers import BACKENDS, Served, serving
+
+pytest.importorskip("aiohttp", reason="the remote extra is not installed")
+pytest.importorskip("gcsfs", reason="the remote extra is not installed")
+pytest.importorskip("botocore", reason="the remote extra is not installed")
+
+TIMEOUT = 2.0  # CKPTFIX_REMOTE_TIMEOUT in these tests: a listing may take 10 times that
+MIB = 2**20
+# Over a well-behaved server's run of the same command, in a fresh process: the most a
+# hostile answer may add to the peak RSS, and to the wall time besides a listing's bound.
+RSS_ALLOWANCE = 64 * MIB
+TIME_ALLOWANCE = 10.0
+
+
+def hostile_model(root: Path) -> Path:
+    """Two shards, an index and a config under root/bucket/m (what every server serves)."""
+    f = Factory(root / "bucket")
+    folder = f.sharded("m", [[Spec("a"), Spec("b")], [Spec("c", "F32", (64, 64))]])
+    f.config("m")
+    return folder
+
+
+@pytest.fixture(params=BACKENDS)
+def served(
+    request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Served]:
+    monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", str(TIMEOUT))
+    monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "0")
+    with serving(request.param, tmp_path, hostile_model(tmp_path), monkeypatch) as found:
+        yield found
+
+
+def expected_rule(backend: str, kind: str) -> str:
+    if kind in ("endless-range", "long-range"):
+        return "remote-no-range"
+    if backend == "s3" and kind.startswith("redirect-"):
+        return "remote-http-error"  # botocore follows no redirect: a 3xx is an error status
+    return "remote-error"
+
+
+_baselines: dict[str, Measured] = {}
+
+
+def baseline(served: Served) -> Measured:
+    """`inspect` of the well-behaved server, once per backend (a fresh process)."""
+    if served.backend not in _baselines:
+        run = measured("inspect", served.url)
+        assert run.code == 0, run.stderr
+        _baselines[served.backend] = run
+    return _baselines[served.backend]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_hostile_answer_is_one_line_in_bounded_memory_and_time(served: Served, kind: str) -> None:
+    if not applies(served.backend, kind):
+        pytest.skip(f"{served.backend} listings have one page")
+    good = baseline(served)
+    served.server.behaviour.reset()
+    served.server.behaviour.hostile = kind
+    run = measured("inspect", served.url, timeout=120)
+    assert run.code == 1, (run.code, run.stderr)
+    [line] = run.error_lines
+    assert line.startswith(f"error: {served.url}"), line
+    assert f"(rule {expected_rule(served.backend, kind)};" in line, line
+    assert run.peak_rss <= good.peak_rss + RSS_ALLOWANCE, (run.peak_rss, good.peak_rss)
+    assert run.seconds <= good.seconds + 10 * TIMEOUT + TIME_ALLOWANCE, run.seconds
+    # nowhere near all of an endless answer was taken in: at most the listing pages' bytes
+    assert served.server.behaviour.bytes_sent < SERVER_CAP // 8
+
+
+@pytest.mark.slow
+def test_a_listing_that_trickles_in_ends_within_its_bound(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "0.3")  # so 3 s for the listing
+    served.server.behaviour.hostile = "slow-listing"
+    start = time.perf_counter()
+    line = one_error_line("inspect", served.url)
+    assert time.perf_counter() - start < 3 + 3
+    assert line.startswith(f"error: {served.url}: unexpected answer from the server: "), line
+    assert "did not end" in line, line
+
+
+@pytest.mark.slow
+def test_listing_pages_that_come_slowly_end_within_the_bound(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if served.backend == "http":
+        pytest.skip("an HTTP listing has one page")
+    monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "0.3")  # so 3 s for the listing
+    served.server.behaviour.hostile = "endless-pages"
+    served.server.behaviour.delay = 0.1  # every answer: 30 pages in the 3 s at most
+    start = time.perf_counter()
+    line = one_error_line("inspect", served.url)
+    assert time.perf_counter() - start < 3 + 3
+    assert "the listing did not end within 3 s (rule remote-error;" in line, line
+
+
+# --- names that leave the folder once their URL is decoded ---------------------------------
+
+CLIMBING = [
+    "%2e%2e/secret.safetensors",  # percent-encoded dots: `..` once the server decodes them
+    "%2E%2E/secret.safetensors",
+    "%252e%252e/secret.safetensors",  # encoded twice
+    "sub/..%2f..%2fsecret.safetensors",  # an encoded slash
+    "..%5csecret.safetensors",  # an encoded backslash
+    "..;/secret.safetensors",  # `;` parameters, which some servers drop
+]
+
+
+@pytest.mark.parametrize("name", CLIMBING)
+def test_an_index_entry_that_climbs_out_once_decoded_is_refused_unread(
+    served: Served, name: str
+) -> None:
+    (served.local.parent / "secret.safetensors").write_bytes(b"not for you")
+    index = served.local / "model.safetensors.index.json"
+    document = json.loads(index.read_text())
+    document["weight_map"]["c"] = name
+    index.write_text(json.dumps(document))
+    served.server.behaviour.reset()
+    run = cli("inspect", served.url, "--json", "--fail-on", "never")
+    assert run.code == 0, run.stderr
+    [finding] = [f for f in run.json()["findings"] if "unsafe-shard-path" in f["message"]]
+    assert f"shard name {name!r} points outside the model folder" in finding["message"]
+    asked = [path for _, path, _ in served.server.behaviour.log]
+    assert not [path for path in asked if "secret" in path], asked
+
+
+def test_a_listed_name_that_climbs_out_once_decoded_is_not_an_entry(
+    served: Served, tmp_path: Path
+) -> None:
+    """A sub-folder named `%2e%2e` is listed (quoted once more, or as is): read back as a
+    URL, it would be the folder's parent, which a convert would download into OUT. The
+    folder holds no such entry for ckptfix."""
+    (served.local / "%2e%2e").mkdir()
+    (served.local / "%2e%2e" / "notes.txt").write_bytes(b"a sub-folder's file")
+    (served.local.parent / "secret.txt").write_bytes(b"not for you")
+    served.server.behaviour.reset()
+    run = cli("convert", served.url, "-o", tmp_path / "out")
+    assert run.code == 0, run.stderr
+    assert not list((tmp_path / "out").rglob("secret.txt"))
+    asked = [path for _, path, _ in served.server.behaviour.log]
+    assert not [path for path in asked if "secret" in path or "2e" in path.lower()], asked
+
+
+# --- redirects that are fine ----------------------------------------------------------------
+
+
+def test_a_hub_download_redirected_elsewhere_never_carries_the_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Hub sends its downloads to a CDN: the redirect is followed (by ckptfix, not
+    httpx), the token goes to the Hub only, and the bytes are the same."""
+    from tests.remote_servers import http_server
+
+    monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "0")
+    model = hostile_model(tmp_path)
+    want = cli("hash", model, "--json")
+    with (
+        serving("hf", tmp_path, model, monkeypatch) as hub,
+        http_server(model) as cdn,
+    ):
+        monkeypatch.setenv("HF_TOKEN", "hf_secret_token")
+        hub.server.behaviour.cdn = cdn.url
+        got = cli("hash", hub.url, "--json")
+    assert got.code == 0, got.stderr
+    assert got.json()["digest"] == want.json()["digest"]
+    assert cdn.behaviour.gets()  # the bytes came from the CDN
+    assert cdn.behaviour.authorized == []
+    assert "resolve" in hub.server.behaviour.authorized  # the Hub itself got the token
