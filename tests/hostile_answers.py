@@ -116,3 +116,12 @@ def zeros(count: int) -> Iterator[bytes]:
     while count > 0:
         yield block[: min(count, _BLOCK)]
         count -= _BLOCK
+
+
+def expected_rule(backend: str, kind: str) -> str:
+    """The rule of the one error line an answer of `kind` from `backend` must give."""
+    if kind in ("endless-range", "long-range"):
+        return "remote-no-range"
+    if backend == "s3" and kind.startswith("redirect-"):
+        return "remote-http-error"  # botocore follows no redirect: a 3xx is an error status
+    return "remote-error"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import io
 import json
 import re
 import shutil
@@ -51,6 +52,9 @@ class Behaviour:
     portal: bool = False  # GCS: answer every request with an HTML page, as a captive portal
     hostile: str = ""  # one of tests.hostile_answers.KINDS: how to misbehave
     cdn: str = ""  # Hub: answer each download with a redirect to this server (same path)
+    mutation: Callable[[bytes], bytes] | None = None  # applied to answer number `mutate_at`
+    mutate_at: int = -1
+    answers: int = 0  # answers sent while a mutation is set (from 0)
     authorized: list[str] = field(default_factory=list)  # paths asked with Authorization
     requests: int = 0
     bytes_sent: int = 0
@@ -69,6 +73,9 @@ class Behaviour:
             self.portal = False
             self.hostile = ""
             self.cdn = ""
+            self.mutation = None
+            self.mutate_at = -1
+            self.answers = 0
             self.authorized = []
             self.requests = 0
             self.bytes_sent = 0
@@ -96,10 +103,35 @@ def etag_of(path: Path) -> str:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # headers and body go out in separate writes: without TCP_NODELAY the client's
+    # delayed ACK holds each answer of a kept-alive connection for 40 ms
+    disable_nagle_algorithm = True
     server: _Server
 
     def log_message(self, *args: object) -> None:  # type: ignore[override]  # quiet
         pass
+
+    def handle_one_request(self) -> None:
+        """One request. While the behaviour has a mutation (as the answer starts: a
+        connection kept alive waits for its next request from before), the answer is made
+        whole in memory, and the `mutate_at`-th such (from 0) goes out as the mutation makes
+        it, on a connection closed after it."""
+        behaviour = self.server.behaviour
+        real = self.wfile
+        self.wfile = answer = _Answer(real, behaviour)  # type: ignore[assignment]
+        try:
+            super().handle_one_request()
+        finally:
+            self.wfile = real
+        if answer.held is None or not answer.held:
+            return
+        with behaviour.lock:
+            index, behaviour.answers = behaviour.answers, behaviour.answers + 1
+            mutation = behaviour.mutation if index == behaviour.mutate_at else None
+        data = bytes(answer.held) if mutation is None else mutation(bytes(answer.held))
+        self.close_connection = self.close_connection or mutation is not None
+        with contextlib.suppress(OSError):
+            real.write(data)
 
     def do_HEAD(self) -> None:
         self._answer(body=False)
@@ -292,6 +324,34 @@ class _Handler(BaseHTTPRequestHandler):
                 with self.server.behaviour.lock:
                     self.server.behaviour.bytes_sent += len(chunk)
                 start += len(chunk)
+
+
+class _Answer(io.RawIOBase):
+    """Where a handler writes its answer: straight to the connection, or, if the behaviour
+    has a mutation when the answer starts, into `held` (see `_Handler.handle_one_request`)."""
+
+    def __init__(self, real: Any, behaviour: Behaviour) -> None:
+        super().__init__()
+        self.real = real
+        self.behaviour = behaviour
+        self.held: bytearray | None = None
+        self.started = False
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        if not self.started:
+            self.started = True
+            self.held = bytearray() if self.behaviour.mutation is not None else None
+        if self.held is not None:
+            self.held += data
+            return len(data)
+        return int(self.real.write(data))
+
+    def flush(self) -> None:
+        if self.held is None:
+            self.real.flush()
 
 
 class _Server(ThreadingHTTPServer):
@@ -625,7 +685,9 @@ class _S3Handler(_Handler):
         parts = urllib.parse.urlsplit(self.path)
         bucket, _, key = urllib.parse.unquote(parts.path).lstrip("/").partition("/")
         query = dict(urllib.parse.parse_qsl(parts.query))
-        if key:
+        if key and (self.server.root / bucket / key).is_dir():
+            self._status(404)  # no object: a "folder" is keys under a prefix
+        elif key:
             self._serve(f"/{bucket}/{key}", body=body)
         elif not (self.server.root / bucket).is_dir():
             self._status(404)
@@ -650,7 +712,9 @@ class _S3Handler(_Handler):
         def made_up(index: int) -> bytes:
             return _S3_OBJECT.format(key=f"{prefix}f{index}.bin", etag='"e"', size=1).encode()
 
-        size = PAGE_SIZES.get(self.server.behaviour.hostile)
+        # the one-key probe of what a URL names is answered as S3 would; listings are not
+        hostile = "" if "max-keys" in query else self.server.behaviour.hostile
+        size = PAGE_SIZES.get(hostile)
         endless_pages = size is not None
         if size is not None:
             objects, folders = [made_up(page * size + i).decode() for i in range(size)], set()
@@ -663,7 +727,7 @@ class _S3Handler(_Handler):
             if endless_pages
             else "",
         ).encode()
-        if self._hostile_listing(self.server.behaviour.hostile, head, len(head), made_up):
+        if self._hostile_listing(hostile, head, len(head), made_up):
             return
         prefixes = "".join(
             f"<CommonPrefixes><Prefix>{escape(p)}</Prefix></CommonPrefixes>"
@@ -702,6 +766,17 @@ class Served:
     server: HttpServer
     url: str
     local: Path
+
+
+def served_model(root: Path) -> Path:
+    """Two shards, an index and a config under root/bucket/m: what `serving` serves in the
+    tests of hostile and mutated answers."""
+    from tests.builders import Factory, Spec
+
+    f = Factory(root / "bucket")
+    folder = f.sharded("m", [[Spec("a"), Spec("b")], [Spec("c", "F32", (64, 64))]])
+    f.config("m")
+    return folder
 
 
 def serve_env(backend: str, server: HttpServer, root: Path) -> dict[str, str]:

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.builders import Factory, Spec
+from tests.answer_mutations import Mutation, replacing
 from tests.helpers import Measured, cli, measured, one_error_line
-from tests.hostile_answers import KINDS, SERVER_CAP, applies
-from tests.remote_servers import BACKENDS, Served, serving
+from tests.hostile_answers import KINDS, SERVER_CAP, applies, expected_rule
+from tests.remote_servers import BACKENDS, Served, served_model, serving
 
 pytest.importorskip("aiohttp", reason="the remote extra is not installed")
 pytest.importorskip("gcsfs", reason="the remote extra is not installed")
@@ -34,30 +34,14 @@ RSS_ALLOWANCE = 64 * MIB
 TIME_ALLOWANCE = 10.0
 
 
-def hostile_model(root: Path) -> Path:
-    """Two shards, an index and a config under root/bucket/m (what every server serves)."""
-    f = Factory(root / "bucket")
-    folder = f.sharded("m", [[Spec("a"), Spec("b")], [Spec("c", "F32", (64, 64))]])
-    f.config("m")
-    return folder
-
-
 @pytest.fixture(params=BACKENDS)
 def served(
     request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Served]:
     monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", str(TIMEOUT))
     monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "0")
-    with serving(request.param, tmp_path, hostile_model(tmp_path), monkeypatch) as found:
+    with serving(request.param, tmp_path, served_model(tmp_path), monkeypatch) as found:
         yield found
-
-
-def expected_rule(backend: str, kind: str) -> str:
-    if kind in ("endless-range", "long-range"):
-        return "remote-no-range"
-    if backend == "s3" and kind.startswith("redirect-"):
-        return "remote-http-error"  # botocore follows no redirect: a 3xx is an error status
-    return "remote-error"
 
 
 _baselines: dict[str, Measured] = {}
@@ -119,6 +103,53 @@ def test_listing_pages_that_come_slowly_end_within_the_bound(
     assert "the listing did not end within 3 s (rule remote-error;" in line, line
 
 
+def test_an_answer_cut_short_is_tried_again_then_one_error_line(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ranged answer whose body stops before its Content-Length, the connection closed:
+    a connection that failed, tried again (botocore's IncompleteReadError was an internal
+    error)."""
+    behaviour = served.server.behaviour
+    behaviour.mutation = lambda answer: answer  # counts the answers, changes none
+    assert cli("inspect", served.url).code == 0
+    first = next(i for i, (_, _, ranged) in enumerate(behaviour.log) if ranged)
+    for retries in (1, 0):
+        monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", str(retries))
+        behaviour.reset()
+        behaviour.mutation = Mutation("truncate", first, 0, 0)  # the body goes, not its length
+        behaviour.mutate_at = first
+        run = cli("inspect", served.url, "--json")
+        if retries:
+            assert run.code == 0, run.stderr
+            assert run.json()["remote"]["retries"] == 1
+        else:
+            assert run.code == 1, run.stderr
+            [line] = run.error_lines
+            assert "the connection failed: " in line and "(rule remote-unreachable;" in line, line
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "what"),
+    [
+        # botocore's int() of a count or a size: a ValueError (was an internal error)
+        (b"<KeyCount>", b"<KeyCount>many", "unexpected answer from the server: not S3's XML"),
+        (b"<Size>", b"<Size>x", "unexpected answer from the server: not S3's XML"),
+        # not XML: botocore takes it for an answer cut short, a 500 tried again
+        (b"<ListBucketResult", b"<html><ListBucketResult", "the server failed (HTTP 500)"),
+    ],
+)
+def test_an_s3_listing_out_of_form_is_one_error_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: bytes, new: bytes, what: str
+) -> None:
+    """botocore parses S3's XML itself: its parser's errors are the server's fault."""
+    monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "0")
+    with serving("s3", tmp_path, served_model(tmp_path), monkeypatch) as served:
+        served.server.behaviour.mutation = replacing(old, new)
+        served.server.behaviour.mutate_at = 1  # the listing, after the one-key probe
+        line = one_error_line("inspect", served.url)
+    assert line.startswith(f"error: {served.url}: {what}"), line
+
+
 # --- names that leave the folder once their URL is decoded ---------------------------------
 
 CLIMBING = [
@@ -149,6 +180,24 @@ def test_an_index_entry_that_climbs_out_once_decoded_is_refused_unread(
     assert not [path for path in asked if "secret" in path], asked
 
 
+def test_no_path_that_climbs_out_once_decoded_is_ever_requested(served: Served) -> None:
+    """Whatever names the path (an index, a DCP `.metadata`, a listing), the folder refuses
+    to open it: the check under the index's, for every other source of names."""
+    from ckptfix.core.errors import RemoteError
+    from ckptfix.io.remote_folder import open_url
+
+    (served.local.parent / "secret.safetensors").write_bytes(b"not for you")
+    folder = open_url(served.url).folder
+    served.server.behaviour.reset()
+    for name in CLIMBING:
+        url = f"{served.url}/{name}"
+        assert not folder.is_file(url)
+        with pytest.raises(RemoteError) as raised:
+            folder.open(url).read_at(0, 1)
+        assert raised.value.rule == "remote-outside"
+    assert served.server.behaviour.log == []
+
+
 def test_a_listed_name_that_climbs_out_once_decoded_is_not_an_entry(
     served: Served, tmp_path: Path
 ) -> None:
@@ -177,7 +226,7 @@ def test_a_hub_download_redirected_elsewhere_never_carries_the_token(
     from tests.remote_servers import http_server
 
     monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "0")
-    model = hostile_model(tmp_path)
+    model = served_model(tmp_path)
     want = cli("hash", model, "--json")
     with (
         serving("hf", tmp_path, model, monkeypatch) as hub,

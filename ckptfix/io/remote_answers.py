@@ -36,6 +36,7 @@ IDENTITY = {"Accept-Encoding": "identity"}
 # bytes are not encoded.
 _UNENCODED = {"", "identity", "aws-chunked"}
 _RANGE = re.compile(r"^bytes=(\d+)-(\d+)$")
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")  # RFC 3986; without one: relative
 _local = threading.local()
 
 
@@ -87,10 +88,17 @@ class Body:
     """An answer's body as it arrives, refused once it passes its bound (`limit` bytes; for
     a ranged answer, `ranged` is what was asked) or its `deadline` (time.monotonic)."""
 
-    def __init__(self, limit: int, ranged: tuple[int, int] | None, deadline: float) -> None:
+    def __init__(
+        self,
+        limit: int,
+        ranged: tuple[int, int] | None,
+        deadline: float,
+        late: str = "the answer did not end in time",
+    ) -> None:
         self.limit = limit
         self.ranged = ranged
         self.deadline = deadline
+        self.late = late  # what passing the deadline means
         self.size = 0
         self._chunks: list[bytes] = []
 
@@ -101,7 +109,7 @@ class Body:
                 raise longer(*self.ranged)
             raise UnexpectedAnswer(f"an answer longer than {self.limit // 2**20} MiB")
         if time.monotonic() > self.deadline:
-            raise UnexpectedAnswer("the answer did not end in time")
+            raise UnexpectedAnswer(self.late)
         self._chunks.append(chunk)
 
     def room(self, most: int = 2**16) -> int:
@@ -115,11 +123,17 @@ class Body:
 
 def new_body(asked: str | None, status: int, headers: Mapping[str, str], seconds: float) -> Body:
     """The Body of an answer (see `body_limit`); one that is not a ranged read's must end
-    within `seconds`, or by this thread's listing deadline (`listing_deadline`)."""
+    within `seconds`, and by the deadline of the listing this thread is reading, if any
+    (`Listing.pages_of_this_thread`)."""
     limit = body_limit(asked, status, headers)
     ranged = asked_range(asked) if 200 <= status < 300 else None
-    deadline = time.monotonic() + seconds if ranged is None else float("inf")
-    return Body(limit, ranged, min(deadline, getattr(_local, "deadline", deadline)))
+    if ranged is not None:
+        return Body(limit, ranged, float("inf"))
+    listing: Listing | None = getattr(_local, "listing", None)
+    deadline = time.monotonic() + seconds
+    if listing is not None and listing.deadline < deadline:
+        return Body(limit, None, listing.deadline, listing.late())
+    return Body(limit, None, deadline)
 
 
 class Listing:
@@ -141,7 +155,10 @@ class Listing:
         if more and self.pages >= MAX_PAGES:
             raise UnexpectedAnswer(f"the listing did not end after {MAX_PAGES:,} pages")
         if more and time.monotonic() > self.deadline:
-            raise UnexpectedAnswer(f"the listing did not end within {self.seconds:g} s")
+            raise UnexpectedAnswer(self.late())
+
+    def late(self) -> str:
+        return f"the listing did not end within {self.seconds:g} s"
 
     def remaining(self) -> float:
         return max(self.deadline - time.monotonic(), 0.001)
@@ -150,18 +167,20 @@ class Listing:
     def pages_of_this_thread(self) -> Iterator[None]:
         """While inside, answers read on this thread (synchronous clients) end by the
         listing's deadline."""
-        _local.deadline = self.deadline
+        _local.listing = self
         try:
             yield
         finally:
-            del _local.deadline
+            del _local.listing
 
 
 def redirect_target(location: str | None) -> str:
     """A redirect's target, refused unless it is an http(s) URL (relative ones are)."""
     target = (location or "").strip()
-    scheme, colon, _ = target.partition(":")
-    if not target or (colon and "/" not in scheme and scheme.lower() not in ("http", "https")):
-        shown = f"a URL that is not HTTP(S) ({scheme[:20]}:)" if colon and scheme else "no URL"
-        raise UnexpectedAnswer(f"the server redirected to {shown}")
+    scheme = _SCHEME.match(target)
+    if not target:
+        raise UnexpectedAnswer("the server redirected to no URL")
+    if scheme and scheme.group(1).lower() not in ("http", "https"):
+        shown = scheme.group(1)[:20]
+        raise UnexpectedAnswer(f"the server redirected to a URL that is not HTTP(S) ({shown}:)")
     return target

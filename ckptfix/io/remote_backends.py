@@ -13,15 +13,12 @@ says how to install them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from ckptfix.core.errors import UsageError
 from ckptfix.io.remote import Backend, Info, Settings
-from ckptfix.io.remote_answers import ANSWER_TIMEOUTS, Listing
-from ckptfix.io.remote_errors import ObjectReplaced, UnexpectedAnswer
+from ckptfix.io.remote_answers import ANSWER_TIMEOUTS
 
-T = TypeVar("T")
 SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http", "https": "http"}
 _PACKAGES = {
     "s3": "botocore",
@@ -70,95 +67,6 @@ class GenericBackend:
         return tuple(info.get(key) for key in ("size", "etag", "generation", "updated"))
 
 
-class GcsBackend(GenericBackend):
-    """gcsfs: each read is pinned to the generation the object was listed with. Cloud Storage
-    answers 404 for a generation that is gone (the object was replaced or deleted), which is
-    the object changing under the run, not a missing file. gcsfs parses the answers itself:
-    its ValueError, KeyError, TypeError or AttributeError on a body that is not Cloud
-    Storage's JSON (a proxy's page, another service) is an unexpected answer. A listing's
-    pages are ckptfix's own requests (one `objects.list` page each, through gcsfs), within
-    remote_answers' bounds: gcsfs would follow pages without end, holding every entry."""
-
-    def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
-        super().__init__(scheme, fs)
-        self.listing_seconds = max(timeout, 0.1) * ANSWER_TIMEOUTS
-
-    def to_path(self, url: str) -> str:
-        scheme, _, rest = url.partition("://")
-        return super().to_path(f"{scheme.lower()}://{rest}")
-
-    def info(self, path: str) -> Info:
-        return _parsed(lambda: super(GcsBackend, self).info(path))
-
-    def ls(self, path: str) -> list[Info]:
-        bucket, _, key = path.partition("/")
-        prefix = key.rstrip("/") + "/" if key.strip("/") else ""
-        bounds, token = Listing(self.listing_seconds), None
-        items: list[dict[str, Any]] = []
-        folders: list[str] = []
-        while True:
-            page = self._page(bucket, prefix, token, bounds)
-            found, more = page.get("items", []), page.get("prefixes", [])
-            if not isinstance(found, list) or not isinstance(more, list):
-                raise UnexpectedAnswer("not Cloud Storage's JSON (items or prefixes not lists)")
-            items += found
-            folders += more
-            token = page.get("nextPageToken")
-            bounds.page(len(found) + len(more), more=bool(token))
-            if not token:
-                break
-        return _parsed(lambda: _gcs_entries(self.fs, bucket, prefix, items, folders))
-
-    def _page(self, bucket: str, prefix: str, token: object, bounds: Listing) -> Any:
-        """One page of `objects.list`, within what is left of the listing's time."""
-        from fsspec.asyn import sync
-        from fsspec.exceptions import FSTimeoutError
-
-        query = {"delimiter": "/", "prefix": prefix, "maxResults": 1000, "pageToken": token}
-        call = self.fs._call_list_objects
-        try:
-            page = _parsed(
-                lambda: sync(self.fs.loop, call, bucket, timeout=bounds.remaining(), **query)
-            )
-        except FSTimeoutError as exc:
-            raise UnexpectedAnswer(f"the listing did not end within {bounds.seconds:g} s") from exc
-        if not isinstance(page, dict):
-            raise UnexpectedAnswer("not Cloud Storage's JSON (a listing page that is no object)")
-        return page
-
-    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
-        generation = info.get("generation")
-        if not generation:
-            return _parsed(lambda: super(GcsBackend, self).read(path, start, end, info))
-        try:
-            return _parsed(
-                lambda: bytes(self.fs.cat_file(path, start=start, end=end, generation=generation))
-            )
-        except FileNotFoundError as exc:
-            raise ObjectReplaced(path) from exc
-
-
-def _gcs_entries(
-    fs: Any, bucket: str, prefix: str, items: list[Any], folders: list[Any]
-) -> list[Info]:
-    """A listing's objects and sub-folders as gcsfs describes them (the folder's own
-    marker object left out)."""
-    entries = [
-        {"name": f"{bucket}/{str(folder).rstrip('/')}", "type": "directory", "size": 0}
-        for folder in folders
-    ]
-    objects = [fs._process_object(bucket, item) for item in items]
-    return entries + [entry for entry in objects if entry["name"] != f"{bucket}/{prefix}"]
-
-
-def _parsed(call: Callable[[], T]) -> T:
-    try:
-        return call()
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        what = f"not Cloud Storage's JSON ({type(exc).__name__}: {str(exc)[:80]})"
-        raise UnexpectedAnswer(what) from exc
-
-
 def _quiet(*names: str) -> None:
     """Keep libraries' log records off the terminal when nobody configured logging: gcsfs
     logs every failed request with its traceback, and the error line already says what
@@ -180,8 +88,10 @@ def make_backend(url: str, settings: Settings) -> Backend:
         if scheme == "http":
             from ckptfix.io.remote_http import HttpBackend
 
-            return HttpBackend(_http(settings), settings.timeout, ANSWER_TIMEOUTS)
+            return HttpBackend(_http(settings), settings.timeout)
         if scheme == "gs":
+            from ckptfix.io.remote_gcs import GcsBackend
+
             return GcsBackend(scheme, _gcs(settings), settings.timeout)
         import huggingface_hub  # noqa: F401  (first: without it, the missing-extra error)
 

@@ -9,10 +9,13 @@ backend: the remote extra stays optional.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ckptfix.core.errors import CkptfixError, RemoteChangedError, RemoteError
+
+T = TypeVar("T")
 
 _CREDENTIALS_FIX = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE (and AWS_ENDPOINT_URL "
@@ -54,6 +57,8 @@ _CONNECTION_ERRORS = {
     "ConnectError",
     "RemoteProtocolError",
     "IncompleteRead",
+    "IncompleteReadError",  # botocore: a body that ended before its Content-Length
+    "ResponseStreamingError",  # botocore: the connection broke while a body streamed
     "ConnectionError",
     "ConnectionResetError",
     "ConnectionRefusedError",
@@ -91,8 +96,9 @@ def status_of(exc: BaseException) -> int | None:
     status = getattr(exc, "status", None)
     if isinstance(status, int) and 100 <= status < 600:
         return status
-    code = getattr(exc, "code", None)  # gcsfs's HttpError
-    if type(exc).__name__ == "HttpError" and isinstance(code, int) and 100 <= code < 600:
+    # gcsfs's HttpError; only there: aiohttp's errors warn that `code` is deprecated
+    code = getattr(exc, "code", None) if type(exc).__name__ == "HttpError" else None
+    if isinstance(code, int) and 100 <= code < 600:
         return code
     if _gcsfs_forbidden(exc):
         return 403
@@ -237,6 +243,17 @@ def classify(exc: BaseException, scheme: str) -> Failure | None:
     text = str(exc).splitlines()[0][:160] if str(exc) else ""
     what = f"the request failed: {type(exc).__name__}" + (f": {text}" if text else "")
     return Failure("remote-error", what, "check the URL and the network")
+
+
+def parsed(call: Callable[[], T], what: str, also: tuple[type[BaseException], ...] = ()) -> T:
+    """`call()`, a backend's request and its parsing of the answer: a parser's ValueError,
+    KeyError, TypeError or AttributeError (or one of `also`) on a body that is not `what` (a
+    proxy's page, another service, a value out of form) is an unexpected answer."""
+    caught: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, AttributeError)
+    try:
+        return call()
+    except caught + also as exc:
+        raise UnexpectedAnswer(f"not {what} ({type(exc).__name__}: {str(exc)[:80]})") from exc
 
 
 class UnexpectedAnswer(OSError):

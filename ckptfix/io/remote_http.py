@@ -14,7 +14,13 @@ from typing import Any
 from urllib.parse import unquote, urljoin
 
 from ckptfix.io.remote import Info
-from ckptfix.io.remote_answers import IDENTITY, MAX_ENTRIES, MAX_REDIRECTS, Listing
+from ckptfix.io.remote_answers import (
+    ANSWER_TIMEOUTS,
+    IDENTITY,
+    MAX_ENTRIES,
+    MAX_REDIRECTS,
+    Listing,
+)
 from ckptfix.io.remote_errors import HttpError, UnexpectedAnswer
 
 # A link's target in one tag's text (no quote or angle bracket inside it).
@@ -26,9 +32,9 @@ class HttpBackend:
 
     scheme = "http"
 
-    def __init__(self, fs: Any, timeout: float, listing_timeouts: int) -> None:
+    def __init__(self, fs: Any, timeout: float) -> None:
         self.fs = fs
-        self.listing_seconds = max(timeout, 0.1) * listing_timeouts
+        self.listing_seconds = max(timeout, 0.1) * ANSWER_TIMEOUTS
 
     def to_path(self, url: str) -> str:
         return url

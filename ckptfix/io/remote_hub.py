@@ -183,7 +183,7 @@ def _body(response: Any, asked: str | None, seconds: float) -> bytes:
     if response.status_code >= 300:
         raise HttpError(response.status_code, str(response.url))
     body = new_body(asked, response.status_code, response.headers, seconds)
-    for chunk in response.iter_raw(2**16):
+    for chunk in response.iter_raw():  # each as it arrives: the deadline is checked
         body.add(chunk)
     return body.data()
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from ckptfix.io.remote import Info, Settings
 from ckptfix.io.remote_answers import ANSWER_TIMEOUTS, Body, Listing, new_body
-from ckptfix.io.remote_errors import UnexpectedAnswer, boto_code, status_of
+from ckptfix.io.remote_errors import UnexpectedAnswer, boto_code, parsed, status_of
 
 _CLIENTS: dict[tuple[object, ...], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
@@ -122,7 +122,11 @@ class BoundedRaw:
         return len(data)
 
     def stream(self, amt: int = 2**16, decode_content: bool | None = None) -> Iterator[bytes]:
-        while chunk := self.read(amt):
+        """The whole body (a listing page, an error page), each piece as it arrives, so its
+        deadline is checked while it trickles in."""
+        read = getattr(self._raw, "read1", self._raw.read)  # read1: urllib3 2
+        while chunk := bytes(read(self._body.room(amt))):
+            self._body.add(chunk)
             yield chunk
 
     def __getattr__(self, name: str) -> Any:
@@ -146,10 +150,19 @@ class S3Backend:
     def to_path(self, url: str) -> str:
         return url.split("://", 1)[1].strip("/")
 
+    def _call(self, operation: str, **parameters: Any) -> Any:
+        """One call of the client; botocore parses the answer itself, and its parser's
+        errors on one that is not S3's (a value out of form, not XML) are an unexpected
+        answer."""
+        from botocore.parsers import ResponseParserError
+
+        method = getattr(self.client, operation)
+        return parsed(lambda: method(**parameters), "S3's XML", (ResponseParserError,))
+
     def info(self, path: str) -> Info:
         bucket, key = _split(path)
         if not key:
-            self.client.head_bucket(Bucket=bucket)
+            self._call("head_bucket", Bucket=bucket)
             return {"name": bucket, "type": "directory", "size": 0}
         if key.endswith(_FILE_ENDINGS):
             return self._object(path) or self._prefix(path) or self._missing(path)
@@ -159,7 +172,7 @@ class S3Backend:
         """The object at `path` (HEAD), or None if there is none."""
         bucket, key = _split(path)
         try:
-            head = self.client.head_object(Bucket=bucket, Key=key)
+            head = self._call("head_object", Bucket=bucket, Key=key)
         except Exception as exc:
             if status_of(exc) == 404 and boto_code(exc) != "NoSuchBucket":
                 return None
@@ -175,8 +188,8 @@ class S3Backend:
     def _prefix(self, path: str) -> Info | None:
         """A folder if any key lies under `path/`, else None."""
         bucket, key = _split(path)
-        found = self.client.list_objects_v2(
-            Bucket=bucket, Prefix=key + "/", Delimiter="/", MaxKeys=1
+        found = self._call(
+            "list_objects_v2", Bucket=bucket, Prefix=key + "/", Delimiter="/", MaxKeys=1
         )
         if found.get("KeyCount", 0) or found.get("Contents") or found.get("CommonPrefixes"):
             return {"name": path, "type": "directory", "size": 0}
@@ -196,7 +209,7 @@ class S3Backend:
         bounds = Listing(self.listing_seconds)
         with bounds.pages_of_this_thread():
             while True:
-                page = self.client.list_objects_v2(**pages)
+                page = self._call("list_objects_v2", **pages)
                 found = _page_entries(bucket, prefix, page)
                 entries += found
                 token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
@@ -212,8 +225,8 @@ class S3Backend:
             pin["VersionId"] = str(info["VersionId"])
         elif info.get("ETag"):
             pin["IfMatch"] = str(info["ETag"])
-        response = self.client.get_object(
-            Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin
+        response = self._call(
+            "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin
         )
         body = response["Body"]
         try:  # a 206 for exactly this range (BoundedSession): one byte more is refused
