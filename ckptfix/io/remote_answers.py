@@ -11,7 +11,7 @@ httpx for hf://, botocore's urllib3 for s3://).
   ANSWER_CAP bytes, and must arrive within ANSWER_TIMEOUTS request timeouts.
 - A listing (all its pages) may have at most MAX_PAGES pages and MAX_ENTRIES entries, and
   must end within ANSWER_TIMEOUTS request timeouts (`Listing`).
-- Redirects: at most MAX_REDIRECTS, to http(s) URLs only.
+- Redirects: at most remote_errors.MAX_REDIRECTS, to http(s) URLs only (`redirect_target`).
 
 Nothing here imports a backend.
 """
@@ -30,7 +30,6 @@ ANSWER_CAP = 16 * 2**20  # bytes of any answer that is not a file's bytes
 ANSWER_TIMEOUTS = 10  # request timeouts an answer other than file bytes, or a listing, may take
 MAX_PAGES = 1_000  # of one folder listing
 MAX_ENTRIES = 100_000  # of one folder listing
-MAX_REDIRECTS = 10  # followed for one request
 IDENTITY = {"Accept-Encoding": "identity"}
 # `aws-chunked` is a transfer framing some S3 uploads leave in an object's metadata: its
 # bytes are not encoded.

@@ -188,8 +188,8 @@ def _answer(exc: BaseException) -> Failure | None:
     if isinstance(exc, UnexpectedAnswer):
         return Failure("remote-error", f"unexpected answer from the server: {exc}", _ANSWER_FIX)
     name = type(exc).__name__
-    if name == "TooManyRedirects":
-        what = "the server redirected the request too many times (a loop, or a chain)"
+    if name == "TooManyRedirects":  # aiohttp's, past the MAX_REDIRECTS it was given
+        what = str(too_many_redirects())
     elif name == "NonHttpUrlRedirectClientError":
         scheme = str(getattr(exc, "url", exc)).partition(":")[0][:20]
         what = f"the server redirected to a URL that is not HTTP(S) ({scheme}:)"
@@ -259,6 +259,15 @@ def parsed(call: Callable[[], T], what: str, also: tuple[type[BaseException], ..
 class UnexpectedAnswer(OSError):
     """A server's answer that is not what its API answers: not JSON, fields missing, pages
     without end (a proxy's or a captive portal's page, another service at the endpoint)."""
+
+
+MAX_REDIRECTS = 10  # followed for one request (aiohttp's default, and ckptfix's own loop's)
+
+
+def too_many_redirects() -> UnexpectedAnswer:
+    return UnexpectedAnswer(
+        f"the server redirected the request more than {MAX_REDIRECTS} times (a loop, or a chain)"
+    )
 
 
 class HttpError(Exception):

@@ -44,7 +44,7 @@ class GcsBackend(GenericBackend):
             return {"name": bucket, "type": "directory", "size": 0}
         try:
             found = self._sync(self.fs._call, "GET", "b/{}/o/{}", bucket, key, json_out=True)
-            return _parsed(lambda: dict(self.fs._process_object(bucket, found)))
+            return _parsed(lambda: _entry(bucket, found))
         except FileNotFoundError:
             pass
         for objects, folders in self._pages(bucket, key + "/", 1):
@@ -61,9 +61,9 @@ class GcsBackend(GenericBackend):
                 {"name": f"{bucket}/{str(folder).rstrip('/')}", "type": "directory", "size": 0}
                 for folder in folders
             ]
-            described = [_parsed(partial(self.fs._process_object, bucket, o)) for o in objects]
+            described = [_parsed(partial(_entry, bucket, item)) for item in objects]
             marker = f"{bucket}/{prefix}"  # the folder's own "folder" object, some tools make
-            entries += [dict(entry) for entry in described if entry["name"] != marker]
+            entries += [entry for entry in described if entry["name"] != marker]
         return entries
 
     def _pages(self, bucket: str, prefix: str, size: int) -> Iterator[Page]:
@@ -107,6 +107,17 @@ class GcsBackend(GenericBackend):
             )
         except FileNotFoundError as exc:
             raise ObjectReplaced(path) from exc
+
+
+def _entry(bucket: str, item: Any) -> Info:
+    """An object resource as the remote folder reads it: only what it uses (a listing of
+    100,000 objects holds 100,000 of these), the keys gcsfs gives them."""
+    return {
+        "name": f"{bucket}/{item['name']}",
+        "type": "file",
+        "size": int(item.get("size", 0)),
+        **{key: item.get(key) for key in ("generation", "etag", "updated")},
+    }
 
 
 def _parsed(call: Callable[[], T]) -> T:

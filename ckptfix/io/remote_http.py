@@ -18,10 +18,9 @@ from ckptfix.io.remote_answers import (
     ANSWER_TIMEOUTS,
     IDENTITY,
     MAX_ENTRIES,
-    MAX_REDIRECTS,
     Listing,
 )
-from ckptfix.io.remote_errors import HttpError, UnexpectedAnswer
+from ckptfix.io.remote_errors import MAX_REDIRECTS, HttpError, UnexpectedAnswer
 
 # A link's target in one tag's text (no quote or angle bracket inside it).
 _HREF = re.compile(r"""\bhref\s*=\s*["']([^"'<>]*)["']""", re.IGNORECASE)

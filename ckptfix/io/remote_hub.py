@@ -31,12 +31,16 @@ from ckptfix.io.remote import Info
 from ckptfix.io.remote_answers import (
     ANSWER_TIMEOUTS,
     IDENTITY,
-    MAX_REDIRECTS,
     Listing,
     new_body,
     redirect_target,
 )
-from ckptfix.io.remote_errors import HttpError, UnexpectedAnswer
+from ckptfix.io.remote_errors import (
+    MAX_REDIRECTS,
+    HttpError,
+    UnexpectedAnswer,
+    too_many_redirects,
+)
 
 T = TypeVar("T")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
@@ -172,10 +176,7 @@ class HubBackend:
             if _origin(target) != _origin(url):
                 headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
             url = target
-        raise UnexpectedAnswer(
-            f"the server redirected the request more than {MAX_REDIRECTS} times (a loop, or a "
-            "chain)"
-        )
+        raise too_many_redirects()
 
 
 def _body(response: Any, asked: str | None, seconds: float) -> bytes:
