@@ -51,7 +51,7 @@ class Behaviour:
     delay: float = 0.0  # seconds to wait before answering
     portal: bool = False  # GCS: answer every request with an HTML page, as a captive portal
     hostile: str = ""  # one of tests.hostile_answers.KINDS: how to misbehave
-    cdn: str = ""  # Hub: answer each download with a redirect to this server (same path)
+    cdn: str = ""  # answer each file's request with a redirect to this server (same path)
     mutation: Callable[[bytes], bytes] | None = None  # applied to answer number `mutate_at`
     mutate_at: int = -1
     answers: int = 0  # answers sent while a mutation is set (from 0)
@@ -159,7 +159,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._redirect(behaviour.hostile)
             return
         target = self.server.root / url_path.lstrip("/")
-        if target.is_dir():
+        if behaviour.cdn and target.is_file():
+            self._moved(behaviour.cdn + urllib.parse.urlsplit(self.path).path)
+        elif target.is_dir():
             self._listing(target, url_path, body=body)
         elif target.is_file():
             self._file(target, body=body)
@@ -171,14 +173,17 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", "0")
         self.end_headers()
 
-    def _redirect(self, kind: str, status: int = 302) -> None:
+    def _moved(self, location: str) -> None:
+        self.send_response(302)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def _redirect(self, kind: str) -> None:
         hop = int(
             urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query).get("hop", ["0"])[0]
         )
-        self.send_response(status)
-        self.send_header("Location", redirect_target(kind, self.path, hop))
-        self.send_header("Content-Length", "0")
-        self.end_headers()
+        self._moved(redirect_target(kind, self.path, hop))
 
     def _stream(self, chunks: Iterable[bytes], headers: dict[str, str], status: int = 200) -> None:
         """An answer whose body is `chunks`, sent chunked (no Content-Length) unless the
@@ -458,10 +463,7 @@ class _HubHandler(_Handler):
             if behaviour.cdn:
                 with behaviour.lock:
                     behaviour.authorized += ["resolve"] if "Authorization" in self.headers else []
-                self.send_response(302)
-                self.send_header("Location", f"{behaviour.cdn}/{relative}")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self._moved(f"{behaviour.cdn}/{relative}")
                 return
             self._serve("/" + relative, body=body)
         else:

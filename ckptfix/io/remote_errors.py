@@ -9,7 +9,7 @@ backend: the remote extra stays optional.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -22,7 +22,19 @@ _CREDENTIALS_FIX = {
     "for another S3 service), as the AWS CLI reads them",
     "gs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
     "hf": "set HF_TOKEN, or run `hf auth login`",
-    "http": "the server asks for credentials; ckptfix sends none over plain HTTP(S)",
+    "http": "give a user name and password in the URL (https://USER:PASSWORD@host/...), or "
+    "a signed URL that is still valid",
+}
+# What the request that got a 401 carried, where the backend knows (HttpError.credentials):
+# the URL's user name and password (http) or the token (hf), and what to do when they are
+# refused.
+_SENT = {
+    "http": ("user name and password", "check the user name and password in the URL"),
+    "hf": (
+        "token",
+        "check the token (HF_TOKEN, or the one `hf auth login` saved): it may have expired, "
+        "been revoked, or not be allowed to read this repository",
+    ),
 }
 _CREDENTIAL_ERRORS = {
     "NoCredentialsError",
@@ -126,14 +138,10 @@ def boto_code(exc: BaseException) -> str | None:
     return None
 
 
-def from_status(status: int, scheme: str) -> Failure:
-    """The failure an HTTP status stands for."""
+def from_status(status: int, scheme: str, credentials: str = "") -> Failure:
+    """The failure an HTTP status stands for (`credentials`: see HttpError)."""
     if status == 401:
-        return Failure(
-            "remote-credentials",
-            "the server refused the request: HTTP 401 (not signed in)",
-            _CREDENTIALS_FIX.get(scheme, _CREDENTIALS_FIX["http"]),
-        )
+        return _unauthorized(scheme, credentials)
     if status == 403:
         return Failure(
             "remote-forbidden",
@@ -152,6 +160,38 @@ def from_status(status: int, scheme: str) -> Failure:
             transient=True,
         )
     return Failure("remote-http-error", f"the request failed with HTTP {status}", "check the URL")
+
+
+# huggingface_hub reads a 401 from the Hub's API as "repository not found" too
+_UNAUTHORIZED = {
+    "hf": " (or check the repository's name: the Hub answers 401 for one it does not show)"
+}
+_REDIRECTED = {
+    "withheld": "HTTP 401 from another server the request was redirected to, which its "
+    "credentials are not sent to",
+    "redirect": "HTTP 401 to the user name and password in the URL the server redirected "
+    "the request to, not ones given to ckptfix",
+}
+_REDIRECT_FIX = "check the URL and the server's redirects"
+
+
+def _unauthorized(scheme: str, credentials: str) -> Failure:
+    """HTTP 401, said as what the request carried where the backend knows it (http's user
+    name and password, the Hub's token): they were refused, there were none, they were
+    withheld from the server a redirect led to, or the redirect's URL had its own.
+    Otherwise (gs, s3) as either."""
+    fix = _CREDENTIALS_FIX.get(scheme, _CREDENTIALS_FIX["http"]) + _UNAUTHORIZED.get(scheme, "")
+    kind, refused_fix = _SENT.get(scheme, ("credentials", fix))
+    if credentials == "sent":
+        what = f"the server refused the {kind} the request carried (HTTP 401)"
+        return Failure("remote-credentials", what, refused_fix)
+    if credentials in _REDIRECTED:
+        return Failure("remote-credentials", _REDIRECTED[credentials], _REDIRECT_FIX)
+    if credentials == "none":
+        what = f"the server refused the request: HTTP 401 (the request carried no {kind})"
+    else:
+        what = "the server refused the request: HTTP 401 (credentials missing or refused)"
+    return Failure("remote-credentials", what, fix)
 
 
 def _by_name(exc: BaseException, scheme: str) -> Failure | None:
@@ -213,7 +253,7 @@ def _one(exc: BaseException, scheme: str) -> Failure | None:
         return Failure("remote-not-found", f"no such file or folder ({code})", "check the URL")
     status = status_of(exc)
     if status is not None:
-        return from_status(status, scheme)
+        return from_status(status, scheme, exc.credentials if isinstance(exc, HttpError) else "")
     by_name = _by_name(exc, scheme)
     if by_name is not None:
         return by_name
@@ -271,11 +311,23 @@ def too_many_redirects() -> UnexpectedAnswer:
 
 
 class HttpError(Exception):
-    """An HTTP status, as the classifier reads it (`status`)."""
+    """An HTTP status, as the classifier reads it (`status`), and what the request that got
+    it carried (`credentials`): "sent" (an Authorization header: the URL's user name and
+    password, the Hub's token), "none" (none was given), "withheld" (some were given, and
+    not sent to the server a redirect led to), "redirect" (none were given, and the URL a
+    redirect led to had its own), or "" (not known)."""
 
-    def __init__(self, status: int, url: str) -> None:
+    def __init__(self, status: int, url: str, credentials: str = "") -> None:
         super().__init__(f"HTTP {status} for {url}")
         self.status = status
+        self.credentials = credentials
+
+
+def credentials_carried(sent: Mapping[str, str], given: bool) -> str:
+    """HttpError.credentials of a request whose headers were `sent`, credentials `given`."""
+    if any(name.lower() == "authorization" for name in sent):
+        return "sent" if given else "redirect"
+    return "withheld" if given else "none"
 
 
 class RangeRefused(UnexpectedAnswer):

@@ -11,7 +11,7 @@ import html
 import posixpath
 import re
 from typing import Any
-from urllib.parse import unquote, urljoin
+from urllib.parse import unquote, urljoin, urlsplit
 
 from ckptfix.io.remote import Info
 from ckptfix.io.remote_answers import (
@@ -20,7 +20,12 @@ from ckptfix.io.remote_answers import (
     MAX_ENTRIES,
     Listing,
 )
-from ckptfix.io.remote_errors import MAX_REDIRECTS, HttpError, UnexpectedAnswer
+from ckptfix.io.remote_errors import (
+    MAX_REDIRECTS,
+    HttpError,
+    UnexpectedAnswer,
+    credentials_carried,
+)
 
 # A link's target in one tag's text (no quote or angle bracket inside it).
 _HREF = re.compile(r"""\bhref\s*=\s*["']([^"'<>]*)["']""", re.IGNORECASE)
@@ -45,7 +50,7 @@ class HttpBackend:
                 path, allow_redirects=True, max_redirects=MAX_REDIRECTS
             ) as response:
                 if response.status >= 400:
-                    raise HttpError(response.status, path)
+                    raise _status_error(response, path)
                 return _head_info(path, response)
 
         return dict(self._sync(head))
@@ -58,7 +63,7 @@ class HttpBackend:
             session = await self.fs.set_session()
             async with session.get(listing, max_redirects=MAX_REDIRECTS) as response:
                 if response.status >= 400:
-                    raise HttpError(response.status, listing)
+                    raise _status_error(response, listing)
                 mimetype = response.headers.get("Content-Type", "text/html").partition(";")[0]
                 data = await response.read()  # bounded: remote_aiohttp
                 return data.decode("utf-8", "replace") if mimetype.strip() == "text/html" else ""
@@ -83,7 +88,7 @@ class HttpBackend:
             session = await self.fs.set_session()
             async with session.get(path, headers=headers, max_redirects=MAX_REDIRECTS) as response:
                 if response.status >= 300:
-                    raise HttpError(response.status, path)
+                    raise _status_error(response, path)
                 # exactly the range, refused from the status line or as soon as it is not
                 return bytes(await response.read())
 
@@ -124,6 +129,14 @@ def links_under(listing: str, page: str) -> list[Info]:
             if len(found) > MAX_ENTRIES:
                 break  # the listing's bounds refuse it
     return list(found.values())
+
+
+def _status_error(response: Any, url: str) -> HttpError:
+    """An error status, with what its request carried: aiohttp sends the user name and
+    password of a URL that has them, except to another server a redirect leads to."""
+    given = "@" in urlsplit(url).netloc
+    carried = credentials_carried(response.request_info.headers, given)
+    return HttpError(response.status, url, carried)
 
 
 def _head_info(path: str, response: Any) -> Info:

@@ -39,6 +39,7 @@ from ckptfix.io.remote_errors import (
     MAX_REDIRECTS,
     HttpError,
     UnexpectedAnswer,
+    credentials_carried,
     too_many_redirects,
 )
 
@@ -163,12 +164,13 @@ class HubBackend:
 
         client = get_session()
         headers = {**build_hf_headers(), **extra, **IDENTITY}
+        token = "authorization" in (name.lower() for name in headers)
         for _ in range(MAX_REDIRECTS + 1):
             request = client.build_request("GET", url, headers=headers, timeout=self.timeout)
             response = client.send(request, stream=True, follow_redirects=False)
             try:
                 if not response.has_redirect_location:
-                    data = _body(response, extra.get("Range"), self.answer_seconds)
+                    data = _body(response, extra.get("Range"), self.answer_seconds, token)
                     return data, response.links.get("next", {}).get("url")
                 target = urljoin(url, redirect_target(response.headers.get("Location")))
             finally:
@@ -179,10 +181,12 @@ class HubBackend:
         raise too_many_redirects()
 
 
-def _body(response: Any, asked: str | None, seconds: float) -> bytes:
-    """A response's body, read against its bound; an error status is raised unread."""
+def _body(response: Any, asked: str | None, seconds: float, token: bool) -> bytes:
+    """A response's body, read against its bound; an error status is raised unread, with
+    whether its request carried the `token` ckptfix has (see HttpError)."""
     if response.status_code >= 300:
-        raise HttpError(response.status_code, str(response.url))
+        carried = credentials_carried(response.request.headers, token)
+        raise HttpError(response.status_code, str(response.url), carried)
     body = new_body(asked, response.status_code, response.headers, seconds)
     for chunk in response.iter_raw():  # each as it arrives: the deadline is checked
         body.add(chunk)
