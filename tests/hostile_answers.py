@@ -43,8 +43,9 @@ REDIRECT_KINDS = (
 KINDS = RANGE_KINDS + LISTING_KINDS + REDIRECT_KINDS
 
 
-# Slow on purpose (not in KINDS): a listing whose body trickles in, 64 bytes every 50 ms.
-SLOW_KINDS = ("slow-listing",)
+# Slow on purpose (not in KINDS): a listing whose body trickles in, 64 bytes every 50 ms;
+# a 206 whose body is the range asked, right, one byte every 50 ms.
+SLOW_KINDS = ("slow-listing", "slow-range")
 
 
 def trickle(chunks: Iterator[bytes], pause: float, size: int = 64) -> Iterator[bytes]:

@@ -268,8 +268,8 @@ class _Handler(BaseHTTPRequestHandler):
             if start >= size:
                 self._status(416)
                 return
-        if partial and self.server.behaviour.hostile in RANGE_KINDS:
-            self._hostile_range(self.server.behaviour.hostile, start, end, size)
+        if partial and self.server.behaviour.hostile in (*RANGE_KINDS, "slow-range"):
+            self._hostile_range(self.server.behaviour.hostile, path, start, end)
             return
         self.send_response(206 if partial else 200)
         self.send_header("Content-Type", "application/octet-stream")
@@ -282,13 +282,18 @@ class _Handler(BaseHTTPRequestHandler):
         if body:
             self._send_file(path, start, end)
 
-    def _hostile_range(self, kind: str, start: int, end: int, size: int) -> None:
-        """A 206 for bytes [start, end) whose body is not those bytes (RANGE_KINDS)."""
+    def _hostile_range(self, kind: str, path: Path, start: int, end: int) -> None:
+        """A 206 for bytes [start, end) of `path` whose body is not those bytes (RANGE_KINDS),
+        or is, trickling in ("slow-range")."""
         headers = {
             "Content-Type": "application/octet-stream",
-            "Content-Range": f"bytes {start}-{end - 1}/{size}",
+            "Content-Range": f"bytes {start}-{end - 1}/{path.stat().st_size}",
         }
-        if kind == "gzip-range":
+        if kind == "slow-range":
+            data = path.read_bytes()[start:end]
+            length = {"Content-Length": str(len(data))}
+            self._stream(trickle(iter([data]), 0.05, size=1), {**headers, **length}, 206)
+        elif kind == "gzip-range":
             self._stream(gzip_bomb(), {**headers, "Content-Encoding": "gzip"}, 206)
         elif kind == "endless-range":
             self._stream(zeros(SERVER_CAP), headers, 206)

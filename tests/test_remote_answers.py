@@ -75,6 +75,20 @@ def test_a_body_stops_one_byte_past_its_bound() -> None:
         late.add(b"x")
 
 
+def test_a_ranged_answer_must_arrive_in_time_for_its_size() -> None:
+    """10 request timeouts, and a second per MIN_RATE bytes asked: a trickle ends."""
+    from ckptfix.io.remote_answers import MIN_RATE, new_body
+
+    before = time.monotonic()
+    body = new_body(ASKED, 206, RANGE, 20)
+    allowed = 20 + 65536 / MIN_RATE  # 24 s
+    assert before + allowed <= body.deadline <= time.monotonic() + allowed
+    assert body.late == "the answer to bytes 65536-131071 did not arrive within 24 s"
+    late = Body(10, (0, 10), time.monotonic() - 1, body.late)
+    with pytest.raises(UnexpectedAnswer, match="did not arrive within 24 s"):
+        late.add(b"0")
+
+
 def test_a_listing_stops_at_its_pages_entries_and_time() -> None:
     pages = Listing(60)
     for _ in range(MAX_PAGES - 1):

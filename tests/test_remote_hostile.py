@@ -89,6 +89,23 @@ def test_a_listing_that_trickles_in_ends_within_its_bound(
 
 
 @pytest.mark.slow
+def test_a_ranged_answer_that_trickles_in_ends_within_its_bound(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bytes asked for, right, one every 50 ms (never the 0.3 s between bytes that is
+    a timeout): the answer may take 10 timeouts, and a second per 16 KiB asked."""
+    good = baseline(served)
+    monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "0.3")  # so 3 s for a header's bytes
+    served.server.behaviour.hostile = "slow-range"
+    run = measured("inspect", served.url, timeout=30)  # unbounded, the shards take 15 min
+    assert run.code == 1, (run.code, run.stderr)
+    assert run.seconds < good.seconds + 3 + TIME_ALLOWANCE, run.seconds
+    [line] = run.error_lines
+    assert ": unexpected answer from the server: the answer to bytes 0-" in line, line
+    assert " did not arrive within 3.01 s (rule remote-error;" in line, line  # 3 + 208/16 Ki
+
+
+@pytest.mark.slow
 def test_listing_pages_that_come_slowly_end_within_the_bound(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,7 +4,9 @@ httpx for hf://, botocore's urllib3 for s3://).
 
 - A ranged read (`Range: bytes=a-b`) takes a 206 whose body is exactly the range: a 200
   (the whole file), a Content-Range that starts elsewhere, a Content-Length over the range or
-  a body that goes on past it are refused, before or as soon as the extra byte arrives.
+  a body that goes on past it are refused, before or as soon as the extra byte arrives. Its
+  body must arrive within ANSWER_TIMEOUTS request timeouts and a second per MIN_RATE bytes
+  (a server that sends a byte now and then, never pausing for a whole timeout, ends).
 - Nothing is ever inflated: every request asks for `Accept-Encoding: identity`, and an
   answer with a Content-Encoding is refused before its body is read.
 - Any other answer (a listing page, a JSON document, an error page) may hold at most
@@ -27,7 +29,8 @@ from contextlib import contextmanager
 from ckptfix.io.remote_errors import RangeRefused, UnexpectedAnswer
 
 ANSWER_CAP = 16 * 2**20  # bytes of any answer that is not a file's bytes
-ANSWER_TIMEOUTS = 10  # request timeouts an answer other than file bytes, or a listing, may take
+ANSWER_TIMEOUTS = 10  # request timeouts any answer's body, or a listing, may take
+MIN_RATE = 16 * 2**10  # bytes a second a ranged answer averages, past that
 MAX_PAGES = 1_000  # of one folder listing
 MAX_ENTRIES = 100_000  # of one folder listing
 IDENTITY = {"Accept-Encoding": "identity"}
@@ -121,13 +124,15 @@ class Body:
 
 
 def new_body(asked: str | None, status: int, headers: Mapping[str, str], seconds: float) -> Body:
-    """The Body of an answer (see `body_limit`); one that is not a ranged read's must end
-    within `seconds`, and by the deadline of the listing this thread is reading, if any
-    (`Listing.pages_of_this_thread`)."""
+    """The Body of an answer (see `body_limit`), which must end within `seconds`: a ranged
+    read's within a second more per MIN_RATE bytes asked, any other by the deadline of the
+    listing this thread is reading, if that comes first (`Listing.pages_of_this_thread`)."""
     limit = body_limit(asked, status, headers)
     ranged = asked_range(asked) if 200 <= status < 300 else None
     if ranged is not None:
-        return Body(limit, ranged, float("inf"))
+        allowed = seconds + limit / MIN_RATE
+        late = f"the answer to {_span(*ranged)} did not arrive within {allowed:.3g} s"
+        return Body(limit, ranged, time.monotonic() + allowed, late)
     listing: Listing | None = getattr(_local, "listing", None)
     deadline = time.monotonic() + seconds
     if listing is not None and listing.deadline < deadline:

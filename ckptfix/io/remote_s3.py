@@ -110,11 +110,16 @@ class BoundedRaw:
         self._body = body
 
     def read(self, amt: int | None = None) -> bytes:
-        if amt is None:
-            return b"".join(self.stream())
-        data = bytes(self._raw.read(self._body.room(amt)))
-        self._body.add(data)
-        return data
+        """Up to `amt` bytes (all, if None), each piece taken as it arrives, so the bound and
+        the deadline are checked while a body trickles in (urllib3's `read(amt)` waits for
+        all `amt`)."""
+        read = getattr(self._raw, "read1", self._raw.read)  # read1: urllib3 2
+        pieces, wanted = [], 2**63 if amt is None else amt
+        while wanted > 0 and (piece := bytes(read(self._body.room(min(wanted, 2**16))))):
+            self._body.add(piece)
+            pieces.append(piece)
+            wanted -= len(piece)
+        return b"".join(pieces)
 
     def readinto(self, buffer: Any) -> int:
         data = self.read(len(buffer))
@@ -122,11 +127,8 @@ class BoundedRaw:
         return len(data)
 
     def stream(self, amt: int = 2**16, decode_content: bool | None = None) -> Iterator[bytes]:
-        """The whole body (a listing page, an error page), each piece as it arrives, so its
-        deadline is checked while it trickles in."""
-        read = getattr(self._raw, "read1", self._raw.read)  # read1: urllib3 2
-        while chunk := bytes(read(self._body.room(amt))):
-            self._body.add(chunk)
+        """The whole body (a listing page, an error page), in pieces of up to `amt` bytes."""
+        while chunk := self.read(amt):
             yield chunk
 
     def __getattr__(self, name: str) -> Any:
