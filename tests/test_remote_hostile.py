@@ -126,6 +126,7 @@ def test_an_answer_cut_short_is_tried_again_then_one_error_line(
     """A ranged answer whose body stops before its Content-Length, the connection closed:
     a connection that failed, tried again (botocore's IncompleteReadError was an internal
     error)."""
+    monkeypatch.setenv("CKPTFIX_REMOTE_CONCURRENCY", "1")  # the answers in the same order
     behaviour = served.server.behaviour
     behaviour.mutation = lambda answer: answer  # counts the answers, changes none
     assert cli("inspect", served.url).code == 0
