@@ -95,7 +95,7 @@ def test_every_command_refuses_a_hostile_server(
     other schemes, loops, chains) from each backend's server: one error line naming the
     URL and the rule, nothing written. (Memory and time: tests/test_remote_hostile.py.)"""
     pytest.importorskip("aiohttp", reason="the remote extra is not installed")
-    monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "5")
+    monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "15")  # the server shares this process
     monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "0")
     model = served_model(tmp_path / "served")
     with serving(backend, tmp_path / "served", model, monkeypatch) as served:
