@@ -56,6 +56,7 @@ class Behaviour:
     mutate_at: int = -1
     answers: int = 0  # answers sent while a mutation is set (from 0)
     authorized: list[str] = field(default_factory=list)  # paths asked with Authorization
+    encodings: set[str] = field(default_factory=set)  # Accept-Encoding of every request
     requests: int = 0
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, Range)
@@ -77,6 +78,7 @@ class Behaviour:
             self.mutate_at = -1
             self.answers = 0
             self.authorized = []
+            self.encodings = set()
             self.requests = 0
             self.bytes_sent = 0
             self.log = []
@@ -132,6 +134,13 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = self.close_connection or mutation is not None
         with contextlib.suppress(OSError):
             real.write(data)
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()
+        if parsed:
+            with self.server.behaviour.lock:
+                self.server.behaviour.encodings.add(self.headers.get("Accept-Encoding", ""))
+        return parsed
 
     def do_HEAD(self) -> None:
         self._answer(body=False)

@@ -120,6 +120,14 @@ def test_listing_pages_that_come_slowly_end_within_the_bound(
     assert "the listing did not end within 3 s (rule remote-error;" in line, line
 
 
+def test_every_request_asks_for_unencoded_answers(served: Served, tmp_path: Path) -> None:
+    """Accept-Encoding: identity on every request a command makes, whichever library makes
+    it (an encoded answer is refused, so one asked for would be an error)."""
+    served.server.behaviour.reset()
+    assert cli("convert", served.url, "-o", tmp_path / "out").code == 0
+    assert served.server.behaviour.encodings == {"identity"}
+
+
 def test_an_answer_cut_short_is_tried_again_then_one_error_line(
     served: Served, monkeypatch: pytest.MonkeyPatch
 ) -> None:
