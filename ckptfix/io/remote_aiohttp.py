@@ -38,6 +38,7 @@ class BoundedResponse(aiohttp.ClientResponse):
 
 def session_options(answer_seconds: float) -> dict[str, Any]:
     """Keyword arguments for an aiohttp.ClientSession whose answers are bounded and
-    unencoded; answers other than file bytes must end within `answer_seconds`."""
+    unencoded, each within `answer_seconds` (a ranged one, and a second per
+    remote_answers.MIN_RATE bytes asked)."""
     bounded = type("Answer", (BoundedResponse,), {"answer_seconds": answer_seconds})
     return {"response_class": bounded, "headers": dict(IDENTITY)}

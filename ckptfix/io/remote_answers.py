@@ -42,6 +42,12 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")  # RFC 3986; without one: r
 _local = threading.local()
 
 
+def answer_seconds(timeout: float) -> float:
+    """How long any answer's body, or a listing, may take: ANSWER_TIMEOUTS request timeouts
+    (of at least 0.1 s)."""
+    return max(timeout, 0.1) * ANSWER_TIMEOUTS
+
+
 def asked_range(header: str | None) -> tuple[int, int] | None:
     """[start, end) of a `Range: bytes=a-b` request header, None for no (or another) range."""
     match = _RANGE.match(header or "")

@@ -17,7 +17,7 @@ from typing import Any
 
 from ckptfix.core.errors import UsageError
 from ckptfix.io.remote import Backend, Info, Settings
-from ckptfix.io.remote_answers import ANSWER_TIMEOUTS
+from ckptfix.io.remote_answers import answer_seconds
 
 SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http", "https": "http"}
 _PACKAGES = {
@@ -115,7 +115,7 @@ def _answers(settings: Settings) -> dict[str, Any]:
     """An aiohttp session's options for bounded, unencoded answers (io.remote_aiohttp)."""
     from ckptfix.io.remote_aiohttp import session_options
 
-    return session_options(max(settings.timeout, 0.1) * ANSWER_TIMEOUTS)
+    return session_options(answer_seconds(settings.timeout))
 
 
 def _http(settings: Settings) -> Any:

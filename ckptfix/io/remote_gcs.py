@@ -18,7 +18,7 @@ from functools import partial
 from typing import Any, TypeVar
 
 from ckptfix.io.remote import Info
-from ckptfix.io.remote_answers import ANSWER_TIMEOUTS, Listing
+from ckptfix.io.remote_answers import Listing, answer_seconds
 from ckptfix.io.remote_backends import GenericBackend
 from ckptfix.io.remote_errors import ObjectReplaced, UnexpectedAnswer, parsed
 
@@ -31,7 +31,7 @@ class GcsBackend(GenericBackend):
 
     def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
         super().__init__(scheme, fs)
-        self.listing_seconds = max(timeout, 0.1) * ANSWER_TIMEOUTS
+        self.listing_seconds = answer_seconds(timeout)
 
     def to_path(self, url: str) -> str:
         scheme, _, rest = url.partition("://")

@@ -15,10 +15,10 @@ from urllib.parse import unquote, urljoin, urlsplit
 
 from ckptfix.io.remote import Info
 from ckptfix.io.remote_answers import (
-    ANSWER_TIMEOUTS,
     IDENTITY,
     MAX_ENTRIES,
     Listing,
+    answer_seconds,
 )
 from ckptfix.io.remote_errors import (
     MAX_REDIRECTS,
@@ -38,7 +38,7 @@ class HttpBackend:
 
     def __init__(self, fs: Any, timeout: float) -> None:
         self.fs = fs
-        self.listing_seconds = max(timeout, 0.1) * ANSWER_TIMEOUTS
+        self.listing_seconds = answer_seconds(timeout)
 
     def to_path(self, url: str) -> str:
         return url

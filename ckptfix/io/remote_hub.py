@@ -29,9 +29,9 @@ from urllib.parse import quote, unquote, urljoin, urlsplit
 from ckptfix.core.errors import UsageError
 from ckptfix.io.remote import Info
 from ckptfix.io.remote_answers import (
-    ANSWER_TIMEOUTS,
     IDENTITY,
     Listing,
+    answer_seconds,
     new_body,
     redirect_target,
 )
@@ -88,7 +88,7 @@ class HubBackend:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
-        self.answer_seconds = max(timeout, 0.1) * ANSWER_TIMEOUTS
+        self.answer_seconds = answer_seconds(timeout)
         self._commits: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
 

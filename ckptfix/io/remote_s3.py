@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ckptfix.io.remote import Info, Settings
-from ckptfix.io.remote_answers import ANSWER_TIMEOUTS, Body, Listing, new_body
+from ckptfix.io.remote_answers import Body, Listing, answer_seconds, new_body
 from ckptfix.io.remote_errors import UnexpectedAnswer, boto_code, parsed, status_of
 
 _CLIENTS: dict[tuple[object, ...], Any] = {}
@@ -64,9 +64,7 @@ def _new_client(session: Any, config_class: Any, settings: Settings) -> Any:
     )
     client = session.create_client("s3", config=config)
     endpoint = client._endpoint  # botocore reads every answer but GetObject's whole, inside
-    endpoint.http_session = BoundedSession(
-        endpoint.http_session, max(settings.timeout, 0.1) * ANSWER_TIMEOUTS
-    )
+    endpoint.http_session = BoundedSession(endpoint.http_session, answer_seconds(settings.timeout))
     return client
 
 
@@ -147,7 +145,7 @@ class S3Backend:
 
     def __init__(self, client: Any, timeout: float) -> None:
         self.client = client
-        self.listing_seconds = max(timeout, 0.1) * ANSWER_TIMEOUTS
+        self.listing_seconds = answer_seconds(timeout)
 
     def to_path(self, url: str) -> str:
         return url.split("://", 1)[1].strip("/")
