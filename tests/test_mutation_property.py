@@ -1,17 +1,21 @@
 """The security promise as a property: for random valid checkpoints and a random single-byte
 or single-opcode mutation, every command either succeeds with output bitwise equal to the
 input's tensors, or fails with exit 1 and one error line; always within time and memory
-bounds proportional to the input's size.
+bounds proportional to the input's size. The same for a checkpoint read from a server (each
+backend's test server) one of whose answers is randomly mutated: its status, a header, its
+body's bytes or length, a value of its listing's JSON or XML.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickletools
 import time
 import tracemalloc
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +23,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.answer_mutations import Mutation, mutations
 from tests.helpers import cli, read_tensors, torch_bytes
+from tests.remote_servers import BACKENDS, Served, served_model, serving
 
 EXAMPLES = max(int(os.environ.get("CKPTFIX_FUZZ_EXAMPLES", "300")) // 5, 40)
 PROPERTY = settings(
@@ -119,7 +125,7 @@ def _torch_view(path: Path) -> dict[str, tuple[tuple[int, ...], bytes]] | None:
     }
 
 
-def _bounded_run(*args: str | Path, size: int) -> tuple[Any, float, int]:
+def _bounded_run(*args: str | Path, size: int, seconds: float = 10) -> tuple[Any, float, int]:
     tracemalloc.start()
     start = time.perf_counter()
     try:
@@ -128,7 +134,7 @@ def _bounded_run(*args: str | Path, size: int) -> tuple[Any, float, int]:
         elapsed = time.perf_counter() - start
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-    assert elapsed <= 10 + size / MB, (args, elapsed)
+    assert elapsed <= seconds + size / MB, (args, elapsed)
     assert peak <= 64 * MB + 64 * size, (args, peak)
     return run, elapsed, peak
 
@@ -286,6 +292,58 @@ def _consistent(folder: Path, out: Path, *options: str | Path) -> None:
     assert run.code == 0, run.stdout + run.stderr
 
 
+# --- a server's answers, randomly mutated ---------------------------------------------------
+
+REMOTE_TIMEOUT = 2.0  # CKPTFIX_REMOTE_TIMEOUT: no run may take more than 10 of them, and 10 s
+REMOTE_COMMANDS = ["inspect", "hash", "convert"]
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
+    """The same model served by each backend's test server, for the whole module; requests
+    one at a time, so the answers of a run come in the same order every time."""
+    for package in ("aiohttp", "gcsfs", "botocore", "huggingface_hub"):
+        pytest.importorskip(package, reason="the remote extra is not installed")
+    with pytest.MonkeyPatch.context() as env, contextlib.ExitStack() as stack:
+        env.setenv("CKPTFIX_REMOTE_TIMEOUT", str(REMOTE_TIMEOUT))
+        env.setenv("CKPTFIX_REMOTE_RETRIES", "1")
+        env.setenv("CKPTFIX_REMOTE_BACKOFF", "0.01")
+        env.setenv("CKPTFIX_REMOTE_CONCURRENCY", "1")
+        found = {}
+        for backend in BACKENDS:
+            root = tmp_path_factory.mktemp(f"served-{backend}")
+            found[backend] = stack.enter_context(serving(backend, root, served_model(root), env))
+        yield found
+
+
+def _remote_args(command: str, url: str, out: Path) -> list[str | Path]:
+    return [command, url, "--json"] + (["-o", out] if command == "convert" else [])
+
+
+_good: dict[tuple[str, str], tuple[int, Any]] = {}
+
+
+def _good_run(served: Served, command: str, out: Path) -> tuple[int, Any]:
+    """How many answers a run of `command` gets from the well-behaved server, and what it
+    gives: the digest (hash), the tensors written (convert)."""
+    key = (served.backend, command)
+    if key not in _good:
+        behaviour = served.server.behaviour
+        behaviour.reset()
+        behaviour.mutation = lambda answer: answer  # counts the answers, changes none
+        run = cli(*_remote_args(command, served.url, out))
+        assert run.code == 0, run.stderr
+        _good[key] = (behaviour.answers, _outcome(command, run, out))
+        behaviour.reset()
+    return _good[key]
+
+
+def _outcome(command: str, run: Any, out: Path) -> Any:
+    if command == "hash":
+        return run.json()["digest"]
+    return read_tensors(out) if command == "convert" else None
+
+
 @pytest.mark.slow
 @PROPERTY
 @given(mutated_gguf())
@@ -366,3 +424,41 @@ def test_a_mutated_megatron_folder_converts_exactly_or_fails_cleanly(
         if _wrote(run, out):
             _consistent(folder, out, *options)
     assert not list(root.glob(".ckptfix-*"))
+
+
+@pytest.mark.slow
+@PROPERTY
+@given(
+    backend=st.sampled_from(BACKENDS),
+    command=st.sampled_from(REMOTE_COMMANDS),
+    mutation=mutations(),
+)
+def test_every_command_on_a_mutated_answer_succeeds_exactly_or_fails_cleanly(
+    servers: dict[str, Served],
+    tmp_path_factory: pytest.TempPathFactory,
+    backend: str,
+    command: str,
+    mutation: Mutation,
+) -> None:
+    served = servers[backend]
+    answers, want = _good_run(served, command, tmp_path_factory.mktemp("good") / "out")
+    behaviour = served.server.behaviour
+    behaviour.mutation, behaviour.mutate_at = mutation, mutation.at % answers
+    out = tmp_path_factory.mktemp("mutated") / "out"
+    try:
+        args = _remote_args(command, served.url, out)
+        run, _, _ = _bounded_run(*args, size=0, seconds=10 * REMOTE_TIMEOUT + 10)
+    finally:
+        behaviour.reset()
+    assert mutation.applied, (backend, command, answers, mutation, run.stderr)  # it was sent
+    assert run.code in (0, 1), (mutation, run.stderr)
+    assert "Traceback" not in run.stderr and "internal error" not in run.stderr, run.stderr
+    assert all(line.startswith("error: ") for line in run.error_lines), run.stderr
+    if run.code == 1 and command != "inspect":
+        assert len(run.error_lines) == 1, run.stderr
+        assert not out.exists()
+        assert not list(out.parent.glob(".ckptfix-*"))
+    # A file's bytes changed in flight cannot be told from the file's own (there is nothing
+    # to compare them with); any other change fails, or changes nothing the command gives.
+    if run.code == 0 and not mutation.changed_file_bytes:
+        assert _outcome(command, run, out) == want, mutation
