@@ -16,7 +16,7 @@ from typing import Any
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.tensor import Piece, TensorInfo
-from ckptfix.io.source import ByteSource
+from ckptfix.io.source import ByteSource, LocalFile, read_into
 
 CHUNK = 16 * 2**20
 
@@ -71,22 +71,55 @@ def _assemble(source_of: Sources, tensor: TensorInfo, chunk: int) -> Iterator[by
     filled from the runs that overlap it (the pieces tile the tensor; see tiling_problem)."""
     for start in range(0, tensor.nbytes, chunk):
         window = bytearray(min(chunk, tensor.nbytes - start))
-        for piece in tensor.pieces:
-            source = source_of(piece.source)
-            placed = _rows_into(window, start, piece, source)
-            for offset, at, length in _runs_within(piece, start, start + len(window), placed):
-                data = source.read_at(offset, length)
-                window[at - start : at - start + length] = data
+        _fill(source_of, tensor, start, memoryview(window))
         yield window  # type: ignore[misc]  # a bytearray: bytes-like, and never reused
+
+
+def windows_into(
+    sources: Sources | ByteSource, tensor: TensorInfo, buffer: bytearray
+) -> Iterator[memoryview]:
+    """The row-major bytes of a tensor made of runs (not a strided view), window by window
+    in `buffer`, which is reused: each window holds until the next one is asked for (for a
+    writer that writes it at once, and a verifier that compares it at once)."""
+    source_of, view = _source_of(sources), memoryview(buffer)
+    for start in range(0, tensor.nbytes, len(buffer)):
+        window = view[: min(len(buffer), tensor.nbytes - start)]
+        _fill(source_of, tensor, start, window)
+        yield window
+
+
+def _fill(source_of: Sources, tensor: TensorInfo, start: int, window: memoryview) -> None:
+    """Tensor bytes [start, start + len(window)) into `window`, each run read straight into
+    its place where the source is a local file. Every byte of it must come from a run: the
+    layouts refuse pieces that overlap, and the bytes placed are counted, so a gap cannot
+    leave a reused window's old bytes (or zeros) in place unnoticed."""
+    placed = 0
+    for piece in tensor.pieces:
+        source = source_of(piece.source)
+        rows = _rows_into(window, start, piece, source)
+        placed += len(rows) * piece.length
+        for offset, at, length in _runs_within(piece, start, start + len(window), rows):
+            read_into(source, offset, window[at - start : at - start + length])
+            placed += length
+    if placed != len(window):
+        raise CorruptFileError(
+            tensor.file,
+            "chunk-gap",
+            f"the pieces of {tensor.name!r} give {placed} of bytes {start}-"
+            f"{start + len(window)}, not each byte once",
+            "re-export the checkpoint",
+        )
 
 
 _NONE = range(0)
 
 
-def _rows_into(window: bytearray, start: int, piece: Piece, source: ByteSource) -> range:
-    """Place the runs of `piece` that lie wholly in the window with one read and one strided
-    copy, when they are consecutive in the source (a chunk's rows, cut along its last
-    dimension: thousands of short runs); return the indices of the runs placed."""
+def _rows_into(window: memoryview, start: int, piece: Piece, source: ByteSource) -> range:
+    """Place the runs of `piece` that lie wholly in the window with one read (of a local
+    file: straight into their places, IOV_MAX runs per system call; of another source: one
+    read and one strided copy), when they are consecutive in the source (a chunk's rows, cut
+    along its last dimension: thousands of short runs); return the indices of the runs
+    placed."""
     step, length = piece.tensor_step, piece.length
     if piece.count < 2 or piece.source_step != length or step < length:
         return _NONE
@@ -94,11 +127,19 @@ def _rows_into(window: bytearray, start: int, piece: Piece, source: ByteSource) 
     last = min(piece.count - 1, (start + len(window) - length - piece.at) // step)
     if last - first < 1:
         return _NONE
+    offset, at = piece.offset + first * length, piece.at + first * step - start
+    if isinstance(source, LocalFile):
+        if step == length:  # the runs are one range in the window too
+            source.read_into(offset, [window[at : at + (last - first + 1) * length]])
+        else:
+            ends = range(at + length, at + (last - first) * step + length + 1, step)
+            source.read_into(offset, [window[end - length : end] for end in ends])
+        return range(first, last + 1)
     import numpy as np
 
-    data = source.read_at(piece.offset + first * length, (last - first + 1) * length)
+    data = source.read_at(offset, (last - first + 1) * length)
     rows = np.lib.stride_tricks.as_strided(
-        np.frombuffer(window, dtype=np.uint8)[piece.at + first * step - start :],
+        np.frombuffer(window, dtype=np.uint8)[at:],
         shape=(last - first + 1, length),
         strides=(step, 1),
     )

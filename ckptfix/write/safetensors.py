@@ -26,12 +26,20 @@ from ckptfix.formats.safetensors import (
     encode_header,
     read_header,
 )
-from ckptfix.io.gather import CHUNK, Sources, tensor_chunks
+from ckptfix.io.gather import CHUNK, Sources, tensor_chunks, windows_into
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
-from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, Target, copy_from, write_all
+from ckptfix.write.copy import (
+    COMPARE_CHUNK,
+    Cancelled,
+    Target,
+    compare_buffers,
+    copy_from,
+    write_all,
+    written_equal,
+)
 from ckptfix.write.filejobs import FileJobs
 from ckptfix.write.output import open_output, write_index
 from ckptfix.write.results import Progress, WrittenFile
@@ -182,6 +190,7 @@ class ShardWriter:
         self.files = FileJobs(workers)
         self.done = 0
         self.fd = self.reader = -1  # the file last opened: its writer's and verifier's
+        self.window: bytearray | None = None  # where runs are gathered (made on first use)
 
     def advance(self, count: int) -> None:
         self.done += count
@@ -279,14 +288,24 @@ class ShardWriter:
                         copy_from(source, begin, length, fd, offset + at, self.advance)
             return
         held.write()
-        chunks = produce(self.job.sources, tensor)  # gathered or cast in bounded chunks
-        digest = _write_produced(fd, offset, chunks, self.advance, not tensor.gathered_runs)
+        if tensor.gathered_runs:  # read straight into a window, written at once
+            if self.window is None:
+                self.window = bytearray(COMPARE_CHUNK)
+            windows = windows_into(self.job.sources, tensor.source, self.window)
+            _write_produced(fd, offset, windows, self.advance, False)
+            return
+        chunks = produce(self.job.sources, tensor)  # strided or cast, in bounded chunks
+        digest = _write_produced(fd, offset, chunks, self.advance, True)
         if digest is not None:
             self.job.digests[tensor.name] = digest
 
 
 def _write_produced(
-    fd: int, offset: int, chunks: Iterable[bytes], advance: Callable[[int], None], digest: bool
+    fd: int,
+    offset: int,
+    chunks: Iterable[bytes | memoryview],
+    advance: Callable[[int], None],
+    digest: bool,
 ) -> bytes | None:
     """Write produced chunks one after another; return the digest of all of them when asked."""
     hasher = hashlib.blake2b(digest_size=32) if digest else None
@@ -301,13 +320,14 @@ def _write_produced(
 
 def _equal_gathered(dst: int, offset: int, tensor: OutTensor, job: ShardJob) -> bool:
     """Whether the output at `offset` holds the tensor's runs, gathered again from their
-    sources (the bytes compared, window by window)."""
-    for chunk in tensor_chunks(job.sources, tensor.source):
+    sources (the bytes compared, window by window, in this thread's buffers)."""
+    expected = compare_buffers()[0]
+    for window in windows_into(job.sources, tensor.source, expected):
         if job.cancel.is_set():
             raise Cancelled
-        if os.pread(dst, len(chunk), offset) != chunk:
+        if not written_equal(dst, offset, expected, len(window)):
             return False
-        offset += len(chunk)
+        offset += len(window)
     job.tally.add("compared", tensor.nbytes)
     return True
 
