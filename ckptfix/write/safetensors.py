@@ -56,6 +56,9 @@ from ckptfix.write.zerocopy import (
 )
 
 FLUSH_EVERY = 256 * 2**20
+# Small batches of verification: the last one, which only starts once the copying ends, is
+# short, and the two workers share it with the one before.
+VERIFY_EVERY = 32 * 2**20
 DECODED = 4 * 2**20  # F32 bytes a chunk of a block-quantized tensor decodes to, at most
 
 
@@ -183,7 +186,8 @@ class ShardJob:
 
 
 class ShardWriter:
-    """Copies on the calling thread; two workers flush, verify and fsync behind it."""
+    """Copies on the calling thread; two workers verify, and a thread flushes and fsyncs,
+    behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
         self.plan, self.job = plan, job
@@ -243,31 +247,34 @@ class ShardWriter:
         self.files.submit(self.reader, function, *args)
 
     def copy_tensors(self, placed: Sequence[tuple[str, int]], display: str) -> None:
-        """Copy each tensor to its file offset in the file last opened, flushing and
-        verifying every FLUSH_EVERY bytes."""
+        """Copy each tensor to its file offset in the file last opened, verifying what was
+        copied every VERIFY_EVERY bytes and flushing it every FLUSH_EVERY."""
         fd, reader = self.fd, self.reader
         held = HeldRuns(self.target(fd, self.job.cloning))
         done: list[tuple[str, int]] = []
-        unflushed = 0
+        unverified = unflushed = 0
         for name, offset in placed:
             self.tensor(held, offset, self.job.tensors[name])
             done.append((name, offset))
             # Cloned bytes leave nothing to write back: they do not count (cutting the held
             # run would copy the block it is cut in).
             if not lines_up(self.job.tensors[name], offset, self.job.cloning or NO_CLONING):
-                unflushed += self.job.tensors[name].nbytes
-            if unflushed >= FLUSH_EVERY:  # start writeback and verification early
+                unverified += self.job.tensors[name].nbytes
+            if unverified >= VERIFY_EVERY:  # start verification, and writeback, early
                 held.write()
-                self.submit(os.fdatasync, fd)
+                unflushed += unverified
+                if unflushed >= FLUSH_EVERY:
+                    self.files.flush(reader, os.fdatasync, fd)
+                    unflushed = 0
                 self.verify_later(reader, display, done)
-                done, unflushed = [], 0
+                done, unverified = [], 0
         held.write()
         self.verify_later(reader, display, done)
 
     def close_file(self) -> None:
         """fsync the file last opened (behind the copy); it is closed once its jobs are
         done (a failure seen so far is raised early)."""
-        self.submit(os.fsync, self.fd)
+        self.files.flush(self.reader, os.fsync, self.fd)
         self.files.ended(self.reader)
 
     def target(self, fd: int, cloning: Cloning | None) -> Target:
@@ -370,8 +377,9 @@ def write_shards(
     """Write every planned shard (and the index) into the staging folder; verify each file.
 
     The main thread only copies (kernel to kernel, into the page cache). Two worker threads
-    flush what has been copied so far every FLUSH_EVERY bytes, then verify and fsync each
-    finished shard side by side, so the disk writes back while copying goes on.
+    verify what has been copied every VERIFY_EVERY bytes, side by side, and a third flushes
+    it every FLUSH_EVERY bytes and fsyncs each finished shard (FileJobs.flush), so the disk
+    writes back while copying and verification go on.
     """
     labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
     before = {label: job.sources(label).change_token() for label in labels}
