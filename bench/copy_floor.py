@@ -1,8 +1,9 @@
 """The least a verified copy can cost on this machine: the files given copied into OUT kernel
 to kernel (`copy_file_range`, as `cp` does), with the work every ckptfix write adds and
-nothing else — each 256 MiB flushed (`fdatasync`) and read back and compared with its
-source on two worker threads while the copy goes on, every file fsynced. No Python
-package is imported, no plan made, nothing gathered: the floor of ckptfix's writers.
+nothing else — each 32 MiB read back and compared with its source on two worker threads
+while the copy goes on, each 256 MiB flushed (`fdatasync`) and every file fsynced on a
+third. No Python package is imported, no plan made, nothing gathered: the floor of
+ckptfix's writers.
 
     python bench/copy_floor.py OUT FILE... [--no-verify]
 
@@ -16,8 +17,9 @@ import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-BATCH = 256 * 2**20
-CHUNK = 4 * 2**20
+BATCH = 32 * 2**20
+FLUSH = 256 * 2**20
+CHUNK = 2 * 2**20
 _buffers = threading.local()
 
 
@@ -35,7 +37,10 @@ def _equal(src: int, dst: int, begin: int, end: int) -> None:
         begin += size
 
 
-def copy(source: str, out: str, workers: ThreadPoolExecutor, verify: bool) -> list[Future[None]]:
+def copy(
+    source: str, out: str, pools: tuple[ThreadPoolExecutor, ThreadPoolExecutor], verify: bool
+) -> list[Future[None]]:
+    workers, flusher = pools
     src = os.open(source, os.O_RDONLY)
     target = os.path.join(out, os.path.basename(source))
     dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -46,11 +51,12 @@ def copy(source: str, out: str, workers: ThreadPoolExecutor, verify: bool) -> li
         copied = 0
         while copied < batch:
             copied += os.copy_file_range(src, dst, batch - copied, done + copied, done + copied)
-        jobs.append(workers.submit(os.fdatasync, dst))
+        if (done + batch) % FLUSH < batch:
+            jobs.append(flusher.submit(os.fdatasync, dst))
         if verify:
             jobs.append(workers.submit(_equal, src, reader, done, done + batch))
         done += batch
-    jobs.append(workers.submit(os.fsync, dst))
+    jobs.append(flusher.submit(os.fsync, dst))
     return jobs
 
 
@@ -58,8 +64,8 @@ def main() -> None:
     verify = "--no-verify" not in sys.argv
     out, *files = [arg for arg in sys.argv[1:] if arg != "--no-verify"]
     os.mkdir(out)
-    with ThreadPoolExecutor(max_workers=2) as workers:
-        jobs = [job for name in files for job in copy(name, out, workers, verify)]
+    with ThreadPoolExecutor(2) as workers, ThreadPoolExecutor(1) as flusher:
+        jobs = [job for name in files for job in copy(name, out, (workers, flusher), verify)]
         for job in jobs:
             job.result()
     folder = os.open(out, os.O_RDONLY)
