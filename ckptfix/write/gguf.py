@@ -19,7 +19,7 @@ import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ckptfix.core.errors import CorruptFileError, VerificationError
 from ckptfix.formats.gguf_encode import (
@@ -53,6 +53,7 @@ class GgufJob(ShardJob):
     version: int = 3
     alignment: int = DEFAULT_ALIGNMENT
     carried: tuple[bytes, ...] = ()
+    layouts: dict[int, PartLayout] = field(default_factory=dict)  # laid out by needed_bytes
 
 
 @dataclass(frozen=True)
@@ -172,7 +173,8 @@ class PartWriter(ShardWriter):
     def shard(self, shard: PlannedShard, metadata: Mapping[str, str]) -> WrittenFile:
         job = self.job
         assert isinstance(job, GgufJob)
-        layout = layout_part(self.plan, job, self.numbers[shard.file])
+        number = self.numbers[shard.file]
+        layout = job.layouts.pop(number, None) or layout_part(self.plan, job, number)
         job.tally.add("padding", layout.padding)
         path, display = self.open(shard.file, b"", layout.end)
         at = 0
@@ -196,6 +198,8 @@ def _planned(tensor: OutTensor, offset: int) -> tuple[object, ...]:
 
 
 def needed_bytes(plan: ShardPlan, job: GgufJob) -> int:
-    """The disk space the parts take: their sizes, less what cloning shares."""
-    layouts = [layout_part(plan, job, number) for number in range(len(plan.shards))]
-    return sum(layout.end - layout.shareable for layout in layouts)
+    """The disk space the parts take: their sizes, less what cloning shares. The layouts
+    are kept for the writer (`job.layouts`, each taken once): laying out a first part
+    encodes and digests all of its metadata."""
+    job.layouts = {number: layout_part(plan, job, number) for number in range(len(plan.shards))}
+    return sum(layout.end - layout.shareable for layout in job.layouts.values())
