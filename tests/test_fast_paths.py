@@ -10,8 +10,9 @@ reused buffers: a single byte wrong anywhere, a partial last chunk included, is 
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,8 @@ from hypothesis import strategies as st
 from ckptfix.core.errors import VerificationError
 from ckptfix.core.tensor import Piece, TensorInfo, tiling_problem
 from ckptfix.formats.safetensors import read_header
-from ckptfix.io.gather import tensor_bytes, tensor_chunks, windows_into
+from ckptfix.io import gather
+from ckptfix.io.gather import Window, tensor_bytes, tensor_chunks, windows_into
 from ckptfix.io.source import LocalFile
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import plan_shards
@@ -63,6 +65,7 @@ def _column_shards(
 
 
 def _shards(root: Path, data: st.DataObject) -> tuple[TensorInfo, dict[str, bytes], bytes]:
+    root.mkdir(exist_ok=True)
     rows, width = data.draw(st.integers(1, 40)), data.draw(st.integers(1, 23))
     ranks, item = data.draw(st.integers(1, 4)), data.draw(st.sampled_from([1, 2, 4]))
     pads = data.draw(st.lists(st.integers(0, 9), min_size=ranks, max_size=ranks))
@@ -73,25 +76,42 @@ def _shards(root: Path, data: st.DataObject) -> tuple[TensorInfo, dict[str, byte
     return tensor, files, matrix.tobytes()
 
 
+@contextlib.contextmanager
+def _thresholds(direct: int, most: int) -> Iterator[None]:
+    """Runs read straight into place from `direct` bytes on, `most` of them per window."""
+    saved = gather.DIRECT_RUN, gather.MAX_VIEWS
+    gather.DIRECT_RUN, gather.MAX_VIEWS = direct, most
+    try:
+        yield
+    finally:
+        gather.DIRECT_RUN, gather.MAX_VIEWS = saved
+
+
 @PROPERTY
 @given(st.data())
 def test_runs_read_into_place_equal_the_strided_copy(
     tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
 ) -> None:
-    tensor, files, truth = _shards(tmp_path_factory.mktemp("ranks"), data)
-    window = data.draw(st.integers(1, tensor.nbytes + 9))
+    """Two tensors gathered through one reused Window, the first again after the second
+    (the views it keeps must be the right ones), every run straight into place or not."""
+    root = tmp_path_factory.mktemp("ranks")
+    (one, files, truth), (two, more, other) = _shards(root, data), _shards(root / "b", data)
+    window = Window(data.draw(st.integers(1, max(one.nbytes, two.nbytes) + 9)))
+    chunk = data.draw(st.integers(1, one.nbytes + 9))
     memory = {path: MemorySource(data, path) for path, data in files.items()}
-    local = {path: LocalFile(path) for path in files}
+    local = {path: LocalFile(path) for path in [*files, *more]}
+    direct = data.draw(st.sampled_from([1, 8, gather.DIRECT_RUN, 10**9]))
     try:
-        slow = tensor_bytes(memory.__getitem__, tensor)
-        fast = b"".join(tensor_chunks(local.__getitem__, tensor, window))
-        reused = [
-            bytes(view) for view in windows_into(local.__getitem__, tensor, bytearray(window))
-        ]
+        with _thresholds(direct, data.draw(st.sampled_from([2, 3, gather.MAX_VIEWS]))):
+            slow = tensor_bytes(memory.__getitem__, one)
+            fast = b"".join(tensor_chunks(local.__getitem__, one, chunk))
+            reused = [
+                b"".join(bytes(view) for view in windows_into(local.__getitem__, tensor, window))
+                for tensor in (one, two, one)
+            ]
         assert slow == truth
         assert fast == truth
-        assert b"".join(reused) == truth
-        assert all(len(part) <= window for part in reused)
+        assert reused == [truth, other, truth]
     finally:
         for source in local.values():
             source.close()

@@ -75,28 +75,79 @@ def _assemble(source_of: Sources, tensor: TensorInfo, chunk: int) -> Iterator[by
         yield window  # type: ignore[misc]  # a bytearray: bytes-like, and never reused
 
 
+# Runs of at least DIRECT_RUN bytes, at most MAX_VIEWS of them in a window, are read straight
+# into their places (a view each); shorter or more runs (a column shard a few elements wide)
+# are read in one go and copied into place by numpy, cheaper than a Python view per run.
+DIRECT_RUN = 512
+MAX_VIEWS = 4096
+
+
+class Window:
+    """A buffer that tensors made of runs are gathered into, window by window, reused on one
+    thread. The views a window's runs are read into are made once for each shape of window
+    (every window of a tensor but its last has the same, and so do the same tensor's other
+    layers), not once per run."""
+
+    def __init__(self, size: int) -> None:
+        self.buffer = bytearray(size)
+        self.view = memoryview(self.buffer)
+        self._views: dict[tuple[int, int, int, int], list[memoryview]] = {}
+
+    def views(self, at: int, step: int, length: int, count: int) -> list[memoryview]:
+        key = (at, step, length, count)
+        found = self._views.get(key)
+        if found is None:
+            if len(self._views) >= 64:  # many shapes of window: the views kept stay few
+                self._views.clear()
+            found = self._views[key] = _views(self.view, at, step, length, count)
+        return found
+
+
+def _views(window: memoryview, at: int, step: int, length: int, count: int) -> list[memoryview]:
+    """`count` views of `length` bytes, `step` apart from byte `at` of the window."""
+    if step == length:  # the runs are one range in the window too
+        return [window[at : at + count * length]]
+    return [window[begin : begin + length] for begin in range(at, at + count * step, step)]
+
+
 def windows_into(
-    sources: Sources | ByteSource, tensor: TensorInfo, buffer: bytearray
+    sources: Sources | ByteSource, tensor: TensorInfo, window: Window
 ) -> Iterator[memoryview]:
     """The row-major bytes of a tensor made of runs (not a strided view), window by window
-    in `buffer`, which is reused: each window holds until the next one is asked for (for a
-    writer that writes it at once, and a verifier that compares it at once)."""
-    source_of, view = _source_of(sources), memoryview(buffer)
-    for start in range(0, tensor.nbytes, len(buffer)):
-        window = view[: min(len(buffer), tensor.nbytes - start)]
-        _fill(source_of, tensor, start, window)
-        yield window
+    in `window`'s buffer, which is reused: each holds until the next is asked for (for a
+    writer that writes it at once, and a verifier that compares it at once). A window holds
+    whole rows where the tensor's runs repeat at one step, so its runs fall where the
+    previous window's did."""
+    source_of, size = _source_of(sources), _whole_rows(tensor, len(window.buffer))
+    for start in range(0, tensor.nbytes, size):
+        view = window.view[: min(size, tensor.nbytes - start)]
+        _fill(source_of, tensor, start, view, window)
+        yield view
 
 
-def _fill(source_of: Sources, tensor: TensorInfo, start: int, window: memoryview) -> None:
-    """Tensor bytes [start, start + len(window)) into `window`, each run read straight into
-    its place where the source is a local file. Every byte of it must come from a run: the
-    layouts refuse pieces that overlap, and the bytes placed are counted, so a gap cannot
-    leave a reused window's old bytes (or zeros) in place unnoticed."""
+def _whole_rows(tensor: TensorInfo, size: int) -> int:
+    """The most bytes up to `size` that are whole steps of the tensor's repeated runs (when
+    they repeat at one step no longer than `size`), else `size`."""
+    steps = {piece.tensor_step for piece in tensor.pieces if piece.count > 1}
+    step = steps.pop() if len(steps) == 1 else 0
+    return size // step * step if 0 < step <= size else size
+
+
+def _fill(
+    source_of: Sources,
+    tensor: TensorInfo,
+    start: int,
+    window: memoryview,
+    kept: Window | None = None,
+) -> None:
+    """Tensor bytes [start, start + len(window)) into `window` (with the views `kept` keeps,
+    when it is that Window's). Every byte of it must come from a run: the layouts refuse
+    pieces that overlap, and the bytes placed are counted, so a gap cannot leave a reused
+    window's old bytes (or zeros) in place unnoticed."""
     placed = 0
     for piece in tensor.pieces:
         source = source_of(piece.source)
-        rows = _rows_into(window, start, piece, source)
+        rows = _rows_into(window, start, piece, source, kept)
         placed += len(rows) * piece.length
         for offset, at, length in _runs_within(piece, start, start + len(window), rows):
             read_into(source, offset, window[at - start : at - start + length])
@@ -114,36 +165,35 @@ def _fill(source_of: Sources, tensor: TensorInfo, start: int, window: memoryview
 _NONE = range(0)
 
 
-def _rows_into(window: memoryview, start: int, piece: Piece, source: ByteSource) -> range:
-    """Place the runs of `piece` that lie wholly in the window with one read (of a local
-    file: straight into their places, IOV_MAX runs per system call; of another source: one
-    read and one strided copy), when they are consecutive in the source (a chunk's rows, cut
-    along its last dimension: thousands of short runs); return the indices of the runs
+def _rows_into(
+    window: memoryview, start: int, piece: Piece, source: ByteSource, kept: Window | None
+) -> range:
+    """Place the runs of `piece` that lie wholly in the window with one read, when they are
+    consecutive in the source (a chunk's rows, cut along its last dimension: thousands of
+    short runs): of a local file, straight into their places (IOV_MAX runs per system call)
+    when they are long enough; else one read and one strided copy. The indices of the runs
     placed."""
     step, length = piece.tensor_step, piece.length
     if piece.count < 2 or piece.source_step != length or step < length:
         return _NONE
     first = max(0, -(-(start - piece.at) // step))
     last = min(piece.count - 1, (start + len(window) - length - piece.at) // step)
-    if last - first < 1:
+    count = last - first + 1
+    if count < 2:
         return _NONE
     offset, at = piece.offset + first * length, piece.at + first * step - start
-    if isinstance(source, LocalFile):
-        if step == length:  # the runs are one range in the window too
-            source.read_into(offset, [window[at : at + (last - first + 1) * length]])
-        else:
-            ends = range(at + length, at + (last - first) * step + length + 1, step)
-            source.read_into(offset, [window[end - length : end] for end in ends])
+    if isinstance(source, LocalFile) and length >= DIRECT_RUN and count <= MAX_VIEWS:
+        views = kept.views(at, step, length, count) if kept else None
+        views = views or _views(window, at, step, length, count)
+        source.read_into(offset, views, count * length)
         return range(first, last + 1)
     import numpy as np
 
-    data = source.read_at(offset, (last - first + 1) * length)
+    data = source.read_at(offset, count * length)
     rows = np.lib.stride_tricks.as_strided(
-        np.frombuffer(window, dtype=np.uint8)[at:],
-        shape=(last - first + 1, length),
-        strides=(step, 1),
+        np.frombuffer(window, dtype=np.uint8)[at:], shape=(count, length), strides=(step, 1)
     )
-    rows[:] = np.frombuffer(data, dtype=np.uint8).reshape(last - first + 1, length)
+    rows[:] = np.frombuffer(data, dtype=np.uint8).reshape(count, length)
     return range(first, last + 1)
 
 

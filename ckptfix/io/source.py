@@ -220,10 +220,11 @@ class LocalFile:
         with self.held() as fd:
             return pread_exact(fd, offset, size, self._label)
 
-    def read_into(self, offset: int, buffers: Sequence[Any]) -> None:
-        """`read_at` straight into `buffers` (writable views, filled in order): the bytes
-        are not copied again, and many short runs take one system call."""
-        size = sum(len(buffer) for buffer in buffers)
+    def read_into(self, offset: int, buffers: Sequence[Any], size: int | None = None) -> None:
+        """`read_at` straight into `buffers` (writable views of `size` bytes in all, filled in
+        order): the bytes are not copied again, and many short runs take one system call."""
+        if size is None:
+            size = sum(map(len, buffers))
         if offset + size > self.size:
             raise past_end(self._label, offset + size, self.size)
         with self.held() as fd:

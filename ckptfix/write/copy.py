@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ckptfix.core.errors import SourceChangedError
+from ckptfix.io.gather import Window
 from ckptfix.io.source import ByteSource, descriptor, preadv_exact, read_into
 from ckptfix.plan.align import aligned_split
 from ckptfix.write.reflink import CLONE_CHUNK, clone_range
@@ -193,12 +194,13 @@ def copy_to(source: ByteSource, offset: int, length: int, target: Target, at: in
 _THREAD = threading.local()
 
 
-def compare_buffers() -> tuple[bytearray, bytearray]:
+def compare_buffers() -> tuple[Window, bytearray]:
     """This thread's two COMPARE_CHUNK buffers, made on its first comparison and reused by
-    every other: a verifying thread reads into them, not into new memory for each chunk."""
-    pair: tuple[bytearray, bytearray] | None = getattr(_THREAD, "pair", None)
+    every other: a verifying thread reads (or gathers) what a file should hold into the
+    first and what it holds into the second, not into new memory for each chunk."""
+    pair: tuple[Window, bytearray] | None = getattr(_THREAD, "pair", None)
     if pair is None:
-        pair = _THREAD.pair = (bytearray(COMPARE_CHUNK), bytearray(COMPARE_CHUNK))
+        pair = _THREAD.pair = (Window(COMPARE_CHUNK), bytearray(COMPARE_CHUNK))
     return pair
 
 
@@ -227,7 +229,7 @@ def source_equal(
 ) -> bool:
     """Bitwise comparison of a source range with a range of a written file, both read into
     this thread's buffers."""
-    expected = compare_buffers()[0]
+    expected = compare_buffers()[0].buffer
     while length:
         if cancel is not None and cancel.is_set():
             raise Cancelled

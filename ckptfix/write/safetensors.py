@@ -26,7 +26,7 @@ from ckptfix.formats.safetensors import (
     encode_header,
     read_header,
 )
-from ckptfix.io.gather import CHUNK, Sources, tensor_chunks, windows_into
+from ckptfix.io.gather import CHUNK, Sources, Window, tensor_chunks, windows_into
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
@@ -194,7 +194,7 @@ class ShardWriter:
         self.files = FileJobs(workers)
         self.done = 0
         self.fd = self.reader = -1  # the file last opened: its writer's and verifier's
-        self.window: bytearray | None = None  # where runs are gathered (made on first use)
+        self.window: Window | None = None  # where runs are gathered (made on first use)
 
     def advance(self, count: int) -> None:
         self.done += count
@@ -297,7 +297,7 @@ class ShardWriter:
         held.write()
         if tensor.gathered_runs:  # read straight into a window, written at once
             if self.window is None:
-                self.window = bytearray(COMPARE_CHUNK)
+                self.window = Window(COMPARE_CHUNK)
             windows = windows_into(self.job.sources, tensor.source, self.window)
             _write_produced(fd, offset, windows, self.advance, False)
             return
@@ -332,7 +332,7 @@ def _equal_gathered(dst: int, offset: int, tensor: OutTensor, job: ShardJob) -> 
     for window in windows_into(job.sources, tensor.source, expected):
         if job.cancel.is_set():
             raise Cancelled
-        if not written_equal(dst, offset, expected, len(window)):
+        if not written_equal(dst, offset, expected.buffer, len(window)):
             return False
         offset += len(window)
     job.tally.add("compared", tensor.nbytes)
