@@ -77,14 +77,15 @@ def _shards(root: Path, data: st.DataObject) -> tuple[TensorInfo, dict[str, byte
 
 
 @contextlib.contextmanager
-def _thresholds(direct: int, most: int) -> Iterator[None]:
-    """Runs read straight into place from `direct` bytes on, `most` of them per window."""
-    saved = gather.DIRECT_RUN, gather.MAX_VIEWS
-    gather.DIRECT_RUN, gather.MAX_VIEWS = direct, most
+def _thresholds(direct: int, most: int, kept: int) -> Iterator[None]:
+    """Runs read straight into place from `direct` bytes on, `most` of them per window, the
+    views of `kept` runs kept by a Window."""
+    saved = gather.DIRECT_RUN, gather.MAX_VIEWS, gather.KEPT_VIEWS
+    gather.DIRECT_RUN, gather.MAX_VIEWS, gather.KEPT_VIEWS = direct, most, kept
     try:
         yield
     finally:
-        gather.DIRECT_RUN, gather.MAX_VIEWS = saved
+        gather.DIRECT_RUN, gather.MAX_VIEWS, gather.KEPT_VIEWS = saved
 
 
 @PROPERTY
@@ -102,7 +103,8 @@ def test_runs_read_into_place_equal_the_strided_copy(
     local = {path: LocalFile(path) for path in [*files, *more]}
     direct = data.draw(st.sampled_from([1, 8, gather.DIRECT_RUN, 10**9]))
     try:
-        with _thresholds(direct, data.draw(st.sampled_from([2, 3, gather.MAX_VIEWS]))):
+        most = data.draw(st.sampled_from([2, 3, gather.MAX_VIEWS]))
+        with _thresholds(direct, most, data.draw(st.sampled_from([1, 50, gather.KEPT_VIEWS]))):
             slow = tensor_bytes(memory.__getitem__, one)
             fast = b"".join(tensor_chunks(local.__getitem__, one, chunk))
             reused = [
@@ -210,3 +212,14 @@ def test_source_equal_finds_one_byte_anywhere(tmp_path: Path, where: int | None)
             assert source_equal(source, 3, fd, 0, 5) is (where != 0)  # a short range
     finally:
         os.close(fd)
+
+
+def test_a_window_keeps_few_views_however_many_shapes_it_sees() -> None:
+    """Views are kept for the shapes of window seen last, never more than KEPT_VIEWS (a
+    window's runs are at most MAX_VIEWS, fewer than that)."""
+    window = Window(2**16)
+    with _thresholds(gather.DIRECT_RUN, 500, 1000):
+        for step in range(132, 1024, 8):
+            views = window.views(3, step, 60, 2**16 // step - 1)
+            assert [view.obj for view in views[:1]] == [window.buffer]
+            assert len(views) == 2**16 // step - 1 and 0 < window.kept <= 1000

@@ -80,6 +80,7 @@ def _assemble(source_of: Sources, tensor: TensorInfo, chunk: int) -> Iterator[by
 # are read in one go and copied into place by numpy, cheaper than a Python view per run.
 DIRECT_RUN = 512
 MAX_VIEWS = 4096
+KEPT_VIEWS = 4 * MAX_VIEWS  # views a Window keeps at most (about 200 bytes each)
 
 
 class Window:
@@ -92,14 +93,23 @@ class Window:
         self.buffer = bytearray(size)
         self.view = memoryview(self.buffer)
         self._views: dict[tuple[int, int, int, int], list[memoryview]] = {}
+        self._count = 0  # views in _views
+
+    @property
+    def kept(self) -> int:
+        """How many views the window keeps."""
+        return sum(map(len, self._views.values()))
 
     def views(self, at: int, step: int, length: int, count: int) -> list[memoryview]:
         key = (at, step, length, count)
         found = self._views.get(key)
         if found is None:
-            if len(self._views) >= 64:  # many shapes of window: the views kept stay few
+            found = _views(self.view, at, step, length, count)
+            if self._count + len(found) > KEPT_VIEWS:  # many shapes of window: start again
                 self._views.clear()
-            found = self._views[key] = _views(self.view, at, step, length, count)
+                self._count = 0
+            self._views[key] = found
+            self._count += len(found)
         return found
 
 
