@@ -11,6 +11,7 @@ reused buffers: a single byte wrong anywhere, a partial last chunk included, is 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -156,28 +157,35 @@ def test_gathered_tensors_write_and_verify_as_the_slow_path_gathers_them(
 
 
 def _damage_before_verifying(monkeypatch: pytest.MonkeyPatch, where: int) -> None:
-    """Each tensor's byte `where` flipped once it is written, before its verification is
-    queued."""
+    """Each tensor's byte `where` flipped once the part of it that holds it is written,
+    before that part's verification is queued."""
     real = writer.ShardWriter.verify_later
 
     def verify_later(
-        self: writer.ShardWriter, reader: int, display: str, placed: list[tuple[str, int]]
+        self: writer.ShardWriter, reader: int, display: str, placed: list[writer.Part]
     ) -> None:
-        for name, offset in placed:
-            at = offset + where % self.job.tensors[name].nbytes
-            os.pwrite(self.fd, bytes([os.pread(reader, 1, at)[0] ^ 0x10]), at)
+        for part in placed:
+            byte = where % self.job.tensors[part.name].nbytes
+            if part.begin <= byte < part.end:
+                at = part.offset + byte
+                os.pwrite(self.fd, bytes([os.pread(reader, 1, at)[0] ^ 0x10]), at)
         real(self, reader, display, placed)
 
     monkeypatch.setattr(writer.ShardWriter, "verify_later", verify_later)
 
 
-@pytest.mark.parametrize("where", [0, COMPARE_CHUNK - 1, COMPARE_CHUNK, -1])
+PART = 2**20 + 7  # a streamed tensor is copied and verified in parts of this many bytes
+
+
+@pytest.mark.parametrize("where", [0, COMPARE_CHUNK - 1, COMPARE_CHUNK, PART - 1, PART, -1])
 @pytest.mark.parametrize("kind", ["gathered", "streamed"])
 def test_one_wrong_byte_is_found_by_the_verification(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: int, kind: str
 ) -> None:
     """The writer's bytes damaged right after they are written (one byte: the first, either
-    side of a verification buffer's end, the last): the read-back must say so."""
+    side of a verification buffer's end or of a part's, the last): the read-back must say
+    so."""
+    monkeypatch.setattr(writer, "VERIFY_EVERY", PART)
     matrix = np.random.default_rng(5).integers(0, 256, (3001, 2000, 1), np.uint8)
     tensor, files = _column_shards(tmp_path, matrix, 2, [3, 5])  # 6 MB: several buffers
     if kind == "streamed":  # one rank file's block, as a plain range
@@ -223,3 +231,31 @@ def test_a_window_keeps_few_views_however_many_shapes_it_sees() -> None:
             views = window.views(3, step, 60, 2**16 // step - 1)
             assert [view.obj for view in views[:1]] == [window.buffer]
             assert len(views) == 2**16 // step - 1 and 0 < window.kept <= 1000
+
+
+def test_a_large_streamed_tensor_is_copied_and_verified_in_parts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Parts of VERIFY_EVERY bytes, each verified as soon as it is copied: the file is the
+    source's bytes, and every part was handed to verification, in order, once."""
+    monkeypatch.setattr(writer, "VERIFY_EVERY", PART)
+    data = np.random.default_rng(3).integers(0, 256, 3 * PART + 11, np.uint8).tobytes()
+    (tmp_path / "src").write_bytes(b"pad" + data)
+    tensor = TensorInfo(
+        "m", "U8", (len(data),), len(data), str(tmp_path / "src"), (3, 3 + len(data))
+    )
+    handed: list[tuple[int, int]] = []
+    real = writer.ShardWriter.verify_later
+
+    def verify_later(self: writer.ShardWriter, *args: object) -> None:
+        placed = args[2]
+        assert isinstance(placed, list)
+        handed.extend((part.begin, part.end) for part in placed)
+        real(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writer.ShardWriter, "verify_later", verify_later)
+    with LocalFile(str(tmp_path / "src")) as source:
+        path, (begin, end) = _write(tmp_path, tensor, lambda _: source)
+    assert path.read_bytes()[begin:end] == data
+    bounds = [*range(0, len(data), PART), len(data)]
+    assert handed == list(itertools.pairwise(bounds))

@@ -19,6 +19,7 @@ from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
+from ckptfix.core.tensor import Piece
 from ckptfix.formats.safetensors import (
     MAX_HEADER_SIZE,
     METADATA_KEY,
@@ -27,6 +28,7 @@ from ckptfix.formats.safetensors import (
     read_header,
 )
 from ckptfix.io.gather import CHUNK, Sources, Window, tensor_chunks, windows_into
+from ckptfix.layouts.slices import cut
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
@@ -201,7 +203,7 @@ class ShardWriter:
         if self.job.progress is not None:
             self.job.progress(self.done, self.plan.total_size)
 
-    def verify_later(self, reader: int, display: str, placed: list[tuple[str, int]]) -> None:
+    def verify_later(self, reader: int, display: str, placed: list[Part]) -> None:
         if self.job.verify:
             self.files.submit(reader, _verify_tensors, reader, display, placed, self.job)
 
@@ -251,23 +253,25 @@ class ShardWriter:
         copied every VERIFY_EVERY bytes and flushing it every FLUSH_EVERY."""
         fd, reader = self.fd, self.reader
         held = HeldRuns(self.target(fd, self.job.cloning))
-        done: list[tuple[str, int]] = []
+        done: list[Part] = []
         unverified = unflushed = 0
         for name, offset in placed:
-            self.tensor(held, offset, self.job.tensors[name])
-            done.append((name, offset))
+            tensor = self.job.tensors[name]
             # Cloned bytes leave nothing to write back: they do not count (cutting the held
             # run would copy the block it is cut in).
-            if not lines_up(self.job.tensors[name], offset, self.job.cloning or NO_CLONING):
-                unverified += self.job.tensors[name].nbytes
-            if unverified >= VERIFY_EVERY:  # start verification, and writeback, early
-                held.write()
-                unflushed += unverified
-                if unflushed >= FLUSH_EVERY:
-                    self.files.flush(reader, os.fdatasync, fd)
-                    unflushed = 0
-                self.verify_later(reader, display, done)
-                done, unverified = [], 0
+            cloned = lines_up(tensor, offset, self.job.cloning or NO_CLONING)
+            for part in _parts(name, offset, tensor, cloned):
+                self.tensor(held, part, tensor)
+                done.append(part)
+                unverified += 0 if cloned else part.end - part.begin
+                if unverified >= VERIFY_EVERY:  # start verification, and writeback, early
+                    held.write()
+                    unflushed += unverified
+                    if unflushed >= FLUSH_EVERY:
+                        self.files.flush(reader, os.fdatasync, fd)
+                        unflushed = 0
+                    self.verify_later(reader, display, done)
+                    done, unverified = [], 0
         held.write()
         self.verify_later(reader, display, done)
 
@@ -282,10 +286,11 @@ class ShardWriter:
         block = cloning.block if cloning is not None else None
         return Target(fd, self.advance, block, self.job.tally.add_cloned)
 
-    def tensor(self, held: HeldRuns, offset: int, tensor: OutTensor) -> None:
-        fd, cloning = held.target.fd, self.job.cloning or Cloning()
+    def tensor(self, held: HeldRuns, part: Part, tensor: OutTensor) -> None:
+        """Copy a part of a tensor (a streamed one's), or all of it."""
+        fd, cloning, offset = held.target.fd, self.job.cloning or Cloning(), part.offset
         if tensor.streamed:  # each run of each piece, kernel to kernel where it can
-            for piece in tensor.source.pieces:
+            for piece in part.pieces(tensor):
                 source = self.job.sources(piece.source)
                 for begin, at, length in piece.runs():
                     if piece.source in cloning.sources:  # cloned, with the runs it continues
@@ -305,6 +310,34 @@ class ShardWriter:
         digest = _write_produced(fd, offset, chunks, self.advance, True)
         if digest is not None:
             self.job.digests[tensor.name] = digest
+
+
+@dataclass(frozen=True)
+class Part:
+    """Tensor bytes [begin, end) of the tensor `name` written at file offset `offset`: what
+    is copied, then verified, in one go."""
+
+    name: str
+    offset: int
+    begin: int
+    end: int
+
+    def pieces(self, tensor: OutTensor) -> Sequence[Piece]:
+        """The pieces that hold the part's bytes, placed in the tensor."""
+        if (self.begin, self.end) == (0, tensor.nbytes):
+            return tensor.source.pieces
+        return cut(tensor.source.pieces, self.begin, self.end, self.begin)
+
+
+def _parts(name: str, offset: int, tensor: OutTensor, cloned: bool) -> list[Part]:
+    """A tensor copied and verified part by part: VERIFY_EVERY bytes at a time if it is
+    streamed and copied (so a large last tensor is verified while it is copied, not all
+    after the copy), else whole (gathered, cast, or cloned)."""
+    size = tensor.nbytes
+    if not tensor.streamed or cloned or size <= VERIFY_EVERY:
+        return [Part(name, offset, 0, size)]
+    cuts = range(0, size, VERIFY_EVERY)
+    return [Part(name, offset, begin, min(begin + VERIFY_EVERY, size)) for begin in cuts]
 
 
 def _write_produced(
@@ -339,15 +372,15 @@ def _equal_gathered(dst: int, offset: int, tensor: OutTensor, job: ShardJob) -> 
     return True
 
 
-def _verify_tensors(
-    dst: int, display: str, placed: Sequence[tuple[str, int]], job: ShardJob
-) -> None:
-    """Each tensor written at `(name, offset)` must equal its source: streamed ones compared
-    bitwise with the source range (or, for whole blocks cloned from it, by their physical
-    extents: see write.zerocopy.RunCheck), runs gathered in memory by gathering them again,
-    cast or strided ones by the digest taken when they were made."""
+def _verify_tensors(dst: int, display: str, placed: Sequence[Part], job: ShardJob) -> None:
+    """Each part written (a whole tensor, or a range of a streamed one) must equal its
+    source: streamed ones compared bitwise with the source range (or, for whole blocks
+    cloned from it, by their physical extents: see write.zerocopy.RunCheck), runs gathered
+    in memory by gathering them again, cast or strided ones by the digest taken when they
+    were made."""
     check = RunCheck(dst, job.cloning or Cloning(), job.tally, job.cancel)
-    for name, offset in placed:
+    for part in placed:
+        name, offset = part.name, part.offset
         tensor = job.tensors[name]
         source = tensor.source
         if tensor.streamed:
@@ -355,7 +388,7 @@ def _verify_tensors(
                 check.equal(
                     job.sources(piece.source), Run(piece.source, begin, offset + at, length)
                 )
-                for piece in source.pieces
+                for piece in part.pieces(tensor)
                 for begin, at, length in piece.runs()
             )
         elif tensor.gathered_runs:
