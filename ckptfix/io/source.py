@@ -130,8 +130,11 @@ class LocalFile:
                 self._fd = None
 
     def __del__(self) -> None:  # a safety net: owners close their sources explicitly
-        if self._fd is not None:
-            os.close(self._fd)
+        # Forgotten once closed: an owner's close() that runs later (a reference cycle
+        # collected at exit) must not close the number again, by then maybe another file's.
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)
 
     def __enter__(self) -> LocalFile:
         return self
