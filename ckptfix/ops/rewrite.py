@@ -11,7 +11,7 @@ from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import UsageError
+from ckptfix.core.errors import CkptfixError, UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
@@ -137,6 +137,8 @@ def _claim(
             in_place=in_place,
             write=not dry_run,
         )
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, target) from exc
 
@@ -258,6 +260,8 @@ def _write(
             needed += len(plan.shards) * (job.cloning.block or 0)  # padding
         check_free_space(folder, needed, claim.out)
         return _stage_and_commit(source, plan, job, claim, options)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
 

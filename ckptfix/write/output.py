@@ -9,7 +9,7 @@ import os
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ckptfix.core.errors import CkptfixError, CorruptFileError, WriteError
+from ckptfix.core.errors import CkptfixError, CorruptFileError, WriteError, WritePermissionError
 from ckptfix.core.sizes import format_size
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
@@ -80,7 +80,11 @@ def wrap_os_error(exc: OSError, out: str) -> CkptfixError:
             "no space left on device; nothing was written",
             "free some space or choose another -o folder",
         )
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return WritePermissionError(
+            out, f"cannot write: {exc.strerror}", "check the folder's permissions"
+        )
+    if exc.errno == errno.EROFS:
         return WriteError(out, f"cannot write: {exc.strerror}", "check the folder's permissions")
     where = exc.filename or out
     return WriteError(str(where), f"write failed: {exc.strerror}", "check the disk and run again")
