@@ -12,6 +12,9 @@ TYPE_CHECKING = False  # not typing's: importing typing would slow down every st
 if TYPE_CHECKING:
     from typing import Any
 
+    from ckptfix.api.output import SaveResult
+    from ckptfix.api.reader import Reader, TensorSpec, open  # noqa: A004 - ckptfix.open
+    from ckptfix.api.save import save
     from ckptfix.core.errors import (
         CkptfixError,
         CorruptFileError,
@@ -51,12 +54,15 @@ _EXPORTS = {
     "Interrupted": "ckptfix.core.errors",
     "OutputConflictError": "ckptfix.core.errors",
     "PlanError": "ckptfix.core.errors",
+    "Reader": "ckptfix.api.reader",
     "RemoteError": "ckptfix.core.errors",
     "RepairRefusedError": "ckptfix.core.errors",
     "Report": "ckptfix.ops.report",
     "RewriteResult": "ckptfix.ops.rewrite",
+    "SaveResult": "ckptfix.api.output",
     "Severity": "ckptfix.core.findings",
     "TensorInfo": "ckptfix.core.tensor",
+    "TensorSpec": "ckptfix.api.reader",
     "UnknownTensorError": "ckptfix.core.errors",
     "UnsafePickleError": "ckptfix.core.errors",
     "UnsupportedFormatError": "ckptfix.core.errors",
@@ -69,7 +75,9 @@ _EXPORTS = {
     "fix": "ckptfix.ops.fix",
     "hash_checkpoint": "ckptfix.ops.hash",
     "inspect": "ckptfix.ops.inspect",
+    "open": "ckptfix.api.reader",
     "reshard": "ckptfix.ops.rewrite",
+    "save": "ckptfix.api.save",
 }
 
 __all__ = [
@@ -85,12 +93,15 @@ __all__ = [
     "Interrupted",
     "OutputConflictError",
     "PlanError",
+    "Reader",
     "RemoteError",
     "RepairRefusedError",
     "Report",
     "RewriteResult",
+    "SaveResult",
     "Severity",
     "TensorInfo",
+    "TensorSpec",
     "UnknownTensorError",
     "UnsafePickleError",
     "UnsupportedFormatError",
@@ -104,7 +115,9 @@ __all__ = [
     "fix",
     "hash_checkpoint",
     "inspect",
+    "open",
     "reshard",
+    "save",
 ]
 
 

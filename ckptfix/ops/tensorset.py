@@ -46,6 +46,9 @@ class TensorSet:
     checkpoint: Checkpoint | None = field(default=None, repr=False, compare=False)
     # The tensors a training layout casts on the way out, as written (ops.cast_source).
     cast_sources: dict[str, ByteSource] = field(default_factory=dict, repr=False, compare=False)
+    # The chosen files' string header metadata, and their index's metadata (plan.source).
+    metadata: dict[str, str] = field(default_factory=dict, compare=False)
+    index_metadata: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def source(self, label: str) -> ByteSource:
         cast = self.cast_sources.get(label)
@@ -78,6 +81,8 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
         chosen.training_checkpoint,
         checkpoint=checkpoint,
         cast_sources=cast_sources,
+        metadata=dict(chosen.metadata),
+        index_metadata=dict(chosen.index_metadata),
     )
 
 
@@ -100,10 +105,14 @@ def _as_written(
 
 @contextmanager
 def opened(
-    path: str | os.PathLike[str], *, key: str = "auto", alias_record: bool = True
+    path: str | os.PathLike[str],
+    *,
+    key: str = "auto",
+    alias_record: bool = True,
+    zero_weights: str = "master",
 ) -> Iterator[TensorSet]:
     """Load and check a checkpoint once, yield its tensor set, close it at the end."""
-    checkpoint = load(path, ReadOptions(key=key))
+    checkpoint = load(path, ReadOptions(key=key, zero_weights=zero_weights))
     with checkpoint:
         report = report_of(
             checkpoint, checks.run(checkpoint, checks.CheckOptions(DEFAULT_MAX_SHARD))

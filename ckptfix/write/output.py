@@ -57,12 +57,21 @@ def check_free_space(folder: str, needed: int, out: str) -> None:
         )
 
 
-def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -> int:
+def index_bytes(plan: ShardPlan, index_metadata: Mapping[str, Any]) -> bytes:
+    """The index document of a plan: its metadata with `total_size`, the weight map."""
     document = {
         "metadata": {**index_metadata, "total_size": plan.total_size},
         "weight_map": plan.weight_map,
     }
-    data = (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+    return (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
+def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -> int:
+    return write_whole(path, index_bytes(plan, index_metadata))
+
+
+def write_whole(path: str, data: bytes) -> int:
+    """A new file holding `data`, fsynced; its size."""
     fd = create_file(path)
     try:
         write_all(fd, data, 0)
