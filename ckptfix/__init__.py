@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from ckptfix.api.output import SaveResult
     from ckptfix.api.reader import Reader, TensorSpec, open  # noqa: A004 - ckptfix.open
     from ckptfix.api.save import save
+    from ckptfix.api.writer import Writer
     from ckptfix.core.errors import (
         CkptfixError,
         CorruptFileError,
@@ -69,6 +70,7 @@ _EXPORTS = {
     "UsageError": "ckptfix.core.errors",
     "VerificationError": "ckptfix.core.errors",
     "WriteError": "ckptfix.core.errors",
+    "Writer": "ckptfix.api.writer",
     "convert": "ckptfix.ops.rewrite",
     "dedupe": "ckptfix.ops.rewrite",
     "diff": "ckptfix.ops.diff",
@@ -108,6 +110,7 @@ __all__ = [
     "UsageError",
     "VerificationError",
     "WriteError",
+    "Writer",
     "__version__",
     "convert",
     "dedupe",
