@@ -34,21 +34,34 @@ if TYPE_CHECKING:
     )
     from ckptfix.core.findings import Finding, Severity
     from ckptfix.core.tensor import TensorInfo
-    from ckptfix.ops.diff import DiffResult, diff
-    from ckptfix.ops.fix import FixResult, fix
-    from ckptfix.ops.hash import HashResult, hash_checkpoint
+    from ckptfix.ops.diff import DiffOptions, DiffResult, diff
+    from ckptfix.ops.fix import FixOptions, FixResult, fix
+    from ckptfix.ops.hash import HashOptions, HashResult, hash_checkpoint
     from ckptfix.ops.inspect import inspect
     from ckptfix.ops.report import FileSummary, Report
-    from ckptfix.ops.rewrite import RewriteResult, convert, dedupe, reshard
+    from ckptfix.ops.rewrite import (
+        ConvertOptions,
+        DedupeOptions,
+        ReshardOptions,
+        RewriteResult,
+        convert,
+        dedupe,
+        reshard,
+    )
     from ckptfix.plan.source import InputRefusedError
 
 _EXPORTS = {
     "CkptfixError": "ckptfix.core.errors",
+    "ConvertOptions": "ckptfix.ops.rewrite",
     "CorruptFileError": "ckptfix.core.errors",
+    "DedupeOptions": "ckptfix.ops.rewrite",
+    "DiffOptions": "ckptfix.ops.diff",
     "DiffResult": "ckptfix.ops.diff",
     "FileSummary": "ckptfix.ops.report",
     "Finding": "ckptfix.core.findings",
+    "FixOptions": "ckptfix.ops.fix",
     "FixResult": "ckptfix.ops.fix",
+    "HashOptions": "ckptfix.ops.hash",
     "HashResult": "ckptfix.ops.hash",
     "InputNotFoundError": "ckptfix.core.errors",
     "InputRefusedError": "ckptfix.plan.source",
@@ -59,6 +72,7 @@ _EXPORTS = {
     "RemoteError": "ckptfix.core.errors",
     "RepairRefusedError": "ckptfix.core.errors",
     "Report": "ckptfix.ops.report",
+    "ReshardOptions": "ckptfix.ops.rewrite",
     "RewriteResult": "ckptfix.ops.rewrite",
     "SaveResult": "ckptfix.api.output",
     "Severity": "ckptfix.core.findings",
@@ -84,11 +98,16 @@ _EXPORTS = {
 
 __all__ = [
     "CkptfixError",
+    "ConvertOptions",
     "CorruptFileError",
+    "DedupeOptions",
+    "DiffOptions",
     "DiffResult",
     "FileSummary",
     "Finding",
+    "FixOptions",
     "FixResult",
+    "HashOptions",
     "HashResult",
     "InputNotFoundError",
     "InputRefusedError",
@@ -99,6 +118,7 @@ __all__ = [
     "RemoteError",
     "RepairRefusedError",
     "Report",
+    "ReshardOptions",
     "RewriteResult",
     "SaveResult",
     "Severity",
