@@ -92,6 +92,30 @@ def test_a_bad_option_is_a_value_error(factory: Factory, tmp_path: Path) -> None
         ckptfix.save({}, tmp_path / "out", max_shard="5 gigs")
     with pytest.raises(UsageError):
         ckptfix.save({}, tmp_path / "out", shared="share")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_shard: invalid size '5 gigs'"):
+        ckptfix.ReshardOptions(max_shard="5 gigs")  # when the options are made
+    with pytest.raises(ValueError, match="max_shard: size 0 must be at least one byte"):
+        ckptfix.inspect(path, max_shard=0)
+
+
+def test_max_shard_takes_a_size_as_text(tmp_path: Path) -> None:
+    """max_shard is `int | str` in every call that takes it, as --max-shard takes it."""
+    import numpy as np
+
+    state = {f"t{i}": np.full(200, i, dtype=np.float32) for i in range(3)}  # 800 bytes each
+    ckptfix.save(state, tmp_path / "one")
+    path = tmp_path / "one" / "model.safetensors"
+    assert [f.code for f in ckptfix.inspect(path, max_shard="700B").findings] == [
+        "oversized-tensor"
+    ]
+    assert [f.code for f in ckptfix.inspect(path, max_shard="1KB").findings] == []
+    result = ckptfix.reshard(tmp_path / "one", tmp_path / "split", ckptfix.ReshardOptions("1KB"))
+    assert [len(shard.tensors) for shard in result.plan.shards] == [1, 1, 1]
+    assert result.plan.max_shard == 1000
+    converted = ckptfix.convert(
+        tmp_path / "one", tmp_path / "torch", ckptfix.ConvertOptions(max_shard="2KB", to="torch")
+    )
+    assert [len(shard.tensors) for shard in converted.plan.shards] == [2, 1]
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,8 @@ def roundtrip(path: str, out: str) -> int:
         writer.add("w", np.zeros(3))
         writer.add("t", tensor)
     written: ckptfix.SaveResult = writer.close()
+    ckptfix.convert(path, out, ckptfix.ConvertOptions(to="torch", dtype="bf16", max_shard="2GB"))
+    report: ckptfix.Report = ckptfix.inspect(path, max_shard="5GB")
     try:
         ckptfix.reshard(path, out, ckptfix.ReshardOptions(max_shard=10))
     except FileNotFoundError as missing:
@@ -57,7 +59,6 @@ def roundtrip(path: str, out: str) -> int:
     except ckptfix.CkptfixError as error:
         code: str | None = error.code
         rule: str = error.label
-    report: ckptfix.Report = ckptfix.inspect(path)
     return len(sizes) + len(aliases) + len(metadata) + len(shape) + array.size + written.nbytes
 """
 
@@ -69,6 +70,7 @@ def wrong(path: str) -> int:
     ckptfix.save({}, path, shared="share")
     with ckptfix.open(path) as reader:
         count: int = reader.get("w", framework="pt")
+    ckptfix.convert(path, path, ckptfix.ConvertOptions(dtype="bf17"))
     return count
 """
 
@@ -94,6 +96,8 @@ def test_a_users_script_type_checks_and_a_wrong_one_does_not(tmp_path: Path) -> 
         "\"Literal['share']\"; expected \"Literal['dedupe', 'clone']\"  [arg-type]",
         'wrong.py:8: error: Incompatible types in assignment (expression has type "Tensor", '
         'variable has type "int")  [assignment]',
+        'wrong.py:9: error: Argument "dtype" to "ConvertOptions" has incompatible type '
+        "\"Literal['bf17']\"; expected \"Literal['keep', 'bf16', 'fp16', 'fp32']\"  [arg-type]",
     ], done.stdout
 
 

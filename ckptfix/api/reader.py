@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from ckptfix.api.arrays import check_framework, from_bytes
-from ckptfix.api.types import FRAMEWORKS, Framework, ZeroWeights, choice
+from ckptfix.api.types import FRAMEWORKS, Framework, choice
 from ckptfix.checks.config import implied_head
+from ckptfix.core.choices import ZeroWeights
 from ckptfix.core.errors import UnknownTensorError, UsageError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.gather import tensor_into

@@ -17,9 +17,10 @@ from ckptfix.api.output import (
     open_sink,
     writing,
 )
-from ckptfix.api.types import ConfigLike, Shared, Size, choice, shard_size
+from ckptfix.api.types import ConfigLike, Shared, Size, choice
 from ckptfix.checks.config import tie_decision
 from ckptfix.core.errors import UsageError
+from ckptfix.core.sizes import shard_size
 from ckptfix.ops.tensorset import DROPPED_KEY
 from ckptfix.plan.memory import Item, choose_names, plan_memory
 from ckptfix.plan.shards import ShardPlan

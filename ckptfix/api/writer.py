@@ -22,8 +22,9 @@ from typing import Any
 from ckptfix.api import output
 from ckptfix.api.arrays import as_memory
 from ckptfix.api.output import SaveResult
-from ckptfix.api.types import ConfigLike, Size, shard_size
+from ckptfix.api.types import ConfigLike, Size
 from ckptfix.core.errors import UsageError, VerificationError
+from ckptfix.core.sizes import shard_size
 from ckptfix.io.source import LocalFile
 from ckptfix.plan.shards import OutputName, PlannedShard, ShardPlan
 from ckptfix.write.copy import write_all

@@ -11,8 +11,9 @@ from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
+from ckptfix.core.choices import CastDtype, Target, ZeroWeights
 from ckptfix.core.errors import CkptfixError, UsageError
-from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD, shard_size
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
 from ckptfix.io.folder import LOCAL
@@ -307,24 +308,32 @@ def _stage_and_commit(
 class RewriteOptions:
     """What every rewrite takes."""
 
-    max_shard: int = DEFAULT_MAX_SHARD
+    max_shard: int | str = DEFAULT_MAX_SHARD  # bytes, or "5GB" as --max-shard takes it
     dry_run: bool = False
     force: bool = False  # replace an OUT that holds a checkpoint
     replace_any: bool = False  # with force: replace an OUT that holds other files too
     progress: Progress | None = None
 
+    def __post_init__(self) -> None:
+        shard_size(self.max_shard)  # a bad size is a ValueError when the options are made
+
+    @property
+    def shard_bytes(self) -> int:
+        """max_shard in bytes."""
+        return shard_size(self.max_shard)
+
 
 @dataclass(frozen=True)
 class ConvertOptions(RewriteOptions):
-    to: str = "safetensors"  # or "torch"
-    dtype: str = "keep"  # bf16, fp16, fp32 or keep
+    to: Target = "safetensors"  # or "torch"
+    dtype: CastDtype = "keep"  # bf16, fp16, fp32 or keep
     key: str = "auto"  # where the tensors sit in a training checkpoint
     strip_prefix: str | None = None  # a prefix, "auto", or None
     exclude: tuple[str, ...] = ()  # globs of tensor names to leave out
     keep: str = "first"  # which alias name to keep: first, last or a regex
     clone: bool = False  # write every alias as its own copy
     verify: bool = True
-    zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
+    zero_weights: ZeroWeights = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
 
 
 @dataclass(frozen=True)
@@ -358,7 +367,7 @@ def _opened(
         in_place=in_place,
         dry_run=options.dry_run,
     ) as claim:
-        opened = open_checkpoint(source, max_shard=options.max_shard, **open_options)
+        opened = open_checkpoint(source, max_shard=options.shard_bytes, **open_options)
         with opened.checkpoint:
             yield opened, claim
 
@@ -394,7 +403,7 @@ def convert(
         )
         selection = select(opened.tensors, choice, opened.checkpoint.source)
         write = WriteOptions(
-            options.max_shard,
+            options.shard_bytes,
             options.to,
             dry_run=options.dry_run,
             verify=options.verify,
@@ -427,7 +436,9 @@ def dedupe(
             ties=_config_ties(opened.checkpoint, opened.tensors),
         )
         selection = select(opened.tensors, choice, opened.checkpoint.source)
-        write = WriteOptions(options.max_shard, dry_run=options.dry_run, progress=options.progress)
+        write = WriteOptions(
+            options.shard_bytes, dry_run=options.dry_run, progress=options.progress
+        )
         return _write(opened, selection, claim, write)
 
 
@@ -441,7 +452,7 @@ def reshard(
     with _opened(src, out, options, in_place=options.in_place) as (opened, claim):
         selection = Selection(tuple(OutTensor.same(tensor) for tensor in opened.tensors))
         write = WriteOptions(
-            options.max_shard,
+            options.shard_bytes,
             in_place=options.in_place,
             dry_run=options.dry_run,
             progress=options.progress,
