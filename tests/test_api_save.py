@@ -301,6 +301,39 @@ def test_a_failed_write_stops_its_checks_before_closing_their_file(
     _nothing_left(tmp_path, tmp_path / "out")
 
 
+def test_the_checks_run_while_the_disk_catches_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync waits for the disk; the read-back checks go on meanwhile (on a pool shared
+    with the syncs, two waiting syncs held both workers and the checks waited for them)."""
+    import threading
+
+    import numpy as np
+
+    from ckptfix.write import sink
+
+    monkeypatch.setattr(sink, "VERIFY_BATCH", 1)  # a check and a sync after every tensor
+    monkeypatch.setattr(sink, "SYNC_EVERY", 1)
+    state = {f"t{i}": np.full(1000, i, dtype=np.float32) for i in range(4)}
+    checked, all_checked, waited = [], threading.Event(), []
+    real_verify, real_sync = sink.LocalSink._verify, os.fdatasync
+
+    def counting_verify(self: Any, *args: Any) -> None:
+        real_verify(self, *args)
+        checked.append(1)
+        if len(checked) == len(state):
+            all_checked.set()
+
+    def slow_disk(fd: int) -> None:  # the disk is done once every tensor has been checked
+        waited.append(all_checked.wait(2))
+        real_sync(fd)
+
+    monkeypatch.setattr(sink.LocalSink, "_verify", counting_verify)
+    monkeypatch.setattr(os, "fdatasync", slow_disk)
+    ckptfix.save(state, tmp_path / "out")
+    assert waited and all(waited)  # no sync waited in vain for a check stuck behind it
+
+
 def test_what_reads_back_different_is_never_published(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -145,16 +145,20 @@ def write_plan(
 
 class _Verifier:
     """Two worker threads that read back what the calling thread wrote and compare it with
-    what it was meant to be; the first difference or failure is raised by `wait()`."""
+    what it was meant to be, and one that has the disk write it back (fdatasync, fsync); the
+    first difference or failure is raised by `wait()`. The syncs have their own thread: one
+    waits for the disk for as long as the data takes to reach it, and the checks queued
+    behind it on a shared pool would then run only after the writing, not alongside it."""
 
     def __init__(self) -> None:
         self.workers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-verify")
+        self.syncer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptfix-sync")
         self.jobs: list[Future[Any]] = []
         self.cancel = threading.Event()
         self.buffers = threading.local()
 
-    def submit(self, function: Callable[..., Any], *args: Any) -> None:
-        self.jobs.append(self.workers.submit(function, *args))
+    def submit(self, function: Callable[..., Any], *args: Any, sync: bool = False) -> None:
+        self.jobs.append((self.syncer if sync else self.workers).submit(function, *args))
         for finished in [job for job in self.jobs if job.done()]:
             finished.result()  # a difference found early stops the write early
             self.jobs.remove(finished)
@@ -167,6 +171,7 @@ class _Verifier:
     def stop(self) -> None:
         self.cancel.set()
         self.workers.shutdown(wait=True)
+        self.syncer.shutdown(wait=True)
         for job in self.jobs:
             if job.done() and not job.cancelled():
                 job.exception()  # retrieved: a Cancelled there is expected
@@ -250,7 +255,7 @@ class LocalSink:
                     placed, pending = [], 0
                     unsynced += VERIFY_BATCH
                 if unsynced >= SYNC_EVERY:  # the disk writes back while copying goes on
-                    self.verifier.submit(os.fdatasync, fd)
+                    self.verifier.submit(os.fdatasync, fd, sync=True)
                     unsynced = 0
             self.verifier.submit(self._verify, reader, display, placed)
             self.verifier.wait()
@@ -264,7 +269,7 @@ class LocalSink:
         finally:
             os.close(reader)
         self.verifier.submit(verify_header, path, display, list(header.entries), header.metadata)
-        self.verifier.submit(_sync_and_close, fd)
+        self.verifier.submit(_sync_and_close, fd, sync=True)
         return WrittenFile(name, offset)
 
     def _verify(self, reader: int, display: str, placed: Sequence[tuple[int, Part]]) -> None:
