@@ -21,6 +21,8 @@ if TYPE_CHECKING:
         CorruptFileError,
         InputNotFoundError,
         Interrupted,
+        MappingError,
+        OpenFilesError,
         OutputConflictError,
         PlanError,
         RemoteError,
@@ -39,22 +41,15 @@ if TYPE_CHECKING:
     from ckptfix.ops.hash import HashOptions, HashResult, hash_checkpoint
     from ckptfix.ops.inspect import inspect
     from ckptfix.ops.report import FileSummary, Report
-    from ckptfix.ops.rewrite import (
-        ConvertOptions,
-        DedupeOptions,
-        ReshardOptions,
-        RewriteResult,
-        convert,
-        dedupe,
-        reshard,
-    )
+    from ckptfix.ops.rewrite import RewriteResult, convert, dedupe, reshard
+    from ckptfix.ops.rewrite_options import ConvertOptions, DedupeOptions, ReshardOptions
     from ckptfix.plan.source import InputRefusedError
 
 _EXPORTS = {
     "CkptfixError": "ckptfix.core.errors",
-    "ConvertOptions": "ckptfix.ops.rewrite",
+    "ConvertOptions": "ckptfix.ops.rewrite_options",
     "CorruptFileError": "ckptfix.core.errors",
-    "DedupeOptions": "ckptfix.ops.rewrite",
+    "DedupeOptions": "ckptfix.ops.rewrite_options",
     "DiffOptions": "ckptfix.ops.diff",
     "DiffResult": "ckptfix.ops.diff",
     "FileSummary": "ckptfix.ops.report",
@@ -66,13 +61,15 @@ _EXPORTS = {
     "InputNotFoundError": "ckptfix.core.errors",
     "InputRefusedError": "ckptfix.plan.source",
     "Interrupted": "ckptfix.core.errors",
+    "MappingError": "ckptfix.core.errors",
+    "OpenFilesError": "ckptfix.core.errors",
     "OutputConflictError": "ckptfix.core.errors",
     "PlanError": "ckptfix.core.errors",
     "Reader": "ckptfix.api.reader",
     "RemoteError": "ckptfix.core.errors",
     "RepairRefusedError": "ckptfix.core.errors",
     "Report": "ckptfix.ops.report",
-    "ReshardOptions": "ckptfix.ops.rewrite",
+    "ReshardOptions": "ckptfix.ops.rewrite_options",
     "RewriteResult": "ckptfix.ops.rewrite",
     "SaveResult": "ckptfix.api.output",
     "Severity": "ckptfix.core.findings",
@@ -112,6 +109,8 @@ __all__ = [
     "InputNotFoundError",
     "InputRefusedError",
     "Interrupted",
+    "MappingError",
+    "OpenFilesError",
     "OutputConflictError",
     "PlanError",
     "Reader",

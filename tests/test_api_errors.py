@@ -175,3 +175,17 @@ def test_what_the_os_will_not_let_a_user_read_or_write(factory: Factory, tmp_pat
         "save WritePermissionError",
     ]
     assert os.listdir(locked) == []
+
+
+def test_a_mapping_that_does_not_fit_is_a_value_error(tmp_path: Path) -> None:
+    """convert's --to-hf as a function: a Megatron checkpoint and a target config whose
+    tensors do not correspond is a bad argument (ValueError) naming its rule."""
+    from tests import megatron_builders as tiny
+
+    config = tiny.config_file(tmp_path / "base", model_type="qwen3")
+    options = ckptfix.ConvertOptions(to_hf=str(config))
+    with pytest.raises(ValueError) as refused:
+        ckptfix.convert(tiny.SAVED, tmp_path / "never", options)
+    assert isinstance(refused.value, ckptfix.MappingError)
+    assert (refused.value.rule, refused.value.exit_code) == ("hf-unsourced", 1)
+    assert not (tmp_path / "never").exists()

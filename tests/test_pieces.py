@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.core.tensor import Piece, TensorInfo, tiling_problem
 from ckptfix.formats.safetensors import read_header
+from ckptfix.io import gather
 from ckptfix.io.gather import tensor_bytes, tensor_into
 from ckptfix.io.source import ByteSource, LocalFile
 from ckptfix.plan.select import OutTensor
@@ -87,11 +89,14 @@ def test_pieces_read_and_write_back_in_row_major_order(
     assert tiling_problem(tensor) is None
     sources = {piece.source: LocalFile(piece.source) for piece in pieces}
     assert tensor_bytes(sources.__getitem__, tensor) == matrix.tobytes()
-    # straight into memory (the library's get), from the files and through read_at
+    # straight into memory (the library's get), from the files and through read_at, run by
+    # run and (runs this short) gathered in windows
     for source_of in (sources.__getitem__, lambda label: _NoFd(sources[label])):
-        into = bytearray(matrix.nbytes)
-        tensor_into(source_of, tensor, memoryview(into))
-        assert bytes(into) == matrix.tobytes()
+        for below in (0, gather.GATHER_BELOW):
+            into = bytearray(matrix.nbytes)
+            with mock.patch.object(gather, "GATHER_BELOW", below):
+                tensor_into(source_of, tensor, memoryview(into))
+            assert bytes(into) == matrix.tobytes()
     # through the writer, with a chunk-sized window smaller than the tensor
     out = root / "out"
     out.mkdir()
@@ -121,9 +126,6 @@ class _NoFd:
     def read_at(self, offset: int, size: int) -> bytes:
         return self.source.read_at(offset, size)
 
-    def fileno(self) -> int | None:
-        return None
-
 
 def test_a_file_that_shrinks_under_tensor_into_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "part.bin"
@@ -142,13 +144,14 @@ def test_a_file_that_shrinks_under_tensor_into_is_refused(tmp_path: Path) -> Non
 
 
 def test_a_local_file_closes_its_descriptor_once(tmp_path: Path) -> None:
-    """close() after the safety net ran (a reference cycle collected at exit: __del__ first,
-    then an owner's close) must not close the number again, by then another file's."""
+    """A second close() (an owner's, after the file was closed once) must not close the
+    number again, by then maybe another file's."""
     (tmp_path / "a").write_bytes(b"a")
     (tmp_path / "b").write_bytes(b"b")
     source = LocalFile(str(tmp_path / "a"))
-    number = source.fd()
-    source.__del__()
+    with source.held() as number:
+        pass
+    source.close()
     other = os.open(tmp_path / "b", os.O_RDONLY)  # the lowest free number: the same one
     try:
         assert other == number

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ckptfix.core.dtypes import TORCH_DTYPES, TORCH_NAMES
+from ckptfix.core.dtypes import DTYPES, TORCH_DTYPES, TORCH_NAMES
 from ckptfix.core.errors import UsageError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.gather import row_blocks
@@ -49,7 +49,15 @@ _RAW_TORCH = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}  # same-width raw 
 
 def check_framework(tensor: TensorInfo, framework: str) -> None:
     """Refuse a tensor the framework has no dtype for (numpy: bf16, fp8), naming the one
-    that has it; torch is needed for framework="pt"."""
+    that has it; torch is needed for framework="pt". A block-quantized GGUF tensor (Q4_K,
+    ...) has a dtype in neither: its values exist only decoded."""
+    if DTYPES[tensor.dtype].quantized:
+        what = (
+            f"tensor {tensor.name!r} is block-quantized ({tensor.dtype}), which neither numpy "
+            "nor torch has a dtype for"
+        )
+        fix = "decode the file with `ckptfix convert --dequantize bf16|fp16|fp32`, then open that"
+        raise UsageError(tensor.file, what, fix, rule="quantized-tensor")
     if framework == "pt":
         try:
             import torch  # noqa: F401 - only whether it can be

@@ -13,7 +13,7 @@ from typing import Any
 from ckptfix.api.types import ConfigLike
 from ckptfix.core.errors import CkptfixError, UsageError
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
-from ckptfix.ops.tensorset import DROPPED_KEY
+from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.write.output import check_free_space, wrap_os_error
 from ckptfix.write.sink import LocalSink, Sink
 from ckptfix.write.staging import claim_output

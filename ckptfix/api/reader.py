@@ -25,7 +25,8 @@ from ckptfix.core.choices import ZeroWeights
 from ckptfix.core.errors import UnknownTensorError, UsageError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.gather import tensor_into
-from ckptfix.ops.tensorset import DROPPED_KEY, TensorSet, opened
+from ckptfix.ops.tensorset import TensorSet, opened
+from ckptfix.plan.alias_record import DROPPED_KEY
 
 if TYPE_CHECKING:
     import numpy as np

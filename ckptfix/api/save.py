@@ -21,7 +21,7 @@ from ckptfix.api.types import ConfigLike, Shared, Size, choice
 from ckptfix.checks.config import tie_decision
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import shard_size
-from ckptfix.ops.tensorset import DROPPED_KEY
+from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.memory import Item, choose_names, plan_memory
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.sink import write_plan

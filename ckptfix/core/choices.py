@@ -8,3 +8,4 @@ from typing import Literal
 ZeroWeights = Literal["master", "module"]  # DeepSpeed: fp32 master weights, or the module copy
 Target = Literal["safetensors", "torch"]  # what convert writes
 CastDtype = Literal["keep", "bf16", "fp16", "fp32"]  # what convert casts floating tensors to
+DecodeDtype = Literal["bf16", "fp16", "fp32"]  # what convert decodes GGUF quantized tensors to

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfix.core.dtypes import DTYPES, DType
+from ckptfix.core.dtypes import SAFETENSORS_DTYPES, DType
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.memory import paused_gc
@@ -110,7 +110,7 @@ def _check_entry(name: str, entry: object, path: str) -> tuple[str, tuple[int, .
 
 
 def _entry_dtype(name: str, dtype_name: object, path: str) -> DType:
-    dtype = DTYPES.get(dtype_name) if type(dtype_name) is str else None
+    dtype = SAFETENSORS_DTYPES.get(dtype_name) if type(dtype_name) is str else None
     if dtype is None:
         raise CorruptFileError(
             path,
@@ -186,7 +186,7 @@ def _check_size(
         )
 
 
-_BITS = {name: dtype.bits for name, dtype in DTYPES.items()}
+_BITS = {name: dtype.bits for name, dtype in SAFETENSORS_DTYPES.items()}
 
 
 def _fast_entry(entry: Any) -> tuple[str, tuple[int, ...], int, int] | None:
@@ -408,7 +408,9 @@ class SafetensorsFormat:
         )
 
     def checks(self, file: FileRead) -> list[Finding]:
-        found: list[Finding] = []
+        from ckptfix.formats.hf_sharding import piece_findings
+
+        found: list[Finding] = piece_findings(file)
         if "format" not in (file.metadata or {}):
             found.append(
                 finding(

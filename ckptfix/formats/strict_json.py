@@ -108,6 +108,16 @@ def _fast_json(raw: bytes) -> dict[str, Any] | None:
     return parsed if keys == raw.count(b'":') else None
 
 
+def loads(text: str | bytes) -> Any:
+    """`json.loads` for text a file gave: nesting too deep for the parser (past about 1,000
+    levels it raises RecursionError, which escaped as an internal error) is a ValueError, as
+    any other text that is not JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+
+
 def parse_header_json(raw: bytes, path: str) -> dict[str, Any]:
     """Decode header bytes as strict JSON with a top-level object."""
     fast = _fast_json(raw)

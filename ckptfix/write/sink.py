@@ -23,7 +23,7 @@ from ckptfix.formats.safetensors import MAX_HEADER_SIZE, HeaderEntry, encode_hea
 from ckptfix.io.source import ByteSource
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import Cancelled, copy_from, source_equal, write_all
-from ckptfix.write.output import create_file, index_bytes, write_whole
+from ckptfix.write.output import index_bytes, open_output, write_whole
 from ckptfix.write.results import WrittenFile
 from ckptfix.write.safetensors import verify_header
 from ckptfix.write.staging import Claim, Staging
@@ -241,8 +241,7 @@ class LocalSink:
         shard's header is checked and the file fsynced behind, by `commit()`."""
         path = os.path.join(self.staging.path, name)
         display = os.path.join(self.out, name)
-        fd = create_file(path)
-        reader = os.open(path, os.O_RDONLY)
+        reader, fd = open_output(path)  # room made among the sources' idle descriptors
         try:
             write_all(fd, header.data, 0)
             offset, placed, pending, unsynced = len(header.data), [], 0, 0
