@@ -106,6 +106,25 @@ def test_a_per_rank_hf_writer_set_reads_as_convert_writes_it(tmp_path: Path) -> 
         assert reader.get("embed.weight").ravel().tolist() == [float(i) for i in range(15)]
 
 
+def test_zero_weights_picks_the_copy_a_deepspeed_folder_holding_two_reads(tmp_path: Path) -> None:
+    """ZeRO partitions and a universal checkpoint in one tag folder: the partitions by
+    default, the universal copy with zero_weights="universal" (as --zero-weights), never a mix."""
+    from tests.zero_builders import ZeroSpec, universal_zero, weights, zero_folder
+
+    root = zero_folder(tmp_path / "ds", ZeroSpec())
+    master = weights(ZeroSpec())
+    universal = {name: tensor * 10 + 1 for name, tensor in master.items()}
+    universal_zero(root / "global_step1", universal)
+    for kind, expected in (("master", master), ("universal", universal)):
+        with ckptfix.open(root, zero_weights=kind) as reader:
+            assert sorted(reader.keys()) == sorted(expected)
+            for name, tensor in expected.items():
+                got = reader.get(name, framework="pt")
+                assert torch_bytes(got) == torch_bytes(tensor.float()), (kind, name)
+    with pytest.raises(ValueError, match="unknown choice 'universl'"):
+        ckptfix.open(root, zero_weights="universl")  # type: ignore[arg-type]
+
+
 @pytest.mark.slow
 def test_framework_folders_read_as_convert_writes_them(
     accelerate_saved: Path, hf_writer_saved: Path, tmp_path: Path

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 from ckptfix.api.arrays import check_framework, from_bytes
 from ckptfix.api.types import FRAMEWORKS, Framework, choice
@@ -155,11 +155,12 @@ def open(  # noqa: A001 - ckptfix.open, as safetensors.safe_open and io.open
 
     `key` picks the part of a torch.distributed.checkpoint app state that holds the model
     (default: found as the CLI finds it); `zero_weights` reads a DeepSpeed checkpoint's fp32
-    "master" weights (as zero_to_fp32 makes them) or its "module" copy. A checkpoint with an
+    "master" weights (as zero_to_fp32 makes them), its "module" copy, or the fp32 weights of
+    the "universal" checkpoint it holds (as --zero-weights does). A checkpoint with an
     error finding in what would be read is refused with the CLI's error (a ValueError, or
     FileNotFoundError / PermissionError for a path or URL that is missing or not allowed).
     """
-    choice(zero_weights, ("master", "module"), "zero_weights")
+    choice(zero_weights, get_args(ZeroWeights), "zero_weights")
     if key is not None and not isinstance(key, str):
         raise UsageError("key", f"{key!r} is not a string", "pass the app state's key")
     stack = ExitStack()

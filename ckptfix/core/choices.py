@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-ZeroWeights = Literal["master", "module"]  # DeepSpeed: fp32 master weights, or the module copy
+# DeepSpeed: the fp32 master weights of the optimizer partitions, the module copy, or the fp32
+# weights of a universal checkpoint
+ZeroWeights = Literal["master", "module", "universal"]
 Target = Literal["safetensors", "torch"]  # what convert writes
 CastDtype = Literal["keep", "bf16", "fp16", "fp32"]  # what convert casts floating tensors to
 DecodeDtype = Literal["bf16", "fp16", "fp32"]  # what convert decodes GGUF quantized tensors to

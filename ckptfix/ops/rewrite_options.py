@@ -39,7 +39,7 @@ class ConvertOptions(RewriteOptions):
     keep: str = "first"  # which alias name to keep: first, last or a regex
     clone: bool = False  # write every alias as its own copy
     verify: bool = True
-    zero_weights: ZeroWeights = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
+    zero_weights: ZeroWeights = "master"  # DeepSpeed: master, module or universal weights
     dequantize: DecodeDtype | None = None  # GGUF: decode block-quantized tensors to this dtype
     to_hf: str | None = None  # Megatron: the Hugging Face config.json (or model type) to map to
 

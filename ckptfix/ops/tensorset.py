@@ -21,6 +21,7 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.core.training import weights_note
 from ckptfix.formats.base import ReadOptions
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import report_of
@@ -45,6 +46,8 @@ class TensorSet:
     # The chosen files' string header metadata, and their index's metadata (plan.source).
     metadata: dict[str, str] = field(default_factory=dict, compare=False)
     index_metadata: dict[str, Any] = field(default_factory=dict, compare=False)
+    # Which copy of a DeepSpeed folder's weights was read, when it holds two (core.training).
+    weights_note: str | None = None
 
     def source(self, label: str) -> ByteSource:
         cast = self.cast_sources.get(label)
@@ -69,6 +72,7 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
     aliases = chosen.aliases
     tensors = dict(stored)
     tensors.update({dropped: stored[kept] for dropped, kept in aliases.items()})
+    layout = checkpoint.training.to_dict() if checkpoint.training is not None else None
     return TensorSet(
         checkpoint.path,
         tensors,
@@ -78,6 +82,7 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
         cast_sources=cast_sources,
         metadata=dict(chosen.metadata),
         index_metadata=dict(chosen.index_metadata),
+        weights_note=weights_note(layout),
     )
 
 
