@@ -636,6 +636,14 @@ def bench_remote(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_library(repeat: int) -> None:
+    """ckptfix.save against huggingface_hub and safetensors, open().get(): bench/library.py."""
+    import library
+
+    for row in library.bench_library(repeat):
+        print(row, flush=True)
+
+
 def bench_startup(repeat: int) -> None:
     """Start-up time (`ckptfix inspect --help` and others): bench/startup.py."""
     import startup
@@ -690,6 +698,7 @@ def main() -> None:
         "inspect",
         "remote",
         "reflink",
+        "library",
         "gguf",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
@@ -717,6 +726,7 @@ def main() -> None:
         "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
         "remote": lambda: bench_remote(args.repeat),
         "reflink": lambda: bench_zero_copy(writes),
+        "library": lambda: bench_library(writes),
         "gguf": lambda: bench_gguf(writes),
     }
     for job in [args.only] if args.only else jobs:

@@ -285,6 +285,21 @@ def test_an_empty_folder_is_one_line_naming_its_rule(tmp_path: Path, command: st
     ]
 
 
+@pytest.mark.parametrize("command", ["hash", "reshard", "convert", "dedupe"])
+def test_an_empty_folder_refused_names_the_finding_code_in_json(
+    tmp_path: Path, command: str
+) -> None:
+    """A refusal for a finding carries the finding's code (README, Exit codes), in the JSON
+    error document and on the library's error: it was `input-refused`."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    extra = [] if command == "hash" else ["-o", tmp_path / "out"]
+    run = cli(command, empty, *extra, "--json")
+    assert run.code == 1
+    error = json.loads(run.stdout)["error"]
+    assert (error["code"], error["rule"]) == ("no-weights", "no-weights")
+
+
 @pytest.mark.parametrize("form", ["safetensors", "zip"])
 def test_a_single_flipped_bit_is_found(tmp_path: Path, form: str) -> None:
     """One bit flipped in the file's tensor data changes the digest to the one torch's

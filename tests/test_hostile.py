@@ -269,6 +269,24 @@ def test_an_unreadable_side_file_is_named_by_a_write(factory: Factory, command: 
     )
 
 
+def test_an_unreadable_side_file_is_named_by_a_gguf_reshard(factory: Factory) -> None:
+    """As for safetensors: the file that could not be read is named, not OUT (an unreadable
+    file's error is a PermissionError too, which the write's OSError handler took for the
+    output's)."""
+    from tests.gguf_files import write_gguf
+
+    folder = factory.root / "g"
+    write_gguf(folder / "llama-Q4_K.gguf")
+    (folder / "README.md").write_text("notes")
+    os.chmod(folder / "README.md", 0)
+    _one_line_as_another_user(
+        factory,
+        ["reshard", folder, "-o", "OUT", "--max-shard", "3000"],
+        f"error: {folder / 'README.md'}: cannot read the file: Permission denied (rule "
+        "unreadable; check its permissions)",
+    )
+
+
 @pytest.mark.parametrize("kind", ["streamed", "gathered"])
 def test_source_truncated_while_being_read(
     factory: Factory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str

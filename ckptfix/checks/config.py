@@ -37,10 +37,44 @@ def _tie_setting(config: Mapping[str, Any]) -> tuple[bool, bool, str]:
 def declared_ties(config: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
     """{head: embedding} when config.json ties them (explicitly or by its model type's
     default) and both are stored: transformers fills the head from the embedding."""
+    return tie_decision(config, names)[0]
+
+
+def tie_decision(
+    config: Mapping[str, Any], names: Sequence[str]
+) -> tuple[dict[str, str], frozenset[str]]:
+    """What transformers makes of a head and an embedding both named: ({head: embedding})
+    when config.json ties them (the head need not be stored), or the head alone when it
+    does not (the head is read on its own, and must be stored)."""
     embedding = min((n for n in names if n.endswith(_EMBEDDING_SUFFIXES)), default=None)
     head = min((n for n in names if n.endswith(_HEAD_NAMES)), default=None)
-    if embedding is None or head is None or not _tie_setting(config)[0]:
+    if embedding is None or head is None:
+        return {}, frozenset()
+    if _tie_setting(config)[0]:
+        return {head: embedding}, frozenset()
+    return {}, frozenset({head})
+
+
+# The architectures whose head transformers names `lm_head.weight` (GPT-NeoX: embed_out).
+_HEADED = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def implied_head(config: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
+    """{head: embedding} for a head that is not stored because config.json ties it to the
+    stored embedding (what transformers' save_pretrained leaves out): the head a loader
+    fills from the embedding. Only for a language model's head (config.json's
+    `architectures`), under the name transformers gives it."""
+    embedding = min((n for n in names if n.endswith(_EMBEDDING_SUFFIXES)), default=None)
+    architectures = config.get("architectures")
+    if (
+        embedding is None
+        or any(n.endswith(_HEAD_NAMES) for n in names)
+        or not isinstance(architectures, list)
+        or not any(isinstance(a, str) and a.endswith(_HEADED) for a in architectures)
+        or not _tie_setting(config)[0]
+    ):
         return {}
+    head = "embed_out.weight" if embedding.endswith("embed_in.weight") else "lm_head.weight"
     return {head: embedding}
 
 

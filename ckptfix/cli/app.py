@@ -259,8 +259,8 @@ def reshard(
     \b
     Example: ckptfix reshard ./my-model -o ./my-model-2gb --max-shard 2GB
     """
-    from ckptfix.ops.rewrite import ReshardOptions
     from ckptfix.ops.rewrite import reshard as run_reshard
+    from ckptfix.ops.rewrite_options import ReshardOptions
 
     limit = parse_size(max_shard)
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
@@ -356,8 +356,8 @@ def convert(
     \b
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
     """
-    from ckptfix.ops.rewrite import ConvertOptions
     from ckptfix.ops.rewrite import convert as run_convert
+    from ckptfix.ops.rewrite_options import ConvertOptions
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
@@ -403,8 +403,8 @@ def dedupe(
     \b
     Example: ckptfix dedupe ./model -o ./model-dedup --by-content
     """
-    from ckptfix.ops.rewrite import DedupeOptions
     from ckptfix.ops.rewrite import dedupe as run_dedupe
+    from ckptfix.ops.rewrite_options import DedupeOptions
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:

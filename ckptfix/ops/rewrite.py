@@ -11,11 +11,7 @@ from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import (
-    UsageError,
-    VerificationError,
-)
-from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.core.errors import CkptfixError, UsageError, VerificationError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
 from ckptfix.io.folder import LOCAL
@@ -23,6 +19,12 @@ from ckptfix.io.urls import is_url
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.report import Report
+from ckptfix.ops.rewrite_options import (
+    ConvertOptions,
+    DedupeOptions,
+    ReshardOptions,
+    RewriteOptions,
+)
 from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
 from ckptfix.plan.coverage import missing_name
@@ -139,6 +141,8 @@ def _claim(
             in_place=in_place,
             write=not dry_run,
         )
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, target) from exc
 
@@ -269,6 +273,8 @@ def _write(
             needed += len(plan.shards) * (job.cloning.block or 0)  # padding
         check_free_space(folder, needed, claim.out)
         return stage_and_commit(source, plan, job, claim, options)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
 
@@ -313,44 +319,6 @@ def stage_and_commit(
     return RewriteResult(with_remote(source.report, source.checkpoint), plan, result)
 
 
-@dataclass(frozen=True)
-class RewriteOptions:
-    """What every rewrite takes."""
-
-    max_shard: int = DEFAULT_MAX_SHARD
-    dry_run: bool = False
-    force: bool = False  # replace an OUT that holds a checkpoint
-    replace_any: bool = False  # with force: replace an OUT that holds other files too
-    progress: Progress | None = None
-
-
-@dataclass(frozen=True)
-class ConvertOptions(RewriteOptions):
-    to: str = "safetensors"  # or "torch"
-    dtype: str = "keep"  # bf16, fp16, fp32 or keep
-    key: str = "auto"  # where the tensors sit in a training checkpoint
-    strip_prefix: str | None = None  # a prefix, "auto", or None
-    exclude: tuple[str, ...] = ()  # globs of tensor names to leave out
-    keep: str = "first"  # which alias name to keep: first, last or a regex
-    clone: bool = False  # write every alias as its own copy
-    verify: bool = True
-    zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
-    dequantize: str | None = None  # GGUF: decode block-quantized tensors to bf16, fp16, fp32
-    to_hf: str | None = None  # Megatron: the Hugging Face config.json (or model type) to map to
-
-
-@dataclass(frozen=True)
-class DedupeOptions(RewriteOptions):
-    by_content: bool = False
-    clone: bool = False
-    keep: str = "first"
-
-
-@dataclass(frozen=True)
-class ReshardOptions(RewriteOptions):
-    in_place: bool = False
-
-
 @contextmanager
 def _opened(
     src: str | os.PathLike[str],
@@ -370,7 +338,7 @@ def _opened(
         in_place=in_place,
         dry_run=options.dry_run,
     ) as claim:
-        opened = open_checkpoint(source, max_shard=options.max_shard, **open_options)
+        opened = open_checkpoint(source, max_shard=options.shard_bytes, **open_options)
         with opened.checkpoint:
             yield recorded(opened), claim
 
@@ -416,7 +384,7 @@ def convert(
         )
         selection = select(opened.declared, choice, opened.checkpoint.source)
         write = WriteOptions(
-            options.max_shard,
+            options.shard_bytes,
             options.to,
             dry_run=options.dry_run,
             verify=options.verify,
@@ -461,7 +429,9 @@ def dedupe(
             recorded=opened.aliases,
         )
         selection = select(opened.declared, choice, opened.checkpoint.source)
-        write = WriteOptions(options.max_shard, dry_run=options.dry_run, progress=options.progress)
+        write = WriteOptions(
+            options.shard_bytes, dry_run=options.dry_run, progress=options.progress
+        )
         return _write(opened, selection, claim, write)
 
 
@@ -485,7 +455,7 @@ def reshard(
     options = options or ReshardOptions()
     with _opened(src, out, options, in_place=options.in_place, gguf=True) as (opened, claim):
         write = WriteOptions(
-            options.max_shard,
+            options.shard_bytes,
             in_place=options.in_place,
             dry_run=options.dry_run,
             progress=options.progress,

@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 from functools import partial
 
-from ckptfix.core.errors import PlanError
+from ckptfix.core.errors import CkptfixError, PlanError
 from ckptfix.formats.gguf_encode import (
     alignment_key,
     carried_keys,
@@ -121,5 +121,7 @@ def write_gguf(source: RewriteSource, claim: Claim, options: WriteOptions) -> Re
         check_free_space(folder, needed_bytes(plan, job), claim.out)
         write = partial(write_shards, writer_type=PartWriter)
         return stage_and_commit(source, plan, job, claim, options, write)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc

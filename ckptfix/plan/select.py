@@ -14,24 +14,10 @@ from ckptfix.checks.values import content_groups
 from ckptfix.core.dtypes import DTYPES, byte_size
 from ckptfix.core.errors import UsageError
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.io.gather import fragmented
 from ckptfix.io.source import ByteSource
 
 _GLOB_MAGIC = re.compile(r"[*?[]")
-
-
-# Pieces whose runs average less than this are gathered in memory (16 MiB windows, one read
-# per run) rather than copied run by run: each kernel copy costs several system calls, which
-# for the 2 KiB rows of a chunk cut along its last dimension (a tensor-parallel column shard,
-# Megatron's linear_proj and linear_fc2) took 5 times as long as `cp` of the whole folder.
-GATHER_BELOW = 64 * 2**10
-
-
-def fragmented(tensor: TensorInfo) -> bool:
-    """Whether a tensor's pieces average runs shorter than GATHER_BELOW bytes."""
-    if tensor.spread is None:
-        return False
-    runs = sum(piece.count for piece in tensor.spread)
-    return runs > 1 and tensor.nbytes < runs * GATHER_BELOW
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import CkptfixError, UnsupportedFormatError, UsageError
+from ckptfix.core.errors import UNREADABLE, CkptfixError, UnsupportedFormatError, UsageError
 from ckptfix.core.findings import Severity, split_message
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
@@ -103,11 +103,25 @@ def recorded(source: RewriteSource, fix: str = FIX) -> RewriteSource:
     )
 
 
-class InputRefusedError(CkptfixError):
-    """The input has errors that make a faithful rewrite impossible; `rule` is the code of
-    the first error finding."""
+class InputRefusedError(CkptfixError, ValueError):
+    """The input has errors that make a faithful rewrite impossible; `code` is the first
+    error finding's code, `rule` its rule (or code). A file the OS would not let us read
+    (rule unreadable) makes an UnreadableInputError, a PermissionError."""
 
     kind = "input-refused"
+
+    @classmethod
+    def of(
+        cls, path: str | None, what: str, fix: str | None, *, rule: str, code: str | None
+    ) -> InputRefusedError:
+        kind = UnreadableInputError if rule == UNREADABLE else cls
+        error = kind(path, what, fix, rule=rule)
+        error.code = code
+        return error
+
+
+class UnreadableInputError(InputRefusedError, PermissionError):
+    """A file of the input could not be opened or listed (permissions, another user's)."""
 
 
 def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
@@ -125,7 +139,7 @@ def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
     if len(errors) > 1:
         more = f"{len(errors) - 1} more error(s), see `ckptfix inspect`"
         fix = f"{fix}; {more}" if fix else more
-    raise InputRefusedError(first.file, what, fix, rule=rule or first.code)
+    raise InputRefusedError.of(first.file, what, fix, rule=rule or first.code, code=first.code)
 
 
 def _merged_metadata(checkpoint: Checkpoint, paths: list[str]) -> dict[str, str]:
@@ -247,7 +261,7 @@ def _checked_choice(checkpoint: Checkpoint, *, torch: bool, gguf: bool = False) 
         )
     if choice.family is None:  # the line names the finding inspect reports, as fix's does
         what, _, fix = split_message(no_weights_message(path))
-        raise InputRefusedError(path, what, fix, rule="no-weights")
+        raise InputRefusedError.of(path, what, fix, rule="no-weights", code="no-weights")
     if not torch and choice.family.ext not in ("safetensors", GGUF if gguf else "safetensors"):
         raise UnsupportedFormatError(
             path,

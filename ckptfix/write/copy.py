@@ -20,7 +20,7 @@ COPY_CHUNK = 64 * 2**20
 COMPARE_CHUNK = 4 * 2**20
 
 
-def write_all(fd: int, data: bytes, offset: int) -> None:
+def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
     view = memoryview(data)
     while view:
         written = os.pwrite(fd, view, offset)

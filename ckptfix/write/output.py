@@ -16,6 +16,7 @@ from ckptfix.core.errors import (
     PlanError,
     VerificationError,
     WriteError,
+    WritePermissionError,
 )
 from ckptfix.core.sizes import format_size
 from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, out_of_descriptors, with_room
@@ -101,22 +102,22 @@ def check_free_space(folder: str, needed: int, out: str) -> None:
         )
 
 
+def index_bytes(plan: ShardPlan, index_metadata: Mapping[str, Any]) -> bytes:
+    """The index document of a plan: its metadata with `total_size`, the weight map."""
+    document = {
+        "metadata": {**index_metadata, "total_size": plan.total_size},
+        "weight_map": plan.weight_map,
+    }
+    return (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
+
+
 def write_index(
     path: str, plan: ShardPlan, index_metadata: Mapping[str, Any], display: str | None = None
 ) -> int:
     """Write the index, then read it back: it must give every name the plan places and the
     record of the names it drops (what a loader and a hash find through it)."""
-    document = {
-        "metadata": {**index_metadata, "total_size": plan.total_size},
-        "weight_map": plan.weight_map,
-    }
-    data = (json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n").encode()
-    fd = create_file(path)
-    try:
-        write_all(fd, data, 0)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    data = index_bytes(plan, index_metadata)
+    write_whole(path, data)
     with open(path, "rb") as handle:
         written = json.loads(handle.read(len(data) + 1))
     names = (written.get("weight_map"), written.get("metadata", {}).get(DROPPED_KEY))
@@ -129,6 +130,17 @@ def write_index(
     return len(data)
 
 
+def write_whole(path: str, data: bytes) -> int:
+    """A new file holding `data`, fsynced; its size."""
+    fd = create_file(path)
+    try:
+        write_all(fd, data, 0)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return len(data)
+
+
 def wrap_os_error(exc: OSError, out: str) -> CkptfixError:
     """Turn an OSError from writing into a one-line error for the user."""
     if exc.errno == errno.ENOSPC:
@@ -137,7 +149,11 @@ def wrap_os_error(exc: OSError, out: str) -> CkptfixError:
             "no space left on device; nothing was written",
             "free some space or choose another -o folder",
         )
-    if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return WritePermissionError(
+            out, f"cannot write: {exc.strerror}", "check the folder's permissions"
+        )
+    if exc.errno == errno.EROFS:
         return WriteError(out, f"cannot write: {exc.strerror}", "check the folder's permissions")
     if exc.errno in OUT_OF_DESCRIPTORS:
         return out_of_descriptors(out)
