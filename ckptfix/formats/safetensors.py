@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,12 +19,19 @@ from ckptfix.core.findings import Finding, finding
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
+from ckptfix.formats.safetensors_encode import (
+    METADATA_KEY,
+    Fields,
+    HeaderEntry,
+    encode_fields,
+    encode_header,
+    header_size,
+)
 from ckptfix.formats.strict_json import parse_header_json
 from ckptfix.io.source import ByteSource, LocalFile
 
 MAX_HEADER_SIZE = 100_000_000
 U64_MAX = 2**64 - 1
-METADATA_KEY = "__metadata__"
 _TENSOR_FIELDS = ("dtype", "shape", "data_offsets")
 _REEXPORT = "re-download or re-export the file"
 
@@ -350,33 +356,6 @@ def _tensor_infos(parsed: dict[str, Any], data_start: int, path: str) -> list[Te
 
 
 @dataclass(frozen=True)
-class HeaderEntry:
-    """What the encoder needs of a tensor: offsets are relative to the data section."""
-
-    name: str
-    dtype: str
-    shape: Sequence[int]
-    begin: int
-    end: int
-
-
-def encode_header(entries: Iterable[HeaderEntry], metadata: Mapping[str, str] | None) -> bytes:
-    """The 8-byte length plus the JSON header, space-padded so data starts 8-byte aligned."""
-    header: dict[str, Any] = {}
-    if metadata:
-        header[METADATA_KEY] = dict(metadata)
-    for entry in entries:
-        header[entry.name] = {
-            "dtype": entry.dtype,
-            "shape": list(entry.shape),
-            "data_offsets": [entry.begin, entry.end],
-        }
-    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    body += b" " * (-len(body) % 8)
-    return struct.pack("<Q", len(body)) + body
-
-
-@dataclass(frozen=True)
 class SafetensorsFile(FileRead):
     empty_names: int = 0
 
@@ -433,3 +412,20 @@ class SafetensorsFormat:
 
 
 SAFETENSORS = FORMATS.register(SafetensorsFormat())
+
+# The encoder lives in safetensors_encode; its names are ckptfix.formats.safetensors's too.
+__all__ = [
+    "MAX_HEADER_SIZE",
+    "METADATA_KEY",
+    "SAFETENSORS",
+    "Fields",
+    "HeaderEntry",
+    "SafetensorsFile",
+    "SafetensorsFormat",
+    "SafetensorsHeader",
+    "encode_fields",
+    "encode_header",
+    "header_size",
+    "parse_header",
+    "read_header",
+]

@@ -15,10 +15,18 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import accumulate
+from operator import attrgetter
 from typing import Any
 
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
-from ckptfix.formats.safetensors import MAX_HEADER_SIZE, HeaderEntry, encode_header, read_header
+from ckptfix.formats.safetensors import (
+    MAX_HEADER_SIZE,
+    Fields,
+    encode_fields,
+    header_size,
+    read_header,
+)
 from ckptfix.io.gather import Sources, tensor_chunks
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
@@ -40,6 +48,7 @@ from ckptfix.write.zerocopy import (
 )
 
 FLUSH_EVERY = 256 * 2**20
+_DTYPE, _SHAPE, _NBYTES = attrgetter("dtype"), attrgetter("shape"), attrgetter("nbytes")
 
 
 def produce(sources: Sources, tensor: OutTensor) -> Iterator[bytes]:
@@ -53,15 +62,17 @@ def produce(sources: Sources, tensor: OutTensor) -> Iterator[bytes]:
 
 def shard_header(
     shard: PlannedShard, tensors: Mapping[str, OutTensor], metadata: Mapping[str, str]
-) -> tuple[bytes, list[HeaderEntry]]:
-    entries, offset = [], 0
+) -> tuple[bytes, list[Fields]]:
+    """The shard's encoded header, and its entries (offsets relative to the data)."""
+    entries: list[Fields] = []
+    offset = 0
+    add = entries.append
     for name in shard.tensors:
         tensor = tensors[name]
-        entries.append(
-            HeaderEntry(name, tensor.dtype, tensor.shape, offset, offset + tensor.nbytes)
-        )
-        offset += tensor.nbytes
-    return encode_header(entries, metadata), entries
+        size = tensor.nbytes
+        add((name, tensor.dtype, tensor.shape, offset, offset + size))
+        offset += size
+    return encode_fields(entries, metadata), entries
 
 
 def pad_header(header: bytes, start: int) -> bytes:
@@ -84,7 +95,10 @@ def checked_headers(
     metadata, or "format" added to a header already at the limit)."""
     sizes = []
     for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
-        size = len(shard_header(shard, tensors, shard_metadata)[0]) - 8
+        outs = list(map(tensors.__getitem__, shard.tensors))
+        offsets = list(accumulate(map(_NBYTES, outs), initial=0))
+        dtypes, shapes = list(map(_DTYPE, outs)), list(map(_SHAPE, outs))
+        size = header_size(shard.tensors, dtypes, shapes, offsets, shard_metadata) - 8
         if size > MAX_HEADER_SIZE:
             raise PlanError(
                 os.path.join(out, shard.file),
@@ -98,7 +112,7 @@ def checked_headers(
 
 
 def verify_header(
-    path: str, display: str, entries: Sequence[HeaderEntry], metadata: Mapping[str, str]
+    path: str, display: str, entries: Sequence[Fields], metadata: Mapping[str, str]
 ) -> None:
     """The finished file must pass every validation rule and match the plan exactly."""
     try:
@@ -109,10 +123,13 @@ def verify_header(
             f"written file does not validate: {exc.detail()}",
             "this is a bug; please report it",
         ) from exc
-    got = [(t.name, t.dtype, t.shape, t.byte_range) for t in header.tensors]
     start = header.data_start
-    want = [(e.name, e.dtype, tuple(e.shape), (start + e.begin, start + e.end)) for e in entries]
-    if got != want or (header.metadata or {}) != dict(metadata):
+    same = len(header.tensors) == len(entries) and all(
+        (got.name, got.dtype, got.shape, got.byte_range)
+        == (name, dtype, tuple(shape), (start + begin, start + end))
+        for got, (name, dtype, shape, begin, end) in zip(header.tensors, entries, strict=True)
+    )
+    if not same or (header.metadata or {}) != dict(metadata):
         raise VerificationError(
             display, "written header differs from the plan", "this is a bug; please report it"
         )
@@ -172,7 +189,7 @@ class _Writer:
 
     def header(
         self, shard: PlannedShard, metadata: Mapping[str, str]
-    ) -> tuple[bytes, list[HeaderEntry]]:
+    ) -> tuple[bytes, list[Fields]]:
         """The shard's header, padded where that lets its data be cloned, and its entries."""
         header, entries = shard_header(shard, self.job.tensors, metadata)
         cloning = self.job.cloning or Cloning()
