@@ -41,9 +41,11 @@ def main() -> None:
         if _signal.getsignal(number) is not _signal.SIG_IGN:  # nohup and the like stay so
             _signal.signal(number, _quit)
     from ckptfix.cli.app import app
+    from ckptfix.core.memory import freeze_what_pauses_build
     from ckptfix.core.signals import keep_command_signals
 
     keep_command_signals()
+    freeze_what_pauses_build()
     try:
         app(prog_name="ckptfix")  # exits with the command's code
     finally:

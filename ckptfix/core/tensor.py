@@ -8,8 +8,10 @@ gathered rather than copied.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 
 from ckptfix.core.dtypes import DTYPES
 
@@ -112,3 +114,22 @@ def tiling_problem(tensor: TensorInfo) -> str | None:
         side = "past its end" if expected > tensor.nbytes else f"only up to byte {expected}"
         return f"the pieces of {tensor.name!r} ({tensor.nbytes} bytes) reach {side}"
     return None
+
+
+_DTYPE, _NBYTES = attrgetter("dtype"), attrgetter("nbytes")
+
+
+def bytes_by_dtype(tensors: Sequence[TensorInfo]) -> dict[str, int]:
+    """Total bytes of each dtype, in order of first appearance."""
+    if len(set(map(_DTYPE, tensors))) == 1:  # the usual model: one pass in C
+        return {tensors[0].dtype: sum(map(_NBYTES, tensors))}
+    totals: dict[str, int] = {}
+    for tensor in tensors:
+        totals[tensor.dtype] = totals.get(tensor.dtype, 0) + tensor.nbytes
+    return totals
+
+
+def concatenated(groups: Iterable[tuple[TensorInfo, ...]]) -> tuple[TensorInfo, ...]:
+    """The tensors of several files as one tuple; one file's own tuple, not a copy."""
+    groups = list(groups)
+    return groups[0] if len(groups) == 1 else tuple(chain.from_iterable(groups))

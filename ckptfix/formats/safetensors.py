@@ -11,6 +11,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from ckptfix.core.dtypes import DTYPES, DType
@@ -192,25 +193,25 @@ def _check_size(
         )
 
 
-_BITS = {name: dtype.bits for name, dtype in DTYPES.items()}
+# Each dtype's name as one shared string (not one per tensor) and its bits.
+_KNOWN = {name: (name, dtype.bits) for name, dtype in DTYPES.items()}
 
 
 def _fast_entry(entry: Any) -> tuple[str, tuple[int, ...], int, int] | None:
     """Accept a well-formed entry quickly, or return None to let _check_entry decide.
 
-    Headers of 100,000 tensors are common, so the common case is kept to a few
-    operations; anything unusual goes to the slow path, which is authoritative and
+    Headers of 1,000,000 tensors occur (mixtures of experts), so the common case is kept to
+    a few operations; anything unusual goes to the slow path, which is authoritative and
     names the broken rule. This must never accept what _check_entry rejects.
     """
     try:
-        dtype_name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        bits = _BITS[dtype_name]
+        dtype_name, bits = _KNOWN[entry["dtype"]]
+        shape, offsets = entry["shape"], entry["data_offsets"]
         begin, end = offsets
     except Exception:
         return None
     if (
         type(entry) is not dict
-        or type(dtype_name) is not str
         or type(shape) is not list
         or type(offsets) is not list
         or type(begin) is not int
@@ -322,7 +323,7 @@ def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> 
         metadata = _check_metadata(parsed.pop(METADATA_KEY, None), path)
         empty_names = 1 if "" in parsed else 0
         tensors = _tensor_infos(parsed, 8 + header_size, path)
-        tensors.sort(key=_byte_range)
+        tensors.sort(key=attrgetter("byte_range"))
     _check_coverage(tensors, file_size - 8 - header_size, header_size, file_size, path)
     return SafetensorsHeader(
         path=path,
@@ -334,21 +335,25 @@ def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> 
     )
 
 
-def _byte_range(tensor: TensorInfo) -> tuple[int, int]:
-    return tensor.byte_range
-
-
 def _tensor_infos(parsed: dict[str, Any], data_start: int, path: str) -> list[TensorInfo]:
     """Descriptors in header order. Entries are popped as they are converted, so the parsed
-    JSON and the descriptors are never both whole in memory."""
+    JSON and the descriptors are never both whole in memory; equal shapes share one tuple
+    (the experts of a mixture repeat a few shapes thousands of times)."""
     tensors: list[TensorInfo] = []
     add, fast = tensors.append, _fast_entry
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    shared = shapes.setdefault
     while parsed:
         name, entry = parsed.popitem()  # last first: reversed below
         dtype_name, shape, begin, end = fast(entry) or _check_entry(name, entry, path)
         add(
             TensorInfo(
-                name, dtype_name, shape, end - begin, path, (data_start + begin, data_start + end)
+                name,
+                dtype_name,
+                shared(shape, shape),
+                end - begin,
+                path,
+                (data_start + begin, data_start + end),
             )
         )
     tensors.reverse()

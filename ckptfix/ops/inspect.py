@@ -9,6 +9,7 @@ from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding
 from ckptfix.core.fixes import Annotated
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.formats.base import ReadOptions
 from ckptfix.layouts.diffusers import components
@@ -37,7 +38,9 @@ def inspect(
     if parts and manifest is None:
         return _pipeline_report(os.fspath(path), parts, options, read)
     with load(path, read) as checkpoint:
-        report = report_of(checkpoint, checks.run(checkpoint, options), max_shard=max_shard)
+        with paused_gc():  # the checks and the report: passes over every tensor
+            found = checks.run(checkpoint, options)
+            report = report_of(checkpoint, found, max_shard=max_shard)
         if manifest is not None:
             from ckptfix.ops.manifest import read_manifest, verified_report
 

@@ -7,11 +7,13 @@ import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UsageError
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
@@ -44,6 +46,7 @@ from ckptfix.write.zerocopy import find_cloning, shareable_bytes, streamed_label
 
 # Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
 DROPPED_KEY = "ckptfix.dropped"
+_NAME, _NBYTES = attrgetter("name"), attrgetter("nbytes")
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,7 @@ class WriteOptions:
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
     """Shards for a selection, and what happens to the folder's other entries."""
     ext = "bin" if options.to == "torch" else "safetensors"
-    sizes = [(t.name, t.nbytes) for t in selection.tensors]
+    sizes = list(zip(map(_NAME, selection.tensors), map(_NBYTES, selection.tensors), strict=True))
     name = output_name(source.stem, source.variant, ext)
     plan = plan_shards(sizes, options.max_shard, name)
     outputs = {shard.file for shard in plan.shards} | (
@@ -228,16 +231,17 @@ def _write(
     source: RewriteSource, selection: Selection, claim: Claim, options: WriteOptions
 ) -> RewriteResult:
     """Plan the shards for a selection, then stage, write, verify and commit them."""
-    plan = _plan(source, selection, options)
-    metadata, index_metadata = _metadata(source, plan)
-    shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
-    plan = replace(plan, metadata_scope=scope)
-    tensors = {tensor.name: tensor for tensor in selection.tensors}
-    torch = options.to == "torch"
-    check_names(selection.tensors)
-    if torch:
-        check_torch_dtypes(selection.tensors, claim.out)
-    headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
+    with paused_gc():  # several objects per tensor, none in a cycle
+        plan = _plan(source, selection, options)
+        metadata, index_metadata = _metadata(source, plan)
+        shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
+        plan = replace(plan, metadata_scope=scope)
+        tensors = dict(zip(map(_NAME, selection.tensors), selection.tensors, strict=True))
+        torch = options.to == "torch"
+        check_names(selection.tensors)
+        if torch:
+            check_torch_dtypes(selection.tensors, claim.out)
+        headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
     if options.dry_run:
         return RewriteResult(with_remote(source.report, source.checkpoint), plan, None)
     job = ShardJob(
@@ -435,7 +439,8 @@ def reshard(
     """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes."""
     options = options or ReshardOptions()
     with _opened(src, out, options, in_place=options.in_place) as (opened, claim):
-        selection = Selection(tuple(OutTensor.same(tensor) for tensor in opened.tensors))
+        with paused_gc():
+            selection = Selection(OutTensor.unchanged(opened.tensors))
         write = WriteOptions(
             options.max_shard,
             in_place=options.in_place,

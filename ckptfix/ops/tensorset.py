@@ -14,6 +14,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from ckptfix import checks
@@ -63,7 +64,7 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
     """The tensor set of a loaded, checked checkpoint; refused (like a rewrite) when the
     files it would read have errors."""
     chosen = choose_source(checkpoint, report, torch=True)
-    stored = {tensor.name: tensor for tensor in chosen.tensors}
+    stored = dict(zip(map(attrgetter("name"), chosen.tensors), chosen.tensors, strict=True))
     cast_sources = _as_written(stored, chosen.dtypes, checkpoint)
     aliases: dict[str, str] = {}
     if alias_record:

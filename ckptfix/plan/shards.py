@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
 
 from ckptfix.plan.config_dtype import ConfigEdit
 
@@ -130,6 +131,8 @@ def pack(sizes: Sequence[tuple[str, int]], max_shard: int) -> list[list[tuple[st
     place, so order is kept (huggingface_hub moves such tensors ahead instead). No shard is
     ever empty; zero-byte tensors join the open shard.
     """
+    if sizes and sum(map(itemgetter(1), sizes)) <= max_shard:
+        return [list(sizes)]  # everything fits one shard (no tensor can be over the limit)
     groups: list[list[tuple[str, int]]] = []
     current: list[tuple[str, int]] = []
     current_size = 0
@@ -160,8 +163,8 @@ def plan_shards(
     shards = tuple(
         PlannedShard(
             file=name.shard(number, count),
-            tensors=tuple(name for name, _ in group),
-            nbytes=sum(size for _, size in group),
+            tensors=tuple(map(itemgetter(0), group)),
+            nbytes=sum(map(itemgetter(1), group)),
         )
         for number, group in enumerate(groups, start=1)
     )

@@ -10,6 +10,7 @@ from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import CkptfixError, UnsupportedFormatError, UsageError
 from ckptfix.core.findings import Severity, split_message
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
@@ -105,9 +106,10 @@ def open_checkpoint(
     """Load a checkpoint file or model folder once, check it, and refuse it if it has
     errors. Only safetensors is accepted unless `torch` allows PyTorch files too (and
     training checkpoint folders, which hold PyTorch data)."""
-    checkpoint = load(path, read)
-    report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
-    return choose_source(checkpoint, report, torch=torch)
+    with paused_gc():  # load, checks and choice: several passes over every tensor
+        checkpoint = load(path, read)
+        report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
+        return choose_source(checkpoint, report, torch=torch)
 
 
 def choose_source(checkpoint: Checkpoint, report: Report, *, torch: bool = False) -> RewriteSource:

@@ -24,6 +24,9 @@ def create_file(path: str) -> int:
 def check_names(tensors: Iterable[OutTensor]) -> None:
     """Refuse, before anything is written, a tensor name that is not Unicode text (a lone
     surrogate, which a pickle can carry): no safetensors header or JSON index can hold it."""
+    tensors = list(tensors)
+    if "".join(tensor.name for tensor in tensors).isascii():
+        return  # every name (the usual case, checked in one pass)
     for tensor in tensors:
         if tensor.name.isascii():
             continue
