@@ -287,6 +287,14 @@ KeepOption = Annotated[
 CloneOption = Annotated[
     bool, typer.Option("--clone", help="Write every alias as its own copy instead.")
 ]
+NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Skip reading the output back.")]
+AllowExpansionOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-expansion",
+        help="Write expanded (stride-0) tensors over 1,024x what they store and 1 GB in full.",
+    ),
+]
 
 
 @command()
@@ -313,14 +321,13 @@ def convert(
     keep: KeepOption = "first",
     clone: CloneOption = False,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
-    no_verify: Annotated[
-        bool, typer.Option("--no-verify", help="Skip reading the output back.")
-    ] = False,
+    no_verify: NoVerifyOption = False,
     dry_run: DryRunOption = False,
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
+    allow_expansion: AllowExpansionOption = False,
 ) -> None:
     """Convert a PyTorch, safetensors, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
 
@@ -347,6 +354,7 @@ def convert(
             clone=clone,
             verify=not no_verify,
             zero_weights=zero_weights.value,
+            allow_expansion=allow_expansion,
         )
         result = run_convert(input_path(src), out, options)
     _show(result, json_output)
@@ -366,6 +374,7 @@ def dedupe(
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
+    allow_expansion: AllowExpansionOption = False,
 ) -> None:
     """Write shared (and, with --by-content, identical) tensors once, as safetensors.
 
@@ -386,6 +395,7 @@ def dedupe(
             by_content=by_content,
             clone=clone,
             keep=keep,
+            allow_expansion=allow_expansion,
         )
         result = run_dedupe(input_path(src), out, options)
     _show(result, json_output)

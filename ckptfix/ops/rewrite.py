@@ -23,6 +23,7 @@ from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.report import Report
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
+from ckptfix.plan.expansion import check_expansion
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
 from ckptfix.plan.shards import (
     PlannedShard,
@@ -153,6 +154,7 @@ class WriteOptions:
     verify: bool = True
     progress: Progress | None = None
     config_dtype: str | None = None  # a cast's torch name, set in config.json (config_dtype.py)
+    allow_expansion: bool = False  # write expanded tensors past plan.expansion's limits
 
 
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
@@ -239,6 +241,7 @@ def _write(
         tensors = dict(zip(map(_NAME, selection.tensors), selection.tensors, strict=True))
         torch = options.to == "torch"
         check_names(selection.tensors)
+        check_expansion(selection.tensors, allowed=options.allow_expansion)
         if torch:
             check_torch_dtypes(selection.tensors, claim.out)
         headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
@@ -325,6 +328,7 @@ class ConvertOptions(RewriteOptions):
     clone: bool = False  # write every alias as its own copy
     verify: bool = True
     zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
+    allow_expansion: bool = False  # see plan.expansion
 
 
 @dataclass(frozen=True)
@@ -332,6 +336,7 @@ class DedupeOptions(RewriteOptions):
     by_content: bool = False
     clone: bool = False
     keep: str = "first"
+    allow_expansion: bool = False  # see plan.expansion
 
 
 @dataclass(frozen=True)
@@ -400,6 +405,7 @@ def convert(
             verify=options.verify,
             progress=options.progress,
             config_dtype=TARGET_NAMES.get(CAST_TARGETS.get(options.dtype, "")),
+            allow_expansion=options.allow_expansion,
         )
         return _write(opened, selection, claim, write)
 
@@ -427,7 +433,12 @@ def dedupe(
             ties=_config_ties(opened.checkpoint, opened.tensors),
         )
         selection = select(opened.tensors, choice, opened.checkpoint.source)
-        write = WriteOptions(options.max_shard, dry_run=options.dry_run, progress=options.progress)
+        write = WriteOptions(
+            options.max_shard,
+            dry_run=options.dry_run,
+            progress=options.progress,
+            allow_expansion=options.allow_expansion,
+        )
         return _write(opened, selection, claim, write)
 
 
