@@ -10,11 +10,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptfix.core.dtypes import numel_of
+from ckptfix.core.errors import CorruptFileError
+from ckptfix.formats import safetensors, strict_json
 from ckptfix.formats.safetensors import Fields, encode_fields, header_size, read_header
 from tests.builders import Factory, Spec, seeded_bytes, torch_dtype
 from tests.helpers import cli, load_safetensors_folder, tensor_names, torch_bytes
@@ -164,3 +167,108 @@ def test_many_tensors_resharded_bitwise_in_order(
         name: (str(torch_dtype(dtype)), shape, data)
         for name, (dtype, shape, data) in _stored(specs).items()
     }
+
+
+# Keys that put `},"`, braces, brackets and commas inside strings, a name given twice, the
+# metadata anywhere (or twice), values that are no tensor entry (nested objects, lists).
+KEYS = st.one_of(
+    st.sampled_from(["a", "b},", "c}", '{"', "},", "[", "__metadata__", ""]),
+    st.text(alphabet="ab},[{:", min_size=1, max_size=6),
+)
+VALUES = st.one_of(
+    st.builds(
+        lambda size: f'{{"dtype":"U8","shape":[{size}],"data_offsets":[0,{size}]}}',
+        st.integers(0, 3),
+    ),
+    st.just('{"format":"pt","note":"},\\"x"}'),  # an escape: the whole object is parsed
+    st.just('{"format":"pt"}'),
+    st.just('{"a":{"b":{}},"c":{}}'),
+    st.just("[1]"),
+    st.just('{"dtype":"U8","shape":[1],"data_offsets":[0,1],"extra":{"x":{}}}'),
+)
+
+
+def _headers(draw: st.DrawFn) -> bytes:
+    members = draw(st.lists(st.tuples(KEYS, VALUES), max_size=8))
+    text = "{" + ",".join(f"{json.dumps(key)}:{value}" for key, value in members) + "}"
+    return text.encode() + b" " * draw(st.integers(0, 9))
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(st.data(), st.integers(1, 40))
+def test_a_header_read_in_parts_is_the_header_read_whole(
+    data: st.DataObject, part_size: int
+) -> None:
+    """A large header is parsed a part at a time (strict_json.Parts; here parts of a few
+    bytes); whatever the parts cut through (strings, nested objects), the result is the
+    whole parse's, or none, and then the whole parse decides (its error, if any, is the one
+    reported)."""
+    raw = _headers(data.draw)
+    parted = safetensors._read_in_parts(raw, 0, "x.safetensors", part_size)
+    try:
+        whole = safetensors._read_whole(raw, 0, "x.safetensors")
+    except CorruptFileError:
+        assert parted is None
+    else:
+        assert parted in (None, whole)
+
+
+@settings(max_examples=EXAMPLES, deadline=None)
+@given(
+    st.lists(st.tuples(st.text(alphabet="ab},[{:", min_size=1, max_size=6), st.integers(0, 3))),
+    st.integers(1, 40),
+)
+def test_a_well_formed_header_is_read_in_parts(
+    entries: list[tuple[str, int]], part_size: int
+) -> None:
+    """Every well-formed header that orjson's parse is trusted with (strict_json._fast_json)
+    is read in parts when large enough, names holding `},"`, braces and brackets included."""
+    names = list(dict.fromkeys(name for name, _ in entries))
+    sizes = [size for _, size in entries][: len(names)]
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    header = {"__metadata__": {"format": "pt"}} | {
+        name: {"dtype": "U8", "shape": [size], "data_offsets": [offsets[i], offsets[i + 1]]}
+        for i, (name, size) in enumerate(zip(names, sizes, strict=True))
+    }
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    parted = safetensors._read_in_parts(raw, 8, "x.safetensors", part_size)
+    if len(raw) < 2 * part_size or strict_json._fast_json(raw) is None:
+        assert parted is None  # small, or a name orjson's parse is not trusted with
+    else:
+        assert parted == safetensors._read_whole(raw, 8, "x.safetensors")
+
+
+class _Counting:
+    """orjson, counting the texts it parses."""
+
+    JSONDecodeError = orjson.JSONDecodeError
+
+    def __init__(self, sizes: list[int]) -> None:
+        self.sizes = sizes
+
+    def loads(self, data: bytes) -> Any:
+        self.sizes.append(len(data))
+        return orjson.loads(data)
+
+
+def test_a_large_header_is_read_in_parts_exactly(
+    factory: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A header of 60,000 tensors (several parts) is read a part at a time, with its
+    metadata, as it is read whole."""
+    specs = [Spec(f"experts.{index}.w", "U8", (index % 3,)) for index in range(60_000)]
+    path = factory.safetensors("large.safetensors", specs, {"note": "},[x"})
+    raw = path.read_bytes()
+    size = struct.unpack("<Q", raw[:8])[0]
+    body = raw[8 : 8 + size]
+    parted = safetensors._read_in_parts(body, 8 + size, str(path))
+    assert parted is not None
+    assert parted == safetensors._read_whole(body, 8 + size, str(path))
+    assert parted[0] == {"note": "},[x", "format": "pt"}
+    sizes: list[int] = []
+    monkeypatch.setattr(strict_json, "orjson", _Counting(sizes))
+    assert read_header(path).tensors == tuple(parted[2])
+    assert len(sizes) > 2
+    assert max(sizes) < 2 * strict_json.PART_SIZE  # a part at a time, never the whole

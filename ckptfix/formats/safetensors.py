@@ -11,6 +11,7 @@ import json
 import os
 import struct
 from dataclasses import dataclass
+from itertools import chain
 from operator import attrgetter
 from typing import Any
 
@@ -28,7 +29,7 @@ from ckptfix.formats.safetensors_encode import (
     encode_header,
     header_size,
 )
-from ckptfix.formats.strict_json import parse_header_json
+from ckptfix.formats.strict_json import PART_SIZE, NotParts, object_parts, parse_header_json
 from ckptfix.io.source import ByteSource, LocalFile
 
 MAX_HEADER_SIZE = 100_000_000
@@ -195,6 +196,7 @@ def _check_size(
 
 # Each dtype's name as one shared string (not one per tensor) and its bits.
 _KNOWN = {name: (name, dtype.bits) for name, dtype in DTYPES.items()}
+_NAME = attrgetter("name")
 
 
 def _fast_entry(entry: Any) -> tuple[str, tuple[int, ...], int, int] | None:
@@ -319,10 +321,8 @@ def _read_header(source: ByteSource) -> SafetensorsHeader:
 def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> SafetensorsHeader:
     """Validate header bytes already read; offsets are checked against `file_size`."""
     with paused_gc():
-        parsed = parse_header_json(raw, path)
-        metadata = _check_metadata(parsed.pop(METADATA_KEY, None), path)
-        empty_names = 1 if "" in parsed else 0
-        tensors = _tensor_infos(parsed, 8 + header_size, path)
+        read = _read_in_parts(raw, 8 + header_size, path)
+        metadata, empty_names, tensors = read or _read_whole(raw, 8 + header_size, path)
         tensors.sort(key=attrgetter("byte_range"))
     _check_coverage(tensors, file_size - 8 - header_size, header_size, file_size, path)
     return SafetensorsHeader(
@@ -333,6 +333,44 @@ def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> 
         tensors=tuple(tensors),
         empty_names=empty_names,
     )
+
+
+_Read = tuple[dict[str, str] | None, int, list[TensorInfo]]  # metadata, empty names, tensors
+
+
+def _read_whole(raw: bytes, data_start: int, path: str) -> _Read:
+    parsed = parse_header_json(raw, path)
+    metadata = _check_metadata(parsed.pop(METADATA_KEY, None), path)
+    empty_names = 1 if "" in parsed else 0
+    return metadata, empty_names, _tensor_infos(parsed, data_start, path)
+
+
+def _read_in_parts(raw: bytes, data_start: int, path: str, size: int = PART_SIZE) -> _Read | None:
+    """_read_whole's result for a large header, parsed and converted a part at a time
+    (strict_json.Parts): its parsed JSON is never whole in memory. None when anything is
+    unusual (a part that does not parse, a name given twice, an error): the whole read then
+    decides, and names the rule as it always does."""
+    parts = object_parts(raw, size)
+    if parts is None:
+        return None
+    metadata: list[Any] = []
+    empty_names, batches = 0, []
+    try:
+        for part in parts:
+            if METADATA_KEY in part:
+                metadata.append(part.pop(METADATA_KEY))
+            empty_names += "" in part
+            batches.append(_tensor_infos(part, data_start, path))
+        tensors = list(chain.from_iterable(batches))
+        if (
+            not parts.complete()
+            or len(metadata) > 1
+            or len(set(map(_NAME, tensors))) < len(tensors)
+        ):
+            return None
+        return _check_metadata(metadata[0] if metadata else None, path), empty_names, tensors
+    except (NotParts, CorruptFileError):
+        return None
 
 
 def _tensor_infos(parsed: dict[str, Any], data_start: int, path: str) -> list[TensorInfo]:
