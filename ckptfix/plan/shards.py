@@ -168,7 +168,9 @@ def plan_shards(
         )
         for number, group in enumerate(groups, start=1)
     )
-    oversized = tuple(name for name, size in sizes if size > max_shard)
+    oversized: tuple[str, ...] = ()
+    if max(map(itemgetter(1), sizes), default=0) > max_shard:  # rare: look again only then
+        oversized = tuple(name for name, size in sizes if size > max_shard)
     return ShardPlan(
         max_shard=max_shard,
         shards=shards,

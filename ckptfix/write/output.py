@@ -7,6 +7,7 @@ import errno
 import json
 import os
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from ckptfix.core.errors import CkptfixError, CorruptFileError, WriteError
@@ -14,6 +15,8 @@ from ckptfix.core.sizes import format_size
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import write_all
+
+_NAME = attrgetter("name")
 
 
 def create_file(path: str) -> int:
@@ -25,7 +28,7 @@ def check_names(tensors: Iterable[OutTensor]) -> None:
     """Refuse, before anything is written, a tensor name that is not Unicode text (a lone
     surrogate, which a pickle can carry): no safetensors header or JSON index can hold it."""
     tensors = list(tensors)
-    if "".join(tensor.name for tensor in tensors).isascii():
+    if "".join(map(_NAME, tensors)).isascii():
         return  # every name (the usual case, checked in one pass)
     for tensor in tensors:
         if tensor.name.isascii():
