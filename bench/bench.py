@@ -127,6 +127,16 @@ def many_tensors() -> Path:
     return many
 
 
+def million_tensors() -> Path:
+    """1,000,000 one-byte tensors in one header (70 MB)."""
+    CACHE.mkdir(exist_ok=True)
+    million = CACHE / "million-tensors.safetensors"
+    if not million.exists():
+        print(f"building {million} ...", flush=True)
+        write_safetensors(million, [(f"t.{i}", (1,)) for i in range(1_000_000)], "U8", 1)
+    return million
+
+
 def ensure_single() -> Path:
     """The 2.2 GB TinyLlama-shaped file alone (the one input the reflink job needs)."""
     CACHE.mkdir(exist_ok=True)
@@ -152,10 +162,7 @@ def ensure_inputs() -> dict[str, Path]:
     if not four.exists():
         print(f"building {four} ...", flush=True)
         write_safetensors(four, llama_tensors(layers=44))
-    million = CACHE / "million-tensors.safetensors"
-    if not million.exists():
-        print(f"building {million} ...", flush=True)
-        write_safetensors(million, [(f"t.{i}", (1,)) for i in range(1_000_000)], "U8", 1)
+    million = million_tensors()
     return {
         "single": single,
         "five": five,
@@ -620,6 +627,14 @@ def bench_zero_copy(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_scale(repeat: int) -> None:
+    """1,000,000 tensors (inspect, reshard --dry-run) and a 16 GiB expansion: bench/scale.py."""
+    import scale
+
+    for row in scale.bench_scale(max(1, repeat // 2)):
+        print(row, flush=True)
+
+
 def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
@@ -649,6 +664,7 @@ def main() -> None:
         "inspect",
         "remote",
         "reflink",
+        "scale",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
@@ -674,6 +690,7 @@ def main() -> None:
         "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
         "remote": lambda: bench_remote(args.repeat),
         "reflink": lambda: bench_zero_copy(writes),
+        "scale": lambda: bench_scale(args.repeat),
     }
     for job in [args.only] if args.only else jobs:
         runs[job]()
