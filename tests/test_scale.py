@@ -269,6 +269,8 @@ def test_a_large_header_is_read_in_parts_exactly(
     assert parted[0] == {"note": "},[x", "format": "pt"}
     sizes: list[int] = []
     monkeypatch.setattr(strict_json, "orjson", _Counting(sizes))
+    # As a header the column reader leaves to the general reader (one with spaces, say).
+    monkeypatch.setattr(safetensors, "read_columns", lambda *_: None)
     assert read_header(path).tensors == tuple(parted[2])
     assert len(sizes) > 2
     assert max(sizes) < 2 * strict_json.PART_SIZE  # a part at a time, never the whole

@@ -21,6 +21,7 @@ from ckptfix.core.findings import Finding, finding
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
+from ckptfix.formats.safetensors_columns import read_columns
 from ckptfix.formats.safetensors_encode import (
     METADATA_KEY,
     Fields,
@@ -320,11 +321,14 @@ def _read_header(source: ByteSource) -> SafetensorsHeader:
 
 def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> SafetensorsHeader:
     """Validate header bytes already read; offsets are checked against `file_size`."""
+    data_start, data_size = 8 + header_size, file_size - 8 - header_size
     with paused_gc():
-        read = _read_in_parts(raw, 8 + header_size, path)
-        metadata, empty_names, tensors = read or _read_whole(raw, 8 + header_size, path)
-        tensors.sort(key=attrgetter("byte_range"))
-    _check_coverage(tensors, file_size - 8 - header_size, header_size, file_size, path)
+        read = read_columns(raw, data_start, data_size, path)  # in order, covering the data
+        if read is None:
+            read = _read_in_parts(raw, data_start, path) or _read_whole(raw, data_start, path)
+            read[2].sort(key=attrgetter("byte_range"))
+            _check_coverage(read[2], data_size, header_size, file_size, path)
+    metadata, empty_names, tensors = read
     return SafetensorsHeader(
         path=path,
         header_size=header_size,
