@@ -2,7 +2,7 @@
 ckptfix, in the same virtualenv, runs taking turns old/new.
 
     git worktree add /tmp/ckptfix-old 20b9a85
-    python bench/before_after.py /tmp/ckptfix-old [help] [inspect] [reshard] [convert]
+    python bench/before_after.py /tmp/ckptfix-old [help] [inspect] [reshard] [convert] [many]
     NEW_TREE=/tmp/ckptfix-mid python bench/before_after.py /tmp/ckptfix-old ...
 
 Wall time by perf_counter around each fresh process, peak RSS by /usr/bin/time; each write
@@ -42,7 +42,8 @@ def once(tree: str, args: list[str]) -> Sample:
 
 def _fresh(out: Path, source: Path) -> None:
     shutil.rmtree(out, ignore_errors=True)
-    subprocess.run(["cat", str(source)], stdout=subprocess.DEVNULL, check=True)
+    files = sorted(p for p in source.iterdir() if p.is_file()) if source.is_dir() else [source]
+    subprocess.run(["cat", *map(str, files)], stdout=subprocess.DEVNULL, check=True)
     subprocess.run(["sync"], check=True)
 
 
@@ -73,6 +74,7 @@ def jobs(out: Path) -> dict[str, list[tuple[str, list[str], Path | None]]]:
     if not five.exists():
         bench.write_folder(five, bench.split(bench.llama_tensors(), 5))
     many, binary = bench.many_tensors(), bench.ensure_bin(single)
+    shards = bench.many_shards()
     return {
         "help": [("`inspect --help`", ["inspect", "--help"], None)],
         "inspect": [
@@ -87,6 +89,16 @@ def jobs(out: Path) -> dict[str, list[tuple[str, list[str], Path | None]]]:
             )
         ],
         "convert": [("`convert`, 2.2 GB `.bin`", ["convert", str(binary), "-o", str(out)], out)],
+        "many": [
+            ("`inspect --json`, 1,100 shards", ["inspect", str(shards), "--json"], None),
+            ("`reshard`, 1,100 shards into 1", ["reshard", str(shards), "-o", str(out)], out),
+            (
+                "`reshard --max-shard 64KiB`, 1,100 shards into 1,100",
+                ["reshard", str(shards), "-o", str(out), "--max-shard", "65536"],
+                out,
+            ),
+            ("`hash`, 1,100 shards", ["hash", str(shards)], None),
+        ],
     }
 
 
@@ -94,7 +106,7 @@ def main() -> None:
     if len(sys.argv) < 2:
         raise SystemExit(__doc__)
     trees = {"before": sys.argv[1], "after": NEW}
-    chosen = sys.argv[2:] or ["help", "inspect", "reshard", "convert"]
+    chosen = sys.argv[2:] or ["help", "inspect", "reshard", "convert", "many"]
     print("| command | before: min / median, peak RSS | after | after / before (median) |")
     print("|---|---|---|---|")
     for name, runs in jobs(bench.CACHE / "before-after-out").items():

@@ -137,6 +137,29 @@ def million_tensors() -> Path:
     return million
 
 
+def many_shards(count: int = 1100) -> Path:
+    """1,100 shards of one 64 KiB tensor each: more files than the common soft limit of
+    1,024 descriptors."""
+    CACHE.mkdir(exist_ok=True)
+    folder = CACHE / f"shards-{count}"
+    if folder.exists():
+        return folder
+    print(f"building {folder} ...", flush=True)
+    partial = folder.with_name(folder.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    weight_map = {}
+    for number in range(1, count + 1):
+        name, file = f"blocks.{number}.weight", f"model-{number:05d}-of-{count:05d}.safetensors"
+        entry = HeaderEntry(name, "F32", (128, 128), 0, 4 * 128 * 128)
+        data = encode_header([entry], {"format": "pt"}) + os.urandom(4 * 128 * 128)
+        (partial / file).write_bytes(data)
+        weight_map[name] = file
+    index = {"metadata": {"total_size": count * 4 * 128 * 128}, "weight_map": weight_map}
+    (partial / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    partial.rename(folder)
+    return folder
+
+
 def ensure_single() -> Path:
     """The 2.2 GB TinyLlama-shaped file alone (the one input the reflink job needs)."""
     CACHE.mkdir(exist_ok=True)
@@ -177,6 +200,7 @@ def ensure_inputs() -> dict[str, Path]:
 class Measure:
     wall: float
     rss_mib: float
+    cpu: float = 0.0  # user + system seconds: what a shared machine's load does not stretch
 
 
 def run(command: list[str], *, env: dict[str, str] | None = None) -> Measure:
@@ -188,7 +212,7 @@ def run(command: list[str], *, env: dict[str, str] | None = None) -> Measure:
     with tempfile.NamedTemporaryFile("r", suffix=".time") as report:
         start = time.perf_counter()
         done = subprocess.run(
-            ["/usr/bin/time", "-f", "%M", "-o", report.name, *command],
+            ["/usr/bin/time", "-f", "%U %S %M", "-o", report.name, *command],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=env,
@@ -197,8 +221,8 @@ def run(command: list[str], *, env: dict[str, str] | None = None) -> Measure:
         wall = time.perf_counter() - start
         if done.returncode not in (0, 1):
             raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr!r}")
-        peak_kib = int(report.read().split()[-1])
-    return Measure(wall, peak_kib / 1024)
+        user, system, peak_kib = report.read().split()[-3:]
+    return Measure(wall, int(peak_kib) / 1024, float(user) + float(system))
 
 
 def drop_caches() -> bool:
@@ -603,6 +627,14 @@ def bench_training(kind: str, repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_megatron(repeat: int) -> None:
+    """A Megatron-Core torch_dist checkpoint to a Hugging Face model: bench/megatron_ckpt.py."""
+    import megatron_ckpt
+
+    for row in megatron_ckpt.bench_megatron(repeat):
+        print(row, flush=True)
+
+
 def bench_remote(repeat: int) -> None:
     """inspect over S3 and a Hub on 127.0.0.1: bench/remote.py."""
     import remote
@@ -635,6 +667,14 @@ def bench_scale(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_gguf(repeat: int) -> None:
+    """GGUF inspect, split and merge: bench/gguf_bench.py."""
+    import gguf_bench
+
+    for row in gguf_bench.bench_gguf(CACHE, repeat):
+        print(row, flush=True)
+
+
 def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
@@ -661,10 +701,12 @@ def main() -> None:
         "to-torch",
         "dcp",
         "zero",
+        "megatron",
         "inspect",
         "remote",
         "reflink",
         "scale",
+        "gguf",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
@@ -687,10 +729,12 @@ def main() -> None:
         ],
         "dcp": lambda: bench_training("dcp", writes),
         "zero": lambda: bench_training("zero", writes),
+        "megatron": lambda: bench_megatron(writes),
         "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
         "remote": lambda: bench_remote(args.repeat),
         "reflink": lambda: bench_zero_copy(writes),
         "scale": lambda: bench_scale(args.repeat),
+        "gguf": lambda: bench_gguf(writes),
     }
     for job in [args.only] if args.only else jobs:
         runs[job]()

@@ -140,16 +140,27 @@ def _warm(folder: Path) -> None:
     subprocess.run(["sync"], check=True)
 
 
-def timed(command: list[str], out: Path, source: Path, repeat: int) -> Measure:
-    """Median wall and max peak RSS over fresh OUTs, the source folder in the page cache."""
-    samples = []
+def samples(
+    command: list[str], out: Path, source: Path, repeat: int, made: str | None = None
+) -> list[Measure]:
+    """Each run's wall and peak RSS, into a fresh OUT, the source folder in the page cache;
+    with `made`, a run that leaves no OUT/made stops the bench (`run` lets exit 1 pass)."""
+    measured = []
     for _ in range(repeat):
         shutil.rmtree(out, ignore_errors=True)
         _warm(source)
-        samples.append(run(command))
+        measured.append(run(command))
+        if made is not None and not (out / made).exists():
+            raise SystemExit(f"{' '.join(command)} wrote no {made}")
     shutil.rmtree(out, ignore_errors=True)
-    walls = sorted(s.wall for s in samples)
-    return Measure(walls[len(walls) // 2], max(s.rss_mib for s in samples))
+    return measured
+
+
+def timed(command: list[str], out: Path, source: Path, repeat: int) -> Measure:
+    """Median wall and max peak RSS over fresh OUTs, the source folder in the page cache."""
+    measured = samples(command, out, source, repeat)
+    walls = sorted(s.wall for s in measured)
+    return Measure(walls[len(walls) // 2], max(s.rss_mib for s in measured))
 
 
 def copy_folder(source: Path, out: Path, repeat: int) -> Measure:

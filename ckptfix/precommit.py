@@ -19,13 +19,21 @@ from ckptfix.ops.report import FAIL_ON_LEVELS, Report
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="ckptfix-precommit", description=__doc__)
-    parser.add_argument("files", nargs="*")
+    usage = "ckptfix-precommit [-h] [--fail-on {error,warning,info,never}] [--] FILE..."
+    parser = argparse.ArgumentParser(prog="ckptfix-precommit", usage=usage, description=__doc__)
     parser.add_argument("--fail-on", choices=FAIL_ON_LEVELS, default="error")
-    args = parser.parse_args(argv)
+    split = _split(sys.argv[1:] if argv is None else argv)
+    if isinstance(split, str):
+        _line(
+            f"error: {split}: unknown option (rule usage; pass --fail-on LEVEL, LEVEL one of "
+            f"{', '.join(FAIL_ON_LEVELS)}, then the files)"
+        )
+        return 2
+    options, files = split
+    args = parser.parse_args(options)
     annotate = os.environ.get("GITHUB_ACTIONS") == "true"
     failed = False
-    for path in args.files:
+    for path in files:
         try:
             report = inspect(path)
         except CkptfixError as exc:
@@ -45,6 +53,32 @@ def main(argv: list[str] | None = None) -> int:
                 where = item.file or path
                 _line(f"{item.severity.value}: {where}: {item.code}: {item.message}")
     return 1 if failed else 0
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]] | str:
+    """(options, files) of the command line, or the unknown option. pre-commit passes the
+    names of the staged files, which may look like anything: an existing path is always a
+    file (argparse read `-h.safetensors` as -h, checked nothing and printed the name raw, a
+    newline and `::stop-commands::` included). Only `-h`, `--help`, `--fail-on LEVEL` and
+    `--fail-on=LEVEL` are options; `--` ends them."""
+    options: list[str] = []
+    files: list[str] = []
+    tokens = iter(argv)
+    for token in tokens:
+        if token == "--" and not os.path.lexists(token):
+            return options, files + list(tokens)
+        if os.path.lexists(token) or not token.startswith("-"):
+            files.append(token)
+        elif token in ("-h", "--help") or token.removeprefix("--fail-on=") in FAIL_ON_LEVELS:
+            options.append(token)
+        elif token == "--fail-on":
+            level = next(tokens, "")
+            if level not in FAIL_ON_LEVELS:
+                return f"--fail-on {level}".strip()
+            options += [token, level]
+        else:
+            return token
+    return options, files
 
 
 def _line(line: str) -> None:

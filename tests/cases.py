@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from tests.builders import (
     state_dict_pickle,
     zip_checkpoint,
 )
+from tests.gguf_files import Info, RawGguf, gstr, kv, u32_kv
 
 F32x2 = {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}
 
@@ -35,6 +37,13 @@ def _entry(**override: object) -> dict[str, object]:
 
 def _raw_text(text: str, data: bytes = b"\0" * 8) -> Callable[[Factory], Path]:
     return lambda f: f.raw("bad.safetensors", text.encode(), data)
+
+
+def _sharding(info: object, name: str = "bad.safetensors") -> Callable[[Factory], Path]:
+    """A one-tensor file ('a', F32 [2]) whose header carries this DCP_SHARDING_INFO."""
+    text = info if isinstance(info, str) else json.dumps(info)
+    metadata = {"DCP_SHARDING_INFO": text, "DCP_VERSION": "1.0", "format": "pt"}
+    return lambda f: f.raw(name, {"__metadata__": metadata, "a": F32x2}, b"\0" * 8)
 
 
 def _pickle_renamed(f: Factory) -> Path:
@@ -269,6 +278,26 @@ SAFETENSORS_CASES = [
     Case("lfs-pointer", lambda f: f.lfs_pointer("model.safetensors"), "lfs-pointer", "lfs-pointer"),
 ]
 
+# torch's HuggingFaceStorageWriter: DCP_SHARDING_INFO places a file's tensors in larger ones.
+# The file itself reads; its header's sharding info is wrong, or says the file is a piece.
+SHARDING_CASES = [
+    Case("sharding-info-not-json", _sharding("{"), "dcp-sharding-info"),
+    Case("sharding-info-list", _sharding("[]"), "dcp-sharding-info"),
+    Case("sharding-info-other-name", _sharding({"b": {"saved_offsets": [0]}}), "dcp-sharding-info"),
+    Case(
+        "sharding-info-short-offsets", _sharding({"a": {"saved_offsets": []}}), "dcp-sharding-info"
+    ),
+    Case("sharding-info-negative", _sharding({"a": {"saved_offsets": [-2]}}), "dcp-sharding-info"),
+    Case("sharding-info-no-offsets", _sharding({"a": {"offsets": [0]}}), "dcp-sharding-info"),
+    Case("rank-piece", _sharding({"a": {"saved_offsets": [2]}}), "tensor-piece", "tensor-piece"),
+    Case(
+        "rank-file-alone",
+        _sharding({"a": {"saved_offsets": [0]}}, "shard-00001-model-00001-of-00001.safetensors"),
+        "tensor-piece",
+        "tensor-piece",
+    ),
+]
+
 
 def _folder_with_index(document: bytes | dict[str, object]) -> Callable[[Factory], Path]:
     """A broken index of the folder's only checkpoint: one numbered shard. (Beside a single
@@ -478,6 +507,8 @@ PICKLE_CASES = [
     Case("negative-stride", _crafted_zip((0, [2, 3], [-3, 1])), "bad-tensor"),
     Case("stride-0-bomb", _crafted_zip((0, [2**20, 2**20, 16], [0, 0, 0])), "expansion-bomb"),
     Case("absurd-shape", _crafted_zip((0, [2**40, 2**40], [1, 1])), "view-out-of-bounds"),
+    # no elements, so no bytes to check: a dimension no safetensors file can hold
+    Case("empty-shape-past-2-64", _crafted_zip((0, [2**70, 0], [0, 1])), "bad-shape"),
     Case("garbage-pickle", _zip_with_pickle(b"\x80\x02\xff\xfe garbage"), "bad-pickle"),
     Case("bad-persistent-id", _zip_with_pickle(_BAD_PID), "bad-storage-ref"),
     Case("not-a-zip", lambda f: f.bytes("broken.bin", b"PK\x03\x04" + b"\x00" * 40), "bad-zip"),
@@ -496,4 +527,180 @@ PICKLE_CASES = [
     Case("zip-truncated", _zip_edit(lambda b: b[: len(b) // 2]), "bad-zip"),
     Case("torchscript", _torchscript, "torchscript", "unsupported-format"),
     Case("tar-format", _tar, "tar", "unsupported-format"),
+]
+
+
+# --- GGUF files --------------------------------------------------------------------------
+
+
+def _gguf(
+    raw: RawGguf | Callable[[], RawGguf], name: str = "bad.gguf"
+) -> Callable[[Factory], Path]:
+    return lambda f: (raw() if callable(raw) else raw).write(f.path(name))
+
+
+def _gguf_bytes(data: bytes, name: str = "bad.gguf") -> Callable[[Factory], Path]:
+    return lambda f: f.bytes(name, data)
+
+
+def _gguf_edit(edit: Callable[[bytes], bytes]) -> Callable[[Factory], Path]:
+    """A valid two-tensor file, then edited."""
+    return lambda f: f.bytes("bad.gguf", edit(_TWO.build()))
+
+
+_TWO = RawGguf(infos=[Info("a", [8]), Info("b", [8], 0, 32)])
+_ARCH = kv("general.architecture", 8, gstr("llama"))
+_HTML = b"<!DOCTYPE html>\n<html><head><title>Sign in - Hugging Face</title></head><body>"
+
+GGUF_CASES = [
+    Case("gguf-too-small", _gguf_bytes(b"GGUF\x03\0\0\0"), "gguf-too-small"),
+    Case("gguf-html", _gguf_bytes(_HTML + b" " * 100), "gguf-bad-magic"),
+    Case("gguf-json", _gguf_bytes(b'{"error":"Repository not found"}'), "gguf-bad-magic"),
+    Case("gguf-zeros", _gguf_bytes(bytes(4096)), "gguf-bad-magic"),
+    Case("gguf-binary", _gguf_bytes(b"\x7fELF\x02\x01\x01" + bytes(64)), "gguf-bad-magic"),
+    Case(
+        "gguf-safetensors",
+        lambda f: f.bytes("bad.gguf", f.safetensors("x.safetensors").read_bytes()),
+        "gguf-bad-magic",
+    ),
+    Case("gguf-lfs", lambda f: f.lfs_pointer("model.gguf"), "lfs-pointer", "lfs-pointer"),
+    Case(
+        "gguf-big-endian", _gguf(RawGguf(version=3 << 24)), "gguf-big-endian", "unsupported-format"
+    ),
+    Case("gguf-version-1", _gguf(RawGguf(version=1)), "gguf-version"),
+    Case("gguf-version-4", _gguf(RawGguf(version=4)), "gguf-version"),
+    Case("gguf-tensors-2-60", _gguf(RawGguf(tensor_count=2**60)), "gguf-counts"),
+    Case("gguf-keys-2-60", _gguf(RawGguf(key_count=2**60)), "gguf-counts"),
+    Case("gguf-tensors-claimed", _gguf(RawGguf(tensor_count=999_999)), "gguf-past-end"),
+    Case(
+        "gguf-key-2-50",
+        _gguf(RawGguf(keys=[struct.pack("<Q", 2**50) + b"general.architecture"])),
+        "gguf-past-end",
+    ),
+    Case(
+        "gguf-string-2-50",
+        _gguf(RawGguf(keys=[kv("general.name", 8, struct.pack("<Q", 2**50) + b"x")])),
+        "gguf-past-end",
+    ),
+    Case(
+        "gguf-array-2-60",
+        _gguf(RawGguf(keys=[kv("a", 9, struct.pack("<IQ", 4, 2**60))])),
+        "gguf-past-end",
+    ),
+    Case(
+        "gguf-strings-2-60",
+        _gguf(RawGguf(keys=[kv("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 2**60))])),
+        "gguf-past-end",
+    ),
+    Case("gguf-metadata-cut", _gguf_edit(lambda b: b[:40]), "gguf-past-end"),
+    Case("gguf-infos-cut", _gguf_edit(lambda b: b[:90]), "gguf-past-end"),
+    Case(
+        "gguf-key-not-utf8",
+        _gguf(RawGguf(keys=[kv(b"general.\xff", 4, bytes(4))])),
+        "gguf-bad-string",
+    ),
+    Case("gguf-duplicate-key", _gguf(RawGguf(keys=[_ARCH, _ARCH])), "gguf-duplicate-key"),
+    Case("gguf-value-type", _gguf(RawGguf(keys=[kv("a", 13, bytes(8))])), "gguf-bad-value-type"),
+    Case(
+        "gguf-nested-array",
+        _gguf(RawGguf(keys=[kv("a", 9, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 4, 0))])),
+        "gguf-bad-value-type",
+    ),
+    Case("gguf-bool-2", _gguf(RawGguf(keys=[kv("a", 7, b"\2")])), "gguf-bad-value"),
+    Case(
+        "gguf-alignment-48",
+        _gguf(RawGguf(keys=[u32_kv("general.alignment", 48)])),
+        "gguf-alignment",
+    ),
+    Case(
+        "gguf-alignment-u64",
+        _gguf(RawGguf(keys=[kv("general.alignment", 10, struct.pack("<Q", 32))])),
+        "gguf-alignment",
+    ),
+    Case(
+        "gguf-split-string",
+        _gguf(RawGguf(keys=[kv("split.count", 8, gstr("3"))])),
+        "gguf-bad-value",
+    ),
+    Case(
+        "gguf-split-u32", _gguf(RawGguf(keys=[_ARCH, u32_kv("split.count", 1)])), "gguf-bad-value"
+    ),
+    Case(
+        "gguf-split-negative",
+        _gguf(RawGguf(keys=[_ARCH, kv("split.tensors.count", 5, struct.pack("<i", -1))])),
+        "gguf-bad-value",
+    ),
+    Case(
+        "gguf-alignment-0", _gguf(RawGguf(keys=[u32_kv("general.alignment", 0)])), "gguf-alignment"
+    ),
+    Case("gguf-key-70000", _gguf(RawGguf(keys=[u32_kv("k" * 70_000, 1)])), "gguf-bad-string"),
+    Case(
+        "gguf-array-item-2-32",
+        _gguf(RawGguf(keys=[kv("a", 9, struct.pack("<IQ", 2**32 - 1, 1))])),
+        "gguf-bad-value-type",
+    ),
+    Case(
+        "gguf-bool-array-2",
+        _gguf(RawGguf(keys=[kv("a", 9, struct.pack("<IQ", 7, 3) + b"\0\1\2")])),
+        "gguf-bad-value",
+    ),
+    Case(
+        "gguf-html-escapes",
+        _gguf_bytes(b"<html><title>\x1b]0;pwned\x07\n::error::x ##[y]</title>" + b" " * 64),
+        "gguf-bad-magic",
+    ),
+    Case("gguf-name-64", _gguf(RawGguf(infos=[Info("n" * 64, [4])])), "gguf-name-too-long"),
+    Case("gguf-name-not-utf8", _gguf(RawGguf(infos=[Info(b"w\xff", [4])])), "gguf-bad-string"),
+    Case("gguf-5-dims", _gguf(RawGguf(infos=[Info("w", [1, 1, 1, 1, 4])])), "gguf-dims"),
+    Case("gguf-zero-dim", _gguf(RawGguf(infos=[Info("w", [4, 0])])), "gguf-zero-dim"),
+    Case("gguf-type-99", _gguf(RawGguf(infos=[Info("w", [32], 99)])), "gguf-unknown-type"),
+    Case("gguf-type-removed", _gguf(RawGguf(infos=[Info("w", [32], 4)])), "gguf-unknown-type"),
+    Case("gguf-partial-block", _gguf(RawGguf(infos=[Info("w", [33, 2], 2)])), "gguf-partial-block"),
+    Case(
+        "gguf-shape-overflow",
+        _gguf(RawGguf(infos=[Info("w", [2**32, 2**32])], data=b"")),
+        "gguf-shape-overflow",
+    ),
+    Case("gguf-misaligned", _gguf(RawGguf(infos=[Info("w", [4], 0, 8)])), "gguf-misaligned"),
+    Case("gguf-offset-2-64", _gguf(RawGguf(infos=[Info("w", [4], 0, 2**64 - 32)])), "gguf-layout"),
+    Case(
+        "gguf-rank-2-32",
+        _gguf_bytes(
+            b"GGUF"
+            + struct.pack("<IQQ", 3, 1, 1)
+            + _ARCH
+            + gstr("w")
+            + struct.pack("<I", 2**32 - 1)
+            + bytes(64)
+        ),
+        "gguf-dims",
+    ),
+    Case("gguf-type-2-32", _gguf(RawGguf(infos=[Info("w", [32], 2**32 - 1)])), "gguf-unknown-type"),
+    Case(
+        "gguf-bytes-2-65",
+        _gguf(RawGguf(infos=[Info("w", [2**62], 28)], data=bytes(64))),
+        "truncated",
+    ),
+    Case(
+        "gguf-overlap",
+        _gguf(RawGguf(infos=[Info("a", [16]), Info("b", [8], 0, 32)], data=bytes(96))),
+        "gguf-overlap",
+    ),
+    Case(
+        "gguf-gap",
+        _gguf(RawGguf(infos=[Info("a", [8]), Info("b", [8], 0, 64)], data=bytes(96))),
+        "gguf-layout",
+    ),
+    Case(
+        "gguf-out-of-order",
+        _gguf(RawGguf(infos=[Info("a", [8], 0, 32), Info("b", [8], 0, 0)], data=bytes(64))),
+        "gguf-layout",
+    ),
+    Case(
+        "gguf-duplicate-name",
+        _gguf(RawGguf(infos=[Info("a", [8]), Info("a", [8], 0, 32)])),
+        "gguf-duplicate-name",
+    ),
+    Case("gguf-truncated", _gguf_edit(lambda b: b[:-40]), "truncated"),
+    Case("gguf-trailing", _gguf_edit(lambda b: b + b"junk"), "trailing-bytes"),
 ]

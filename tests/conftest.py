@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.builders import Factory
+from tests.loop_mounts import loop_mount
 
 
 @pytest.fixture
@@ -40,6 +41,16 @@ def mount(tmp_path: Path) -> Iterator[Callable[[str], Path]]:
     yield make
     for point in mounted:
         subprocess.run(["umount", str(point)], check=False)
+
+
+@pytest.fixture(scope="module", params=["xfs", "btrfs"])
+def filesystem(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Path]:
+    """A fresh filesystem with reflinks, XFS then btrfs, loop-mounted for a test module
+    (tests/loop_mounts.py; skips where this machine cannot)."""
+    with loop_mount(request.param, tmp_path_factory.mktemp(request.param)) as point:
+        yield point
 
 
 os.environ.setdefault("NO_COLOR", "1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -110,6 +111,16 @@ def python_as_another_user(*args: str | os.PathLike[str]) -> Run:
     return Run(done.returncode, done.stdout, done.stderr)
 
 
+def with_locked_folder(locked: Path, *args: str | os.PathLike[str]) -> Run:
+    """`ckptfix ARGS` as another user while `locked` may not be listed (mode 0), restored
+    after."""
+    locked.chmod(0)
+    try:
+        return as_another_user(*args)
+    finally:
+        locked.chmod(0o755)
+
+
 def give_away(root: Path, uid: int = 65534) -> None:
     """Make `root` and everything under it (links themselves, not their targets) another
     user's: for `as_another_user`, they are then not its own."""
@@ -156,9 +167,23 @@ finally:
 """
 
 
-def measured(*args: str | os.PathLike[str], timeout: float = 120) -> Measured:
+def limit_open_files(count: int) -> Callable[[], None]:
+    """A preexec_fn: soft and hard RLIMIT_NOFILE both `count`, so nothing can raise it."""
+
+    def limit() -> None:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (count, count))
+
+    return limit
+
+
+def measured(
+    *args: str | os.PathLike[str], timeout: float = 120, open_files: int | None = None
+) -> Measured:
     """Run the CLI in a fresh process; report its exit code, output, peak RSS and time. A
-    run past `timeout` seconds fails the test (a hang is a bug)."""
+    run past `timeout` seconds fails the test (a hang is a bug). `open_files`: run it with
+    at most that many descriptors."""
     import subprocess
     import sys
     import tempfile
@@ -174,6 +199,7 @@ def measured(*args: str | os.PathLike[str], timeout: float = 120) -> Measured:
             env=env,
             timeout=timeout,
             check=False,
+            preexec_fn=None if open_files is None else limit_open_files(open_files),
         )
         seconds = time.perf_counter() - start
         peak = int(report.read() or 0)
@@ -242,6 +268,15 @@ def torch_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
+def assert_same_tensors(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
+    """The same names, and for each the same dtype, shape and row-major bytes."""
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].dtype == tensor.dtype, name
+        assert got[name].shape == tensor.shape, name
+        assert torch_bytes(got[name]) == torch_bytes(tensor), name
+
+
 def load_safetensors_folder(folder: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a folder's safetensors files, read by safetensors itself (the
     consumer's view, independent of ckptfix's readers)."""
@@ -286,3 +321,16 @@ def assert_snapshot(name: str, actual: str, folder: Path = SNAPSHOTS) -> None:
             f"output differs from {path} (if the change is intended, rerun with "
             f"{UPDATE_SNAPSHOTS}=1 and commit the new snapshot):\n{''.join(diff)}"
         )
+
+
+def loads_with_same_logits(model_class: Any, folder: Path, model: Any) -> Any:
+    """`model_class.from_pretrained(folder)`, which must find every weight it expects and
+    give `model`'s logits exactly; the loaded model."""
+    import torch
+
+    loaded, info = model_class.from_pretrained(folder, output_loading_info=True)
+    assert not any(info.values()), info
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(tokens).logits, model(tokens).logits)
+    return loaded

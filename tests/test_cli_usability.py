@@ -47,7 +47,10 @@ def test_top_level_help_shows_whole_command_summaries() -> None:
     commands = run.stdout.split("Commands:")[1]
     assert run.returncode == 0 and "..." not in commands
     words = " ".join(run.stdout.split())
-    assert "convert Convert a PyTorch, safetensors, DCP or DeepSpeed checkpoint into " in words
+    assert (
+        "convert Convert a PyTorch, safetensors, GGUF, DCP, DeepSpeed or Megatron checkpoint "
+        "into " in words
+    )
     assert "verified safetensors (or torch) shards." in words
 
 

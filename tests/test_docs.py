@@ -294,7 +294,9 @@ def code_rules() -> dict[str, set[str]]:
 
 def _own_code_rules() -> set[str]:
     """Rules raised only through CorruptFileError subclasses that report under their own
-    finding code (a Git LFS stub, a name stored twice): the findings table documents them."""
+    finding code (a Git LFS stub, a name stored twice), or by a rewrite refusing its input
+    for a finding (InputRefusedError names the finding's code): the findings table
+    documents them."""
     from ckptfix.core import errors
 
     own = {
@@ -303,7 +305,7 @@ def _own_code_rules() -> set[str]:
         if isinstance(value, type)
         and issubclass(value, errors.CorruptFileError)
         and value.code != errors.CorruptFileError.code
-    }
+    } | {"InputRefusedError"}
     return {rule for rule, raisers in code_rules().items() if raisers <= own}
 
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.builders import Factory, Spec
 from tests.fix_cases import INDEX, ONE, TWO, broken, loaded, stale
-from tests.helpers import as_another_user, cli, give_away, tree_snapshot
+from tests.helpers import as_another_user, cli, give_away
 
 ASIDE = "ckptfix-aside"
 
@@ -217,13 +218,134 @@ def test_in_place_refuses_a_folder_it_could_not_clear(factory: Factory) -> None:
     theirs.mkdir()
     (theirs / "data.txt").write_text("theirs")
     give_away(theirs)
-    before = tree_snapshot(factory.root)
-    run = as_another_user("fix", model, "--in-place")
-    assert run.code == 1, run.stderr
-    assert run.error_lines == [
+    _refused_as_another_user(
+        factory,
+        ["fix", model, "--in-place"],
         f"error: {theirs}: folder is not writable and not ours to make writable, so its old "
         "entries could not be removed once the new folder is in place (rule write-failed; "
-        "make it writable, or run as its owner)"
-    ]
-    assert tree_snapshot(factory.root) == before
+        "make it writable, or run as its owner)",
+    )
+
+
+def _refused_as_another_user(factory: Factory, args: list[str | Path], line: str) -> None:
+    """Run as another user: exit 1, exactly `line`, and nothing anywhere changed."""
+    before = entries(factory.root)
+    run = as_another_user(*args)
+    assert run.code == 1, run.stderr
+    assert run.error_lines == [line]
+    assert entries(factory.root) == before
     assert leftovers(factory.root) == []
+
+
+def test_in_place_keeps_a_fifo_beside_the_checkpoint(factory: Factory) -> None:
+    """A FIFO in the model folder is kept by a hard link: it was carried twice (as an entry
+    of the folder and as a file left out for not being regular), and the second link
+    failed with "write failed: File exists"."""
+    model = broken(factory, "stale-single")
+    os.mkfifo(model / "pipe")
+    run = cli("fix", model, "--in-place")
+    assert run.code == 0, run.stderr
+    assert stat.S_ISFIFO(os.lstat(model / "pipe").st_mode)
+    assert (model / ASIDE / "model.safetensors").is_file()
+    assert leftovers(factory.root) == []
+
+
+@pytest.mark.parametrize("kind", ["folder", "link to a folder"])
+def test_in_place_aside_name_taken_by_a_folder(factory: Factory, kind: str) -> None:
+    """The aside folder holds a folder (or a link to one) named like the file fix takes
+    out: only files counted as taken, so the move collided with it ("write failed: File
+    exists"). The file goes in beside it as NAME.2."""
+    model = broken(factory, "stale-single")
+    stale_bytes = (model / "model.safetensors").read_bytes()
+    taken = model / ASIDE / "model.safetensors"
+    taken.parent.mkdir()
+    if kind == "folder":
+        taken.mkdir()
+        (taken / "keep.txt").write_text("keep")
+    else:
+        (factory.root / "elsewhere").mkdir()
+        os.symlink(factory.root / "elsewhere", taken)
+    run = cli("fix", model, "--in-place")
+    assert run.code == 0, run.stderr
+    assert (model / ASIDE / "model.safetensors.2").read_bytes() == stale_bytes
+    assert taken.is_dir() and (kind == "folder") != taken.is_symlink()
+    assert leftovers(factory.root) == []
+
+
+def test_in_place_refuses_to_take_out_a_file_a_link_reaches(factory: Factory) -> None:
+    """`sub -> .`: the index reaches the shards as sub/…, and the same files at the top
+    level looked like orphans. fix --in-place took them out from under the link, and its
+    own check then called the result a bug; it now refuses, naming the link."""
+    factory.safetensors(f"m/{ONE}", [Spec("a")])
+    factory.safetensors(f"m/{TWO}", [Spec("b")])
+    factory.index(f"m/{INDEX}", {"a": f"sub/{ONE}", "b": f"sub/{TWO}"}, 9)
+    model = factory.root / "m"
+    os.symlink(".", model / "sub")
+    _refused_in_place(
+        factory,
+        model,
+        f"error: {model / 'sub'}: is a link (to .), and fix --in-place would take {ONE} out "
+        f"from under it (it is sub/{ONE}, which the index reaches through the link) (rule "
+        "usage; repair into a new folder with -o OUT, or replace the link with the folder it "
+        "points to)",
+    )
+    out = factory.root / "out"
+    assert cli("fix", model, "-o", out).code == 0
+    assert cli("inspect", out, "--fail-on", "warning").code == 0
+
+
+@pytest.mark.parametrize("command", ["fix", "reshard"])
+def test_in_place_refuses_another_users_file_in_a_sticky_folder(
+    factory: Factory, command: str
+) -> None:
+    """A sticky folder (1777) of another user's holding their file: the new folder was
+    swapped in, then the old one could not be emptied and stayed beside PATH as a
+    .ckptfix-* folder (exit 1 after the swap). Refused before anything is written."""
+    model = broken(factory, "stale-single")
+    shared = model / "shared"
+    shared.mkdir()
+    (shared / "theirs.txt").write_text("theirs")
+    give_away(shared)
+    shared.chmod(0o1777)
+    _refused_as_another_user(
+        factory,
+        [command, model, "--in-place"],
+        f"error: {shared / 'theirs.txt'}: is another user's, in a sticky folder (mode +t) that "
+        "is not ours either, so it could not be removed once the new folder is in place (rule "
+        "write-failed; have its owner move it out, or run as the folder's owner)",
+    )
+
+
+@pytest.mark.parametrize("rewrite", [False, True], ids=["kept", "one-rewritten"])
+@pytest.mark.parametrize("option", ["-o", "--in-place"])
+def test_a_kept_shard_swapped_during_the_run_is_never_carried(
+    factory: Factory, monkeypatch: pytest.MonkeyPatch, option: str, rewrite: bool
+) -> None:
+    """sub/ (a real folder, its shards kept) swapped for a link to a folder of other shards
+    of the same names after fix read them: -o copied the other bytes into OUT, unchecked;
+    --in-place, with the other shard rewritten, left the kept one behind the new link and
+    called its own check's failure a bug."""
+    from ckptfix.ops import fix
+
+    model, real = _linked(factory, relative=False, rewrite=rewrite)
+    (model / "sub").unlink()
+    real.rename(model / "sub")
+    factory.safetensors(f"decoy/{ONE}", [stale(Spec("a"))])
+    factory.safetensors(f"decoy/{TWO}", [stale(Spec("b"))])
+    fill = fix.fill
+
+    def swapped_then_filled(*args: Any) -> Any:
+        (model / "sub").rename(factory.root / "moved")
+        os.symlink(factory.root / "decoy", model / "sub")
+        return fill(*args)
+
+    monkeypatch.setattr(fix, "fill", swapped_then_filled)
+    out = factory.root / "out"
+    run = cli("fix", model, *([option, out] if option == "-o" else [option]))
+    assert run.code == 1, run.stderr
+    kept = TWO if rewrite else ONE
+    assert run.error_lines == [
+        f"error: {model / 'sub' / kept}: file was replaced or modified since it was first read "
+        "(rule source-changed; run again on a stable copy)"
+    ]
+    assert not out.exists() and leftovers(factory.root) == []

@@ -219,6 +219,7 @@ def test_dropped_record_single_file_and_sharded(tmp_path: Path) -> None:
     ("record", "what"),
     [
         ("{not json", "is not JSON"),
+        ("[" * 100_000 + "]" * 100_000, "is not JSON"),  # was an internal RecursionError
         ('["a"]', "is not an object of names"),
         ('{"lm_head": "gone"}', "maps names to 'gone', which is not stored"),
         ('{"a": "b"}', "names 'a' as dropped, but it is stored"),
@@ -229,10 +230,17 @@ def test_bad_record_is_refused(factory: Factory, record: str, what: str) -> None
     run = cli("hash", path)
     assert run.code == 1
     assert run.error_lines == [
-        f"error: {path}: the ckptfix.dropped record {what} (rule alias-record; rewrite it with "
-        "`ckptfix convert`, or pass --no-alias-record to ignore it)"
+        f"error: {path}: the ckptfix.dropped record {what} (rule alias-record; pass "
+        "--no-alias-record to ignore it)"
     ]
     assert cli("hash", path, "--no-alias-record").code == 0
+    # a rewrite takes the record's names as the file's own, so it cannot ignore it either
+    converted = cli("convert", path, "-o", factory.root / "out")
+    assert converted.error_lines == [
+        f"error: {path}: the ckptfix.dropped record {what} (rule alias-record; remove the "
+        "record from the metadata, or correct it)"
+    ]
+    assert not (factory.root / "out").exists()
 
 
 def test_a_tensor_over_several_files(tmp_path: Path) -> None:
@@ -260,10 +268,21 @@ def test_missing_path_and_empty_folder(tmp_path: Path) -> None:
     assert missing.error_lines == [
         f"error: {tmp_path / 'nope'}: no such file or directory (rule input-not-found; check the path)"
     ]
-    (tmp_path / "empty").mkdir()
-    empty = cli("hash", tmp_path / "empty")
-    assert empty.code == 1
-    assert len(empty.error_lines) == 1
+
+
+@pytest.mark.parametrize("command", ["hash", "diff", "reshard", "convert", "dedupe", "inspect"])
+def test_an_empty_folder_is_one_line_naming_its_rule(tmp_path: Path, command: str) -> None:
+    """Every command but inspect and fix ended the line `(check the path, or download the
+    weights) (rule input-refused)`, not `(rule no-weights; ...)` as SPEC's lines go."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    extra = {"diff": [empty], "hash": [], "inspect": []}.get(command, ["-o", tmp_path / "out"])
+    run = cli(command, empty, *extra)
+    assert run.code == 1
+    assert run.error_lines == [
+        f"error: {empty}: folder holds no weight file (*.safetensors, *.bin, *.pt, ...) and no "
+        "shard index (rule no-weights; check the path, or download the weights)"
+    ]
 
 
 @pytest.mark.parametrize("form", ["safetensors", "zip"])
@@ -374,9 +393,3 @@ def test_empty_tensors_read_nothing(tmp_path: Path) -> None:
         torch.save(state, path, _use_new_zipfile_serialization=not legacy)
         assert hash_checkpoint(path).digest == oracle.digest(state)
         assert cli("diff", path, path).code == 0
-
-
-def test_the_record_key_is_the_one_rewrites_write() -> None:
-    from ckptfix.ops import rewrite, tensorset
-
-    assert tensorset.DROPPED_KEY == rewrite.DROPPED_KEY

@@ -225,10 +225,14 @@ def test_an_unreadable_index_refuses_a_rewrite(factory: Factory, command: str) -
     )
 
 
-@pytest.mark.parametrize("command", ["reshard", "fix"])
-def test_an_unreadable_sub_folder_is_one_error_line(factory: Factory, command: str) -> None:
+WRITES = [["reshard", "-o", "OUT"], ["fix", "-o", "OUT"], ["reshard", "--in-place"]]
+WRITES += [["fix", "--in-place"]]
+
+
+@pytest.mark.parametrize("command", WRITES, ids=" ".join)
+def test_an_unreadable_sub_folder_is_one_error_line(factory: Factory, command: list[str]) -> None:
     """It was `internal error: PermissionError`: the sub-folder is carried to the output,
-    so it must be listed."""
+    so it must be listed. --in-place said `PATH: cannot write: Permission denied`."""
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
     (folder / "extra").mkdir()
     (folder / "extra" / "notes.txt").write_text("notes")
@@ -236,21 +240,36 @@ def test_an_unreadable_sub_folder_is_one_error_line(factory: Factory, command: s
     os.chmod(folder / "extra", 0o700)
     _one_line_as_another_user(
         factory,
-        [command, folder, "-o", "OUT"],
+        [command[0], folder, *command[1:]],
         f"error: {folder / 'extra'}: cannot list the folder: Permission denied (rule "
         "unreadable; check its permissions)",
     )
 
 
-@pytest.mark.parametrize("command", ["inspect", "hash", "reshard", "fix"])
-def test_an_unlistable_model_folder_is_one_error_line(factory: Factory, command: str) -> None:
+@pytest.mark.parametrize("command", [["inspect"], ["hash"], *WRITES], ids=" ".join)
+def test_an_unlistable_model_folder_is_one_error_line(factory: Factory, command: list[str]) -> None:
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
     os.chmod(folder, 0o300)  # it can be entered, not listed
     _one_line_as_another_user(
         factory,
-        [command, folder, *(["-o", "OUT"] if command in ("reshard", "fix") else [])],
+        [command[0], folder, *command[1:]],
         f"error: {folder}: cannot list the folder: Permission denied (rule unreadable; check "
         "its permissions)",
+    )
+
+
+@pytest.mark.parametrize("command", ["reshard", "convert", "dedupe", "fix"])
+def test_an_unreadable_side_file_is_named_by_a_write(factory: Factory, command: str) -> None:
+    """It was `OUT: cannot write: Permission denied (rule write-failed)`: the copy of the
+    folder's other files failed to read one, and the output was blamed."""
+    folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
+    (folder / "tokenizer.json").write_text("{}")
+    os.chmod(folder / "tokenizer.json", 0)
+    _one_line_as_another_user(
+        factory,
+        [command, folder, "-o", "OUT"],
+        f"error: {folder / 'tokenizer.json'}: cannot read the file: Permission denied (rule "
+        "unreadable; check its permissions)",
     )
 
 
@@ -306,4 +325,4 @@ def test_stubs_keep_data_and_refuse_a_second_build() -> None:
     ):
         unpickle(twice, "n.pt", no_storage, allowed)  # type: ignore[arg-type]
     with pytest.raises(Exception, match="outside the allowlist"):
-        unpickle(built, "n.pt", no_storage)  # type: ignore[arg-type]
+        unpickle(built, "n.pt", no_storage, TORCH_ALLOWLIST)  # type: ignore[arg-type]

@@ -80,7 +80,7 @@ def test_an_alias_record_that_is_not_unicode_is_refused(factory: Factory) -> Non
     assert run.code == 1
     assert run.error_lines == [
         f"error: {path}: the ckptfix.dropped record is not an object of names (rule "
-        "alias-record; rewrite it with `ckptfix convert`, or pass --no-alias-record to ignore it)"
+        "alias-record; pass --no-alias-record to ignore it)"
     ]
 
 
@@ -262,11 +262,13 @@ def test_a_million_tensors_in_one_header(tmp_path: Path) -> None:
     path = tmp_path / "million.safetensors"
     with open(path, "wb") as handle:
         handle.write(struct.pack("<Q", len(body)) + body + bytes(4 * count))
-    run = measured("inspect", path, timeout=60)
+    run = measured("inspect", path, timeout=120)
     assert run.code == 0, run.stderr
     assert re.search(r"^Tensors +1,000,000 *$", run.stdout, re.MULTILINE), run.stdout
     assert run.peak_rss < 1300 * 2**20, run.peak_rss
-    assert run.seconds < 20, run.seconds
+    # A bound against a walk that grows faster than the header (hours at this size), not a
+    # speed target: that is the bench's. 20 s failed beside another test on a loaded machine.
+    assert run.seconds < 60, run.seconds
 
 
 def test_a_pipeline_component_outside_the_pipeline_is_not_read(factory: Factory) -> None:

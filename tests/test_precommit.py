@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ckptfix.core.text import shown
 from ckptfix.ops.inspect import inspect
 from ckptfix.precommit import main
 from tests.builders import Factory
+from tests.output_checks import hidden_characters, workflow_commands
 
 
 def test_hook_definition_points_at_the_entry_point() -> None:
@@ -59,3 +61,46 @@ def test_annotations_inside_github_actions(
     assert [line.split(":")[0] for line in captured.err.splitlines()] == ["error", "error"]
     assert main(["good.safetensors"]) == 0
     assert capsys.readouterr().out == ""
+
+
+# Staged files whose names look like options: argparse read the first as -h (and printed
+# "ignored explicit argument" with the name raw), the second as --fail-on never (the hook
+# then passed whatever was staged), the third as an unknown option, printed raw with its
+# newlines, forging a workflow command in a GitHub Actions log.
+OPTION_LIKE = [
+    "-h.safetensors",
+    "--fail-on=never",
+    "--x\n::stop-commands::tok\n##[error]forged.bin",
+]
+
+
+@pytest.mark.parametrize("name", OPTION_LIKE, ids=["-h", "--fail-on", "workflow-command"])
+def test_a_staged_file_named_like_an_option_is_checked(
+    factory: Factory,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+) -> None:
+    monkeypatch.chdir(factory.root)
+    monkeypatch.setenv("GITHUB_ACTIONS", "true")
+    monkeypatch.setenv("GITHUB_WORKSPACE", str(factory.root))
+    factory.lfs_pointer(name)
+    factory.safetensors("plain.safetensors", with_format=False)
+    assert main([name, "plain.safetensors", "--fail-on", "warning"]) == 1
+    captured = capsys.readouterr()
+    commands = workflow_commands(captured.out + captured.err)
+    assert [(c.name, c.properties["title"]) for c in commands] == [
+        ("error", "lfs-pointer"),
+        ("warning", "missing-format-metadata"),
+    ]
+    assert commands[0].properties["file"] == shown(name)
+    assert hidden_characters(captured.out + captured.err) == []
+    assert len(captured.err.splitlines()) == 2
+
+
+def test_an_unknown_option_is_one_usage_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--fail-on", "warn\n::error::x", "a.safetensors"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("error: --fail-on warn\\n::error::x: unknown option (rule usage; ")
+    assert main(["--bogus"]) == 2
+    assert capsys.readouterr().err.startswith("error: --bogus: unknown option (rule usage; ")

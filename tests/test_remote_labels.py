@@ -95,11 +95,11 @@ def test_a_signed_url_is_printed_without_its_signature(server: HttpServer) -> No
     signed = (
         f"{server.url}/plain.safetensors?X-Amz-Algorithm=AWS4-HMAC-SHA256"
         "&X-Amz-Credential=AKIAEXAMPLEKEY%2F20240101%2Fus-east-1%2Fs3%2Faws4_request"
-        f"&X-Amz-Security-Token=tok{SECRET}&X-Amz-Signature=sig{SECRET}"
+        f"&X-Amz-Security-Token=tok{SECRET}&X-Amz-Signature=sig{SECRET}&jwt=t{SECRET}"
     )
-    shown = (
-        f"{server.url}/plain.safetensors?X-Amz-Algorithm=AWS4-HMAC-SHA256"
-        "&X-Amz-Credential=***&X-Amz-Security-Token=***&X-Amz-Signature=***"
+    shown = (  # every value: a secret may go by any name (`jwt` was printed as given)
+        f"{server.url}/plain.safetensors?X-Amz-Algorithm=***"
+        "&X-Amz-Credential=***&X-Amz-Security-Token=***&X-Amz-Signature=***&jwt=***"
     )
     for args in (["inspect", signed], ["inspect", signed, "--json"], ["hash", signed]):
         run = cli(*args)
@@ -177,3 +177,30 @@ def test_a_url_location_is_a_uri(label: str, uri: str) -> None:
 
     assert artifact_location(label, "/workspace") == {"uri": uri}
     assert is_uri_reference(uri)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["reshard", "m.safetensors", "-o", "s3://bucket/out"],
+        ["convert", "m.safetensors", "-o", f"https://reader:{SECRET}@host/out?sig={SECRET}"],
+        ["dedupe", "m.safetensors", "--out", "gs://bucket/out"],
+        ["fix", "m.safetensors", "-o", "hf://org/repo"],
+        ["hash", "m.safetensors", "--manifest", f"https://reader:{SECRET}@host/m.json"],
+        ["inspect", "m.safetensors", "--manifest", f"http://reader:{SECRET}@host/m.json"],
+    ],
+    ids=lambda args: args[0] + " " + args[2],
+)
+def test_a_url_for_a_local_output_is_refused(
+    factory: Factory, monkeypatch: pytest.MonkeyPatch, args: list[str]
+) -> None:
+    """`-o s3://bucket/out` was folded by pathlib into the relative path `s3:/bucket/out`,
+    written there, and printed (with the password of an https:// URL)."""
+    monkeypatch.chdir(factory.root)
+    factory.safetensors("m.safetensors")
+    run = cli(*args)
+    assert run.code == 2, run.stderr
+    [line] = run.error_lines
+    assert SECRET not in line and "(rule usage; " in line
+    assert line.startswith(f"error: {args[3].split('://')[0]}://") and ": is a URL; " in line
+    assert sorted(os.listdir(factory.root)) == ["m.safetensors"]

@@ -107,6 +107,17 @@ def test_json_bytes_is_the_same_document_with_nothing_raw() -> None:
     assert json_bytes(clean) == orjson.dumps(clean, option=orjson.OPT_INDENT_2)
 
 
+@pytest.mark.parametrize("indent", [True, False])
+def test_json_bytes_writes_integers_past_64_bits_exactly(indent: bool) -> None:
+    """A shape a hostile file claims ([2**70, 0]) reaches the JSON report: orjson cannot
+    write it (an internal error), so it is written as the exact number JSON allows."""
+    document = {"shape": [2**70, 0], "name": "##[x\x1b", "bad": os.fsdecode(b"\xff")}
+    data = json_bytes(document, indent=indent)
+    assert json.loads(data) == {"shape": [2**70, 0], "name": "##[x\x1b", "bad": "\\xff"}
+    assert workflow_commands(data.decode()) == [] and hidden_characters(data.decode()) == []
+    assert (b"\n  " in data) is indent
+
+
 def test_json_bytes_writes_bytes_that_are_not_utf8_as_everywhere() -> None:
     name = os.fsdecode(b"m/bad\xff.safetensors")
     document = json.loads(json_bytes({"path": name, "files": [{name: [name]}]}))
@@ -124,15 +135,21 @@ def test_json_bytes_writes_bytes_that_are_not_utf8_as_everywhere() -> None:
         ("https://token@host:8080/m", "https://***@host:8080/m"),
         ("http://u:p@ss@host/m", "http://***@host/m"),
         ("s3://bucket/key", "s3://bucket/key"),
-        ("https://host/m?a=1", "https://host/m?a=1"),
+        ("https://host/m?a=1", "https://host/m?a=***"),
         (
             "https://b.s3.amazonaws.com/m.safetensors?X-Amz-Credential=AKIA%2F1&X-Amz-Date=2"
             "&X-Amz-Security-Token=tok&X-Amz-Signature=deadbeef",
-            "https://b.s3.amazonaws.com/m.safetensors?X-Amz-Credential=***&X-Amz-Date=2"
+            "https://b.s3.amazonaws.com/m.safetensors?X-Amz-Credential=***&X-Amz-Date=***"
             "&X-Amz-Security-Token=***&X-Amz-Signature=***",
         ),
-        ("https://h/f?sv=1&sig=abc&se=2", "https://h/f?sv=1&sig=***&se=2"),
-        ("https://h/f?token=abc#frag", "https://h/f?token=***#frag"),
+        ("https://h/f?sv=1&sig=abc&se=2", "https://h/f?sv=***&sig=***&se=***"),
+        ("https://h/f?token=abc#frag", "https://h/f?token=***#***"),
+        # secrets under names no list foresees (they were printed as given)
+        ("https://h/m?jwt=eyJ&t=1&code=2", "https://h/m?jwt=***&t=***&code=***"),
+        ("https://h/m?pass=hunter2;session=s", "https://h/m?pass=***;session=***"),
+        ("https://h/m?SECRETTOKEN", "https://h/m?***"),
+        ("https://h/m#access_token=abc&x", "https://h/m#access_token=***&***"),
+        ("https://h/m?", "https://h/m?"),
         ("https://h/f?access_token=a&key=b", "https://h/f?access_token=***&key=***"),
         (
             "error: 'https://u:p@h/x' and 'gs://b/o?X-Goog-Signature=s' failed",

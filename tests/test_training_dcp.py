@@ -15,7 +15,7 @@ from ckptfix.ops.hash import hash_checkpoint
 from ckptfix.ops.load import load
 from tests import hash_oracle
 from tests import training_fixtures as fixtures
-from tests.helpers import cli, torch_bytes
+from tests.helpers import assert_same_tensors, cli, torch_bytes
 
 if TYPE_CHECKING:
     import torch
@@ -23,14 +23,6 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slow
 dcp_saved = fixtures.dcp_saved  # fixtures shared by the training tests
 copy_of = fixtures.copy_of
-
-
-def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> None:
-    assert sorted(got) == sorted(want)
-    for name, tensor in want.items():
-        assert got[name].dtype == tensor.dtype, name
-        assert got[name].shape == tensor.shape, name
-        assert torch_bytes(got[name]) == torch_bytes(tensor), name
 
 
 def _written(out: Path) -> dict[str, torch.Tensor]:
@@ -61,9 +53,9 @@ def test_torch_save_format_converts_to_what_dcp_to_torch_save_reads(
     oracle = _torch_reading(dcp_saved / "torch_save", tmp_path)["model"]
     run = cli("convert", dcp_saved / "torch_save", "-o", tmp_path / "out")
     assert run.code == 0, run.stderr
-    assert_same(_written(tmp_path / "out"), oracle)
+    assert_same_tensors(_written(tmp_path / "out"), oracle)
     # the gathered tensors the ranks saved are what torch reads back too
-    assert_same(oracle, torch.load(dcp_saved / "reference.pt", weights_only=True))
+    assert_same_tensors(oracle, torch.load(dcp_saved / "reference.pt", weights_only=True))
 
 
 def test_safetensors_format_converts_to_the_gathered_tensors(
@@ -77,7 +69,7 @@ def test_safetensors_format_converts_to_the_gathered_tensors(
     reference = torch.load(dcp_saved / "reference.pt", weights_only=True)
     run = cli("convert", dcp_saved / "safetensors", "-o", tmp_path / "out")
     assert run.code == 0, run.stderr
-    assert_same(_written(tmp_path / "out"), reference)
+    assert_same_tensors(_written(tmp_path / "out"), reference)
 
 
 def test_older_metadata_without_version_or_transforms(
@@ -100,7 +92,7 @@ def test_older_metadata_without_version_or_transforms(
     assert b"version" not in raw and b"transform_descriptors" not in raw
     run = cli("convert", folder, "-o", tmp_path / "out")
     assert run.code == 0, run.stderr
-    assert_same(
+    assert_same_tensors(
         _written(tmp_path / "out"), torch.load(dcp_saved / "reference.pt", weights_only=True)
     )
     layouts = [
@@ -130,7 +122,7 @@ def test_flat_app_state_takes_the_top_level_tensors(
     model = {k: v for k, v in oracle.items() if isinstance(v, torch.Tensor)}
     run = cli("convert", dcp_saved / "flat", "-o", tmp_path / "out")
     assert run.code == 0, run.stderr
-    assert_same(_written(tmp_path / "out"), model)
+    assert_same_tensors(_written(tmp_path / "out"), model)
 
 
 def test_inspect_reports_the_layout_and_what_is_left_out(dcp_saved: Path) -> None:

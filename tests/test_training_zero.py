@@ -4,17 +4,12 @@ compared bitwise with DeepSpeed's own get_fp32_state_dict_from_zero_checkpoint."
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
-from safetensors import safe_open
 
 from ckptfix.ops.diff import diff
 from ckptfix.ops.hash import hash_checkpoint
@@ -22,34 +17,13 @@ from ckptfix.ops.load import load
 from tests import hash_oracle
 from tests import training_fixtures as fixtures
 from tests.helpers import cli, torch_bytes
+from tests.training_fixtures import converted, zero_to_fp32
 from tests.training_frameworks import ZERO_CONFIGS
-
-if TYPE_CHECKING:
-    import torch
 
 pytestmark = pytest.mark.slow
 zero_saved = fixtures.zero_saved  # fixtures shared by the training tests
 copy_of = fixtures.copy_of
 NAMES = [f"zero{stage}_{dtype}" for stage, dtype in ZERO_CONFIGS if stage]  # zero_to_fp32's
-
-
-def _oracle(folder: Path) -> dict[str, torch.Tensor]:
-    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        return dict(get_fp32_state_dict_from_zero_checkpoint(str(folder)))
-
-
-def _converted(
-    folder: Path, out: Path, *options: str
-) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    from safetensors.torch import load_file
-
-    run = cli("convert", folder, "-o", out, *options)
-    assert run.code == 0, run.stderr
-    with safe_open(out / "model.safetensors", "pt") as handle:
-        metadata = handle.metadata() or {}
-    return load_file(out / "model.safetensors"), json.loads(metadata.get("ckptfix.dropped", "{}"))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -60,8 +34,8 @@ def test_master_weights_are_what_zero_to_fp32_reconstructs(
 ) -> None:
     import torch
 
-    oracle = _oracle(zero_saved / name)
-    written, dropped = _converted(zero_saved / name, tmp_path / "out")
+    oracle = zero_to_fp32(zero_saved / name)
+    written, dropped = converted(zero_saved / name, tmp_path / "out")
     # the tied head is written once and recorded as an alias of the embedding
     assert dropped == {"head.weight": "embed.weight"}
     assert oracle["head.weight"] is oracle["embed.weight"]
@@ -97,7 +71,7 @@ def test_module_weights_are_the_training_dtype_copy(
     module = torch.load(
         zero_saved / name / "global_step2" / "mp_rank_00_model_states.pt", weights_only=False
     )["module"]
-    written, dropped = _converted(zero_saved / name, tmp_path / "out", "--zero-weights", "module")
+    written, dropped = converted(zero_saved / name, tmp_path / "out", "--zero-weights", "module")
     assert dropped == {"head.weight": "embed.weight"}
     assert set(written) | set(dropped) == set(module)
     for key, tensor in module.items():
@@ -116,7 +90,7 @@ def test_stage0_weights_are_the_module(zero_saved: Path, tmp_path: Path) -> None
         zero_saved / "zero0_fp32" / "global_step2" / "mp_rank_00_model_states.pt",
         weights_only=False,
     )["module"]
-    written, dropped = _converted(zero_saved / "zero0_fp32", tmp_path / "out")
+    written, dropped = converted(zero_saved / "zero0_fp32", tmp_path / "out")
     assert dropped == {"head.weight": "embed.weight"}
     for key, tensor in module.items():
         got = written[dropped.get(key, key)]
@@ -143,8 +117,8 @@ def test_stage3_has_no_module_weights(zero_saved: Path, tmp_path: Path) -> None:
 
 def test_tag_folder_itself_is_accepted(zero_saved: Path, tmp_path: Path) -> None:
     tag = zero_saved / "zero2_bf16" / "global_step2"
-    oracle = _oracle(zero_saved / "zero2_bf16")
-    written, dropped = _converted(tag, tmp_path / "out")
+    oracle = zero_to_fp32(zero_saved / "zero2_bf16")
+    written, dropped = converted(tag, tmp_path / "out")
     for key, tensor in oracle.items():
         assert torch_bytes(written[dropped.get(key, key)]) == torch_bytes(tensor)
 
@@ -179,8 +153,8 @@ def test_hash_is_the_digest_of_what_zero_to_fp32_reconstructs(
     """hash and diff see the model a conversion writes: master weights, frozen parameters,
     the tied alias, and the bf16 buffer as the F32 that zero_to_fp32.py and convert write."""
     folder = zero_saved / name
-    assert hash_checkpoint(folder).digest == hash_oracle.digest(_oracle(folder))
-    _converted(folder, tmp_path / "out")
+    assert hash_checkpoint(folder).digest == hash_oracle.digest(zero_to_fp32(folder))
+    converted(folder, tmp_path / "out")
     result = diff(folder, tmp_path / "out")
     assert result.identical, result.to_dict()
     run = cli("diff", folder, tmp_path / "out", "--values")
@@ -209,8 +183,8 @@ def test_a_dynamic_loss_scaler_is_read_as_data(
         )
         optimizer["dynamic_loss_scale"] = True
         torch.save(states, path)
-    oracle = _oracle(folder)
-    written, dropped = _converted(folder, tmp_path / "out")
+    oracle = zero_to_fp32(folder)
+    written, dropped = converted(folder, tmp_path / "out")
     for key, tensor in oracle.items():
         assert torch_bytes(written[dropped.get(key, key)]) == torch_bytes(tensor), key
 

@@ -87,15 +87,42 @@ def test_first_link(tmp_path: Path) -> None:
     assert first_link(str(tmp_path), "missing/c") is None
 
 
+def _blocked_script(tree: Path, parts: str = "[:1]") -> str:
+    """A script printing the blocked entry of `tree` (and with "[:2]", why), or None."""
+    found = f"blocked_folder({str(tree)!r})"
+    return (
+        "from ckptfix.write.tree import blocked_folder\n"
+        f"found = {found}\nprint('|'.join(found{parts}) if found else None)"
+    )
+
+
 def test_blocked_folder_names_another_users_folder(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "mine" / "theirs").mkdir(parents=True)
     os.symlink("/", tree / "mine" / "root-link")  # never walked
     give_away(tree / "mine" / "theirs")
-    script = f"from ckptfix.write.tree import blocked_folder; print(blocked_folder({str(tree)!r}))"
+    script = _blocked_script(tree)
     run = python_as_another_user("-c", script)
     assert run.stdout.strip() == str(tree / "mine" / "theirs"), run.stderr
     (tree / "mine" / "theirs").chmod(0o777)  # open to anyone: its entries can be removed
     run = python_as_another_user("-c", script)
     assert run.stdout.strip() == "None", run.stderr
     assert blocked_folder(str(tree)) is None  # root may remove anything
+
+
+def test_blocked_folder_names_another_users_file_in_their_sticky_folder(tmp_path: Path) -> None:
+    """A sticky folder (mode 1777) of another user's lets us write into it, but not remove
+    their entries: a tree holding one was swapped in, then its old copy could not be
+    removed, and stayed beside the output as a .ckptfix-* folder."""
+    tree = tmp_path / "tree"
+    shared = tree / "shared"
+    shared.mkdir(parents=True)
+    (shared / "theirs.txt").write_text("theirs")
+    give_away(shared)
+    shared.chmod(0o1777)
+    run = python_as_another_user("-c", _blocked_script(tree, "[:2]"))
+    assert run.stdout.strip().split("|")[0] == str(shared / "theirs.txt"), run.stderr
+    assert "sticky folder" in run.stdout
+    os.chown(shared / "theirs.txt", os.geteuid(), os.getegid())  # ours: removable
+    run = python_as_another_user("-c", _blocked_script(tree))
+    assert run.stdout.strip() == "None", run.stderr

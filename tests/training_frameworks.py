@@ -3,7 +3,8 @@
 stages 1-3 in fp32 and bf16, trained for two steps on CPU. Every rank talks over the
 loopback interface only.
 
-Run as `python -m tests.training_frameworks dcp|zero OUT` (the test fixtures do, once per
+Run as `python -m tests.training_frameworks KIND OUT` (dcp, zero, or a kind of
+tests/training_writers.py) (the test fixtures do, once per
 session); ranks are spawned with torch.multiprocessing.
 """
 
@@ -32,7 +33,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _env(rank: int, port: int) -> None:
+def env_for_rank(rank: int, port: int) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -80,7 +81,7 @@ def _full(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def _save_dcp(rank: int, out: str, port: int) -> None:
-    _env(rank, port)
+    env_for_rank(rank, port)
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
@@ -129,7 +130,7 @@ def _zero_model() -> Any:
 
 
 def _save_zero(rank: int, out: str, port: int) -> None:
-    _env(rank, port)
+    env_for_rank(rank, port)
     import deepspeed
     import torch
 
@@ -161,9 +162,12 @@ def _save_zero(rank: int, out: str, port: int) -> None:
 def main() -> None:
     import torch.multiprocessing as mp
 
+    from tests.training_writers import WRITERS
+
     kind, out = sys.argv[1], sys.argv[2]
-    target = {"dcp": _save_dcp, "zero": _save_zero}[kind]
-    mp.spawn(target, args=(out, free_port()), nprocs=WORLD)
+    runs = {"dcp": [(_save_dcp, ())], "zero": [(_save_zero, ())], **WRITERS}[kind]
+    for target, extra in runs:
+        mp.spawn(target, args=(out, free_port(), *extra), nprocs=WORLD)
 
 
 if __name__ == "__main__":

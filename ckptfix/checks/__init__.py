@@ -4,6 +4,7 @@ bytes that `--hash` and `--scan-values` ask for; no terminal."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 from ckptfix.checks import config, folder, tensors, training, values
 from ckptfix.core.checkpoint import Checkpoint
@@ -34,11 +35,14 @@ def _run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
     if checkpoint.kind == "folder":
         found += folder.folder_findings(checkpoint)
     found += training.training_findings(checkpoint)
+    gguf = _gguf_checks(checkpoint)
+    if gguf is not None:
+        found += gguf.split_findings(checkpoint)
     all_tensors = checkpoint.model_tensors
     nested = any(
         isinstance(record.read, PickleFile) and record.read.nested_key is not None
         for record in checkpoint.chosen_files
-    )
+    ) or lightning_saved(checkpoint)
     found += tensors.wrapper_prefix_findings(all_tensors, training_checkpoint=nested)
     found += tensors.tensor_findings(all_tensors, options.max_shard)
     if options.hash_values:
@@ -46,9 +50,27 @@ def _run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
         found += values.duplicate_content_findings(groups)
     if options.scan_values:
         found += values.non_finite_findings(all_tensors, checkpoint.source)
+        if gguf is not None:
+            found = gguf.zero_findings(checkpoint, found)
     if checkpoint.config is not None and checkpoint.config.config is not None:
         found += config.config_findings(checkpoint, hashed=options.hash_values)
     return sorted(found, key=lambda item: -item.severity.rank)
+
+
+def lightning_saved(checkpoint: Checkpoint) -> bool:
+    """A folder Lightning's FSDP or DeepSpeed strategy saved: the names are the
+    LightningModule's, `model.` included (a wrapper prefix, as in its `.ckpt` files)."""
+    return checkpoint.training is not None and checkpoint.training.saved_by == "lightning"
+
+
+def _gguf_checks(checkpoint: Checkpoint) -> ModuleType | None:
+    """checks.gguf, imported only for a checkpoint with GGUF files (inspect of anything else
+    does not pay for it)."""
+    if not any(record.format == "gguf" for record in checkpoint.files):
+        return None
+    from ckptfix.checks import gguf
+
+    return gguf
 
 
 def _read_errors(checkpoint: Checkpoint) -> list[Finding]:

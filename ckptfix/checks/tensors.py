@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from operator import attrgetter
 
 from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.formats.safetensors import U64_MAX
 
 HUGE = 2**31
 _DTYPE = attrgetter("dtype")
@@ -18,15 +20,19 @@ def tensor_findings(tensors: Sequence[TensorInfo], max_shard: int) -> list[Findi
     """Size and dtype findings, one per file and code so large models stay readable."""
     huge: dict[str, list[TensorInfo]] = defaultdict(list)
     oversized: dict[str, list[TensorInfo]] = defaultdict(list)
+    unwritable: dict[str, list[TensorInfo]] = defaultdict(list)
     # numel >= 2^31 needs nbytes >= 2^30 even at 4 bits per element: only tensors at least
-    # that large, or over the shard limit, are looked at again (one pass in C over the rest).
+    # that large or over the shard limit, and tensors of no bytes (whose shape may still be
+    # past 64 bits), are looked at again (one pass in C over the rest).
     floor = min(HUGE // 2, max_shard + 1)
-    for tensor in [tensor for tensor in tensors if tensor.nbytes >= floor]:
+    for tensor in [tensor for tensor in tensors if tensor.nbytes >= floor or not tensor.nbytes]:
+        if not tensor.nbytes and any(dim > U64_MAX for dim in tensor.shape):
+            unwritable[tensor.file].append(tensor)
         if tensor.nbytes >= HUGE // 2 and (tensor.numel >= HUGE or tensor.nbytes >= HUGE):
             huge[tensor.file].append(tensor)
         if tensor.nbytes > max_shard:
             oversized[tensor.file].append(tensor)
-    found: list[Finding] = []
+    found = [_unwritable_shapes(file, group) for file, group in unwritable.items()]
     for file, group in huge.items():
         biggest = max(group, key=lambda tensor: tensor.numel)
         found.append(
@@ -62,6 +68,25 @@ def tensor_findings(tensors: Sequence[TensorInfo], max_shard: int) -> list[Findi
             )
         )
     return found
+
+
+def _unwritable_shapes(file: str, group: list[TensorInfo]) -> Finding:
+    """Dimensions past 2^64 - 1, which no safetensors file can hold (its reader refuses one
+    as bad-shape). Only a tensor of no elements can claim one without claiming more bytes
+    than its file holds, which every reader checks: a pickled view of shape (2**70, 0), a DCP
+    entry, zero-element pieces of a per-rank set placed past 2^64. Refused here, once for
+    every reader, instead of failing the verification of what a rewrite wrote."""
+    shape = str(list(group[0].shape))
+    shown = shape if len(shape) <= 80 else f"{shape[:77]}..."
+    error = CorruptFileError(
+        file,
+        "bad-shape",
+        f"{len(group)} tensor(s) have a dimension past 2^64 - 1, which no safetensors file can "
+        f"hold, e.g. {group[0].name!r} of shape {shown}",
+        "re-export the checkpoint",
+    )
+    names = [tensor.name for tensor in group]
+    return finding("corrupt-file", error.detail(), file=file or None, tensors=names)
 
 
 WRAPPER_PREFIXES = {

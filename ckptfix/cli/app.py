@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from enum import Enum
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -28,6 +28,11 @@ def input_path(text: str) -> str:
     from ckptfix.io.urls import is_url
 
     return text if is_url(text) else str(Path(text))
+
+
+# -o and --manifest are parsed as inputs are, not as Path: a Path would fold the // of a URL
+# into a relative path (`s3:/bucket/x`), which was then written; the operations refuse URLs.
+LOCAL_PATH: dict[str, Any] = {"parser": input_path, "metavar": "OUT"}
 
 
 app = typer.Typer(
@@ -123,10 +128,10 @@ FormatOption = Annotated[
     ),
 ]
 ManifestOption = Annotated[
-    Path | None,
+    str | None,
     typer.Option(
         "--manifest",
-        metavar="M.json",
+        **{**LOCAL_PATH, "metavar": "M.json"},
         help="Check every tensor against a manifest written by `ckptfix hash --manifest`.",
     ),
 ]
@@ -229,10 +234,13 @@ def _print_reports(
 @command()
 def reshard(
     src: Annotated[
-        str, typer.Argument(metavar="SRC", help="safetensors file or model folder, or a URL.")
+        str,
+        typer.Argument(
+            metavar="SRC", help="safetensors or GGUF file, model folder or split set, or a URL."
+        ),
     ],
     out: Annotated[
-        Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
+        str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
     ] = None,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     dry_run: Annotated[
@@ -250,8 +258,8 @@ def reshard(
     \b
     Example: ckptfix reshard ./my-model -o ./my-model-2gb --max-shard 2GB
     """
-    from ckptfix.ops.rewrite import ReshardOptions
     from ckptfix.ops.rewrite import reshard as run_reshard
+    from ckptfix.ops.rewrite_options import ReshardOptions
 
     limit = parse_size(max_shard)
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
@@ -273,12 +281,18 @@ class DtypeChoice(str, Enum):
     keep = "keep"
 
 
+class DecodeChoice(str, Enum):
+    bf16 = "bf16"
+    fp16 = "fp16"
+    fp32 = "fp32"
+
+
 SrcArgument = Annotated[  # str, not Path: a Path would fold the // of a URL
     str, typer.Argument(metavar="SRC", help="Checkpoint file or model folder, or a URL.")
 ]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
 OutOption = Annotated[
-    Path | None, typer.Option("-o", "--out", metavar="OUT", help="Output folder to create.")
+    str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
 ]
 KeepOption = Annotated[
     str,
@@ -295,18 +309,31 @@ AllowExpansionOption = Annotated[
         help="Write expanded (stride-0) tensors over 1,024x what they store and 1 GB in full.",
     ),
 ]
+DequantizeOption = Annotated[
+    DecodeChoice | None,
+    typer.Option("--dequantize", help="GGUF: decode block-quantized tensors to this dtype."),
+]
+ToOption = Annotated[OutputFormat, typer.Option("--to", help="Output format.")]
+DtypeOption = Annotated[
+    DtypeChoice, typer.Option("--dtype", help="Cast floating tensors (others keep theirs).")
+]
+ToHfOption = Annotated[
+    str | None,
+    typer.Option(
+        "--to-hf",
+        metavar="CONFIG",
+        help="Megatron: map to the Hugging Face model of this config.json (or folder), or "
+        "a model type its training arguments determine.",
+    ),
+]
 
 
 @command()
 def convert(
     src: SrcArgument,
     out: OutOption = None,
-    to: Annotated[
-        OutputFormat, typer.Option("--to", help="Output format.")
-    ] = OutputFormat.safetensors,
-    dtype: Annotated[
-        DtypeChoice, typer.Option("--dtype", help="Cast floating tensors (others keep theirs).")
-    ] = DtypeChoice.keep,
+    to: ToOption = OutputFormat.safetensors,
+    dtype: DtypeOption = DtypeChoice.keep,
     key: Annotated[
         str, typer.Option("--key", help="Where the tensors sit in a training checkpoint, or auto.")
     ] = "auto",
@@ -328,14 +355,16 @@ def convert(
     replace_any: ReplaceAnyOption = False,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
     allow_expansion: AllowExpansionOption = False,
+    dequantize: DequantizeOption = None,
+    to_hf: ToHfOption = None,
 ) -> None:
-    """Convert a PyTorch, safetensors, DCP or DeepSpeed checkpoint into verified safetensors (or torch) shards.
+    """Convert a PyTorch, safetensors, GGUF, DCP, DeepSpeed or Megatron checkpoint into verified safetensors (or torch) shards.
 
     \b
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
     """
-    from ckptfix.ops.rewrite import ConvertOptions
     from ckptfix.ops.rewrite import convert as run_convert
+    from ckptfix.ops.rewrite_options import ConvertOptions
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
@@ -355,6 +384,8 @@ def convert(
             verify=not no_verify,
             zero_weights=zero_weights.value,
             allow_expansion=allow_expansion,
+            dequantize=dequantize.value if dequantize is not None else None,
+            to_hf=to_hf,
         )
         result = run_convert(input_path(src), out, options)
     _show(result, json_output)
@@ -381,8 +412,8 @@ def dedupe(
     \b
     Example: ckptfix dedupe ./model -o ./model-dedup --by-content
     """
-    from ckptfix.ops.rewrite import DedupeOptions
     from ckptfix.ops.rewrite import dedupe as run_dedupe
+    from ckptfix.ops.rewrite_options import DedupeOptions
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:

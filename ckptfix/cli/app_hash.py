@@ -5,12 +5,19 @@ from __future__ import annotations
 import os
 import sys
 from enum import Enum
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from ckptfix.cli.app import JsonOption, _progress, _write_json, command, input_path
+from ckptfix.cli.app import (
+    LOCAL_PATH,
+    JsonOption,
+    ToHfOption,
+    _progress,
+    _write_json,
+    command,
+    input_path,
+)
 
 NoAliasRecordOption = Annotated[
     bool,
@@ -29,9 +36,11 @@ def hash_command(
     json_output: JsonOption = False,
     tensors: Annotated[bool, typer.Option("--tensors", help="List every tensor's digest.")] = False,
     manifest: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--manifest", metavar="OUT.json", help="Also write the --json document to this file."
+            "--manifest",
+            **{**LOCAL_PATH, "metavar": "OUT.json"},
+            help="Also write the --json document to this file.",
         ),
     ] = None,
     no_alias_record: NoAliasRecordOption = False,
@@ -103,6 +112,7 @@ def diff(
         ),
     ] = DiffFailOn.any,
     no_alias_record: NoAliasRecordOption = False,
+    to_hf: ToHfOption = None,
 ) -> None:
     """Compare two checkpoints tensor by tensor, whatever their formats and sharding.
 
@@ -118,6 +128,7 @@ def diff(
             strip_prefix=strip_prefix,
             alias_record=not no_alias_record,
             progress=advance,
+            to_hf=to_hf,
         )
         result = run_diff(input_path(a), input_path(b), options)
     if json_output:

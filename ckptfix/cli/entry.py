@@ -40,6 +40,9 @@ def main() -> None:
     for number in _NAMES:
         if _signal.getsignal(number) is not _signal.SIG_IGN:  # nohup and the like stay so
             _signal.signal(number, _quit)
+    from ckptfix.io.descriptors import raise_open_files_limit
+
+    raise_open_files_limit()  # a folder of 1,100 shards under a soft limit of 1,024
     from ckptfix.cli.app import app
     from ckptfix.core.memory import freeze_what_pauses_build
     from ckptfix.core.signals import keep_command_signals

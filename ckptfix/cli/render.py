@@ -145,10 +145,18 @@ def _summary(result: Report) -> Table:
 
 def _layout(layout: dict[str, object]) -> str:
     """`DeepSpeed ZeRO-3 · 2 ranks · tag global_step2 (step 2) · fp32 master weights`."""
-    framework = {"dcp": "torch.distributed.checkpoint", "deepspeed": "DeepSpeed"}
+    framework = {
+        "dcp": "torch.distributed.checkpoint",
+        "deepspeed": "DeepSpeed",
+        "hf-storage": "torch HuggingFaceStorageWriter, per rank",
+        "megatron": "Megatron-Core torch_dist",
+    }
     parts = [framework.get(str(layout["framework"]), str(layout["framework"]))]
     if layout.get("stage") is not None:
         parts[0] += f" ZeRO-{layout['stage']}"
+    if layout.get("saved_by"):
+        folder = f" ({layout['model_folder']})" if layout.get("model_folder") else ""
+        parts.append(f"saved by {layout['saved_by']}{folder}")
     if layout.get("world_size") is not None:
         parts.append(f"{layout['world_size']} rank(s)")
     if layout.get("serialization"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ckptfix.core.errors import CkptfixError
@@ -98,7 +99,16 @@ class Checkpoint:
         return concatenated(record.tensors for record in self.files)
 
     def record(self, label: str) -> FileRecord | None:
-        return next((record for record in self.files if record.label == label), None)
+        return self._by_label.get(label)
+
+    @cached_property
+    def _by_label(self) -> dict[str, FileRecord]:
+        """The first record of each label: a folder of 1,100 shards asks for each several
+        times, and a scan per question is 1,100 × 1,100."""
+        found: dict[str, FileRecord] = {}
+        for record in self.files:
+            found.setdefault(record.label, record)
+        return found
 
     def source(self, label: str) -> ByteSource:
         return self.sources[label]

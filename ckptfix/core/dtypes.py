@@ -1,4 +1,6 @@
-"""The one dtype table: safetensors name, bits, kind, torch names and legacy storage class."""
+"""The one dtype table: safetensors name, bits, kind, torch names and legacy storage class;
+and ggml's block-quantized types (GGUF), named as ggml names them, whose bytes are counted by
+blocks: `elements / block * block_bytes`, never `elements * bits / 8`."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ class Kind(str, Enum):
     INT = "int"
     FLOAT = "float"
     COMPLEX = "complex"
+    QUANTIZED = "quantized"  # ggml block quantization: no bits per element
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,12 @@ class DType:
     kind: Kind
     torch: tuple[str, ...] = ()  # torch attribute names, canonical first
     storage: str | None = None  # the legacy typed storage class, e.g. "BFloat16Storage"
+    block: int = 1  # elements per block (block-quantized types only)
+    block_bytes: int = 0  # bytes per block (block-quantized types only; bits is 0 for them)
+
+    @property
+    def quantized(self) -> bool:
+        return self.kind is Kind.QUANTIZED
 
     @property
     def is_floating(self) -> bool:
@@ -28,8 +37,16 @@ class DType:
     @property
     def unsigned(self) -> str | None:
         """The numpy unsigned integer of the same width: for moving and comparing raw
-        elements without interpreting them (None below one byte)."""
+        elements without interpreting them (None below one byte, and for block types)."""
         return {8: "u1", 16: "<u2", 32: "<u4", 64: "<u8", 128: "V16"}.get(self.bits)
+
+    @property
+    def unit(self) -> int:
+        """The bytes a reader must never split: one block of a quantized type, one element
+        of a whole-byte type, one byte below that."""
+        if self.quantized:
+            return self.block_bytes
+        return max(self.bits // 8, 1)
 
 
 _ROWS = [
@@ -57,7 +74,45 @@ _ROWS = [
     DType("F6_E3M2", 6, Kind.FLOAT),
 ]
 
-DTYPES: dict[str, DType] = {row.name: row for row in _ROWS}
+
+def _quantized(name: str, block: int, block_bytes: int) -> DType:
+    return DType(name, 0, Kind.QUANTIZED, block=block, block_bytes=block_bytes)
+
+
+# ggml's block-quantized types with (elements, bytes) per block, as ggml and gguf-py's
+# GGML_QUANT_SIZES give them (tests/test_gguf_types.py checks this table against gguf-py's).
+_QUANTIZED = [
+    _quantized("Q4_0", 32, 18),
+    _quantized("Q4_1", 32, 20),
+    _quantized("Q5_0", 32, 22),
+    _quantized("Q5_1", 32, 24),
+    _quantized("Q8_0", 32, 34),
+    _quantized("Q8_1", 32, 40),
+    _quantized("Q2_K", 256, 84),
+    _quantized("Q3_K", 256, 110),
+    _quantized("Q4_K", 256, 144),
+    _quantized("Q5_K", 256, 176),
+    _quantized("Q6_K", 256, 210),
+    _quantized("Q8_K", 256, 292),
+    _quantized("IQ2_XXS", 256, 66),
+    _quantized("IQ2_XS", 256, 74),
+    _quantized("IQ3_XXS", 256, 98),
+    _quantized("IQ1_S", 256, 50),
+    _quantized("IQ4_NL", 32, 18),
+    _quantized("IQ3_S", 256, 110),
+    _quantized("IQ2_S", 256, 82),
+    _quantized("IQ4_XS", 256, 136),
+    _quantized("IQ1_M", 256, 56),
+    _quantized("TQ1_0", 256, 54),
+    _quantized("TQ2_0", 256, 66),
+    _quantized("MXFP4", 32, 17),
+    _quantized("NVFP4", 64, 36),
+    _quantized("Q1_0", 128, 18),
+]
+
+# What a safetensors header may name: every dtype but ggml's block types.
+SAFETENSORS_DTYPES: dict[str, DType] = {row.name: row for row in _ROWS}
+DTYPES: dict[str, DType] = {**SAFETENSORS_DTYPES, **{row.name: row for row in _QUANTIZED}}
 # torch attribute (e.g. "half") -> safetensors name
 TORCH_DTYPES: dict[str, str] = {alias: row.name for row in _ROWS for alias in row.torch}
 # legacy typed storage class -> safetensors name
@@ -67,7 +122,10 @@ TORCH_NAMES: dict[str, str] = {row.name: row.torch[0] for row in _ROWS if row.to
 
 
 def byte_size(dtype: DType, numel: int) -> int | None:
-    """Bytes taken by `numel` elements, or None when that is not a whole number of bytes."""
+    """Bytes taken by `numel` elements, or None when that is not a whole number of bytes
+    (of blocks, for a block-quantized type)."""
+    if dtype.quantized:
+        return None if numel % dtype.block else numel // dtype.block * dtype.block_bytes
     bits = numel * dtype.bits
     if bits % 8:
         return None

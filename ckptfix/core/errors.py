@@ -111,10 +111,17 @@ class SourceChangedError(WriteError):
 
     kind = "source-changed"
 
-    def __init__(self, path: str | None) -> None:
-        super().__init__(
-            path, "file ended early: it changed during the run", "run again on a stable copy"
-        )
+    def __init__(
+        self, path: str | None, what: str = "file ended early: it changed during the run"
+    ) -> None:
+        super().__init__(path, what, "run again on a stable copy")
+
+
+class OpenFilesError(WriteError):
+    """The process ran out of descriptors (its open-file limit is lower than the files a
+    run needs at once, even with the sources' idle ones closed); nothing was written."""
+
+    kind = "open-files-limit"
 
 
 class PlanError(CkptfixError):
@@ -163,6 +170,14 @@ class RepairRefusedError(CkptfixError):
     ) -> None:
         self.code = code
         super().__init__(path, what, fix, rule=rule or code)
+
+
+class MappingError(CkptfixError):
+    """A checkpoint and the model it is mapped to (`--to-hf`) do not correspond tensor for
+    tensor: a tensor with no destination, a target with no source, a size that disagrees;
+    `rule` names which."""
+
+    kind = "mapping"
 
 
 class UnsafePickleError(CkptfixError):

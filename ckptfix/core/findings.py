@@ -62,7 +62,13 @@ CODES: dict[str, Severity] = {
     "chunk-overlap": Severity.ERROR,
     "chunk-out-of-range": Severity.ERROR,
     "tag-missing": Severity.ERROR,
+    # One rank's file of a per-rank save read alone: pieces of larger tensors, not a model.
+    "tensor-piece": Severity.ERROR,
     "training-state": Severity.INFO,
+    # GGUF: a llama.cpp split set whose parts do not make one model; tensor data that is
+    # all zeros where a download should have written it.
+    "split-set": Severity.ERROR,
+    "zero-filled": Severity.WARNING,
 }
 
 
@@ -88,15 +94,22 @@ class Finding:
             "file": self.file,
             "tensors": list(self.tensors),
             "message": self.message,
-            "fix": self.fix if self.fix is not None else default_fix(self.code),
+            "fix": default_fix(self.code, preset=self.fix),
         }
 
 
 def finding(
-    code: str, message: str, *, file: str | None = None, tensors: Iterable[str] = ()
+    code: str,
+    message: str,
+    *,
+    file: str | None = None,
+    tensors: Iterable[str] = (),
+    fix: str | None = None,
 ) -> Finding:
-    """Build a finding; the severity comes from the code so it can never drift."""
-    return Finding(code, CODES[code], message, file, tuple(tensors))
+    """Build a finding; the severity comes from the code so it can never drift. `fix`: how
+    to repair this one, when it is not what every finding of its code says (core.fixes; SRC
+    stands for the checkpoint's path)."""
+    return Finding(code, CODES[code], message, file, tuple(tensors), fix)
 
 
 def name_list(names: list[str] | tuple[str, ...], limit: int = 3) -> str:

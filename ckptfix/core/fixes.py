@@ -82,7 +82,11 @@ FIXES: dict[str, str] = {
     "chunk-overlap": "none: the save is inconsistent; use another save of the run",
     "chunk-out-of-range": "none: the save is inconsistent; use another save of the run",
     "tag-missing": "none: point `latest` at a tag folder that exists",
+    "tensor-piece": "none: the file is one rank's part; pass the folder that holds every rank's files",
     "training-state": f"{_CONVERT} (leaves it out)",
+    "split-set": "none: the parts do not make one model as they are; download the missing or "
+    "mismatched part(s) again, every part from one upload",
+    "zero-filled": "none: the bytes were never written; download the file again",
 }
 
 
@@ -97,9 +101,10 @@ def fix_action(code: str) -> str | None:
     return text.removeprefix(_BY_FIX) if text.startswith(_BY_FIX) else None
 
 
-def default_fix(code: str, path: str = "SRC") -> str:
-    """What repairs a finding of `code` when nothing more is known, for the checkpoint at `path`."""
-    text = FIXES.get(code, "none: see the message")
+def default_fix(code: str, path: str = "SRC", preset: str | None = None) -> str:
+    """What repairs a finding of `code` when nothing more is known, for the checkpoint at
+    `path`: the finding's own `preset` fix when its loader gave one, else its code's."""
+    text = preset if preset is not None else FIXES.get(code, "none: see the message")
     return text.replace("SRC", shlex.quote(path)) if path != "SRC" else text
 
 

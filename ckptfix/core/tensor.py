@@ -74,8 +74,13 @@ class TensorInfo:
 
     @property
     def numel(self) -> int:
-        # Exact: nbytes was validated as numel * bits / 8. O(1), unlike a product of dims.
-        return self.nbytes * 8 // DTYPES[self.dtype].bits
+        # Exact: nbytes was validated as numel * bits / 8, or as whole blocks of a
+        # block-quantized dtype. O(1), unlike a product of dims; inline, since it is summed
+        # over every tensor of a report.
+        dtype = DTYPES[self.dtype]
+        if dtype.block_bytes:
+            return self.nbytes // dtype.block_bytes * dtype.block
+        return self.nbytes * 8 // dtype.bits
 
     @property
     def pieces(self) -> tuple[Piece, ...]:

@@ -127,40 +127,58 @@ def json_bytes(document: object, *, indent: bool = True) -> bytes:
     option = orjson.OPT_INDENT_2 if indent else 0
     try:
         data = orjson.dumps(document, option=option)
-    except orjson.JSONEncodeError:  # a lone surrogate; anything else fails again below
-        data = orjson.dumps(_unicode(document), option=option)
+    except orjson.JSONEncodeError:  # a lone surrogate, or an integer past 64 bits
+        document = _unicode(document)
+        try:
+            data = orjson.dumps(document, option=option)
+        except orjson.JSONEncodeError:  # a dimension a hostile file claims (2**70): exact
+            data = _standard_json(document, indent)
     if not data.isascii() or b"\x7f" in data:  # such characters only occur inside strings
         data = _JSON_HIDDEN.sub(_json_escape, data.decode()).encode()
     return data.replace(b"##[", b"##\\u005b") if b"##[" in data else data
 
 
-# `scheme://userinfo@host...`, and query parameters whose names say they carry a secret
-# (X-Amz-Signature, X-Amz-Credential, X-Amz-Security-Token, X-Goog-Signature, sig, token,
-# access_token, key, password, ...).
+def _standard_json(document: object, indent: bool) -> bytes:
+    """What orjson writes, by the standard encoder, which writes integers of any size."""
+    import json
+
+    separators = (",", ": ") if indent else (",", ":")
+    text = json.dumps(
+        document, indent=2 if indent else None, separators=separators, ensure_ascii=False
+    )
+    return text.encode()
+
+
+# `scheme://userinfo@host...`, and the value of every query (and fragment) parameter: a
+# signed or tokened URL carries its secret there under names no list foresees (X-Amz-
+# Signature, sig, token, but also jwt, t, code, session, ...).
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]*")
 _USERINFO = re.compile(r"^([^/?#]*)@")
-_SECRET_PARAMETER = re.compile(
-    r"([?&;])([^=&#;]*(?:token|secret|sig|password|passwd|pwd|credential|auth|key)[^=&#;]*)"
-    r"=[^&#;]*",
-    re.IGNORECASE,
-)
+_PARAMETER = re.compile(r"([?&;#])([^=&#;]*)(=?)[^&#;]*")
 REDACTED = "***"
+
+
+def _redact_parameter(match: re.Match[str]) -> str:
+    separator, name, equals = match.groups()
+    if equals:
+        return f"{separator}{name}={REDACTED}"
+    return f"{separator}{REDACTED}" if name else separator  # a bare token: all of it
 
 
 def _redact_url(url: str) -> str:
     scheme, _, rest = url.partition("://")
     rest = _USERINFO.sub(f"{REDACTED}@", rest, count=1)
-    head, mark, query = rest.partition("?")
-    if mark:
-        query = _SECRET_PARAMETER.sub(rf"\1\2={REDACTED}", "?" + query)[1:]
-    return f"{scheme}://{head}{mark}{query}"
+    cut = min((found for found in (rest.find("?"), rest.find("#")) if found >= 0), default=None)
+    if cut is None:
+        return f"{scheme}://{rest}"
+    return f"{scheme}://{rest[:cut]}{_PARAMETER.sub(_redact_parameter, rest[cut:])}"
 
 
 def redact(text: str) -> str:
     """`text` with the credentials of every URL in it replaced by `***`: the userinfo
-    (`https://***@host/...`) and the values of query parameters named like a secret
-    (`?X-Amz-Signature=***`). What is printed or written names a URL only this way; the
-    requests use the URL as given."""
+    (`https://***@host/...`) and the value of every query or fragment parameter
+    (`?X-Amz-Signature=***&X-Amz-Date=***`, a bare `?TOKEN` as `?***`). What is printed or
+    written names a URL only this way; the requests use the URL as given."""
     if "://" not in text:
         return text
     return _URL.sub(lambda match: _redact_url(match.group()), text)

@@ -12,7 +12,7 @@ from ckptfix.core.findings import Finding
 class TrainingLayout:
     """The layout of a training checkpoint: set on `Checkpoint.training` by its loader."""
 
-    framework: str  # "dcp" or "deepspeed"
+    framework: str  # "dcp", "deepspeed", "megatron" or "hf-storage" (torch's per-rank HF writer)
     world_size: int | None = None
     serialization: str | None = None  # DCP: "torch_save" or "safetensors"
     tag: str | None = None  # DeepSpeed: the tag folder, e.g. "global_step1000"
@@ -20,6 +20,12 @@ class TrainingLayout:
     stage: int | None = None  # DeepSpeed: the ZeRO stage
     weights: str | None = None  # DeepSpeed: "master" (fp32 partitions) or "module"
     model_key: str | None = None  # DCP: the part of the app state taken as the model
+    # Who saved it, when the folder says: "accelerate", "transformers Trainer", "lightning".
+    saved_by: str | None = None
+    # accelerate / Trainer: the model's folder in the checkpoint (`pytorch_model_fsdp_0`).
+    model_folder: str | None = None
+    # Several models side by side (`pytorch_model_fsdp_0`, `_1`, ...): none is chosen.
+    separate: tuple[str, ...] = ()
     left_out_tensors: int = 0  # tensors that are not the model's (optimizer state, ...)
     left_out_bytes: int = 0
     left_out_parts: tuple[str, ...] = ()  # e.g. ("optim", "train_state")
@@ -29,6 +35,9 @@ class TrainingLayout:
     # Output dtype a tensor is written in unless --dtype says otherwise (DeepSpeed master
     # weights: floating buffers in fp32, as zero_to_fp32.py writes them).
     dtypes: dict[str, str] = field(default_factory=dict, compare=False)
+    # A framework's own facts for the report (Megatron: its backends, iteration, the
+    # architecture its training arguments give), JSON values only.
+    extra: dict[str, object] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, object]:
         """The `"layout"` object of the JSON report."""
@@ -43,8 +52,13 @@ class TrainingLayout:
             "stage": self.stage,
             "weights": self.weights,
             "model_key": self.model_key,
+            "saved_by": self.saved_by,
+            "model_folder": self.model_folder,
         }
         document.update({key: value for key, value in optional.items() if value is not None})
+        if self.separate:
+            document["separate"] = list(self.separate)
+        document.update(self.extra)
         document["left_out"] = {
             "tensors": self.left_out_tensors,
             "tensor_bytes": self.left_out_bytes,

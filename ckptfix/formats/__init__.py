@@ -2,6 +2,7 @@
 first whose `sniff` recognises a file's first bytes reads it (see base.py)."""
 
 from ckptfix.formats import (  # noqa: F401  (registration order matters)
+    gguf,
     lfs,
     safetensors,
     tar,

@@ -96,11 +96,19 @@ def sniffed_name(source: ByteSource) -> str:
     return fmt.name if fmt is not None else "unknown"
 
 
+_GGUF_OR_STUB = ("gguf", "lfs-pointer")  # a .gguf that is an LFS stub says so as one
+
+
 def read_file(source: ByteSource, options: ReadOptions | None = None) -> FileRead:
     """Read any weight file by its first bytes. A file named `.safetensors` that is not one
     is refused as such; one that no format claims gets the safetensors reader, whose rules
     say precisely what is wrong (too small, absurd header length, ...)."""
-    fmt = FORMATS.sniff(head_of(source))
+    head = head_of(source)
+    fmt = FORMATS.sniff(head)
+    if source.label.endswith(".gguf") and (fmt is None or fmt.name not in _GGUF_OR_STUB):
+        from ckptfix.formats.gguf import not_gguf
+
+        raise not_gguf(source.label, head, fmt)
     named_safetensors = source.label.endswith(".safetensors")
     if fmt is None and named_safetensors:
         fmt = FORMATS.named("safetensors")
@@ -108,10 +116,10 @@ def read_file(source: ByteSource, options: ReadOptions | None = None) -> FileRea
         raise CorruptFileError(
             source.label,
             "unknown-format",
-            "file is not a recognised checkpoint format (safetensors, PyTorch zip or pickle)",
+            "file is not a recognised checkpoint format (safetensors, GGUF, PyTorch zip or pickle)",
             "check that this is a weight file",
         )
-    if named_safetensors and fmt.name in ("torch-zip", "torch-legacy"):
+    if named_safetensors and fmt.name in ("torch-zip", "torch-legacy", "gguf"):
         raise CorruptFileError(
             source.label,
             "not-safetensors",

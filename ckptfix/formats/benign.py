@@ -1,14 +1,20 @@
-"""Benign values people save beside their tensors, and torch tensor kinds ckptfix does not
-read, for the allowlist of plain torch files.
+"""The one table of benign values and unsupported tensor kinds that every pickle reader
+shares: plain torch files, DCP's `.metadata` and chunks, DeepSpeed's states and universal
+parameter files. A reader adds only the classes of its own format (`reader_allowlist`).
 
 Benign values (`argparse.Namespace` in timm, torchvision and fairseq checkpoints, numpy
-scalars, sets, paths, `torch.Size`, `torch.device`) unpickle to inert stubs or plain data:
-nothing of the real class is imported or called. Unsupported dtypes (complex128, quantized
-ones) and layouts (sparse, quantized, nested tensors) unpickle to markers and builders
-that refuse the file as unsupported, not as unsafe, since they are not hostile.
+scalars, sets, paths, `torch.Size`, `torch.device`, DeepSpeed's loss scaler) unpickle to
+inert stubs or plain data: nothing of the real class is imported or called. Every entry is
+also known under the name a protocol 0-2 pickle gives it (`torch.save` writes protocol 2, in
+which `builtins.set` is `__builtin__.set`). Unsupported dtypes (complex128, quantized ones)
+and layouts (sparse, quantized, nested tensors) unpickle to markers and builders that refuse
+the file as unsupported, not as unsafe, since they are not hostile.
 """
 
 from __future__ import annotations
+
+import _compat_pickle
+from collections.abc import Mapping
 
 from ckptfix.core.dtypes import TORCH_DTYPES
 from ckptfix.formats.pickle_scan import PickleRejected
@@ -78,28 +84,56 @@ def _unsupported() -> dict[tuple[str, str], object]:
     return entries
 
 
-BENIGN: dict[tuple[str, str], object] = {
-    **stubs("argparse", ["Namespace"]),
-    **stubs("numpy.core.multiarray", ["scalar"]),
-    **stubs("numpy._core.multiarray", ["scalar"]),
-    **stubs("numpy", ["dtype"]),
-    **stubs("builtins", ["set", "frozenset"]),
-    **stubs("__builtin__", ["set", "frozenset"]),  # protocol 2 names builtins so
-    **stubs("torch", ["device"]),
-    ("_codecs", "encode"): Builder("_codecs.encode", _latin1),
-    ("pathlib", "Path"): PATHS[("pathlib", "PosixPath")],
-    **PATHS,
-    **SIZE,
-    **LAYOUT,
-    # A DeepSpeed model-states file read on its own (`convert mp_rank_00_model_states.pt
-    # --key module`): its loss scaler, stage enum and fragment addresses, and ZeRO-3's
-    # tensor wrapper.
-    **stubs("deepspeed.runtime.fp16.loss_scaler", ["LossScaler", "DynamicLossScaler"]),
-    **stubs("deepspeed.runtime.zero.config", ["ZeroStageEnum"]),
-    **stubs("deepspeed.utils.tensor_fragment", ["fragment_address"]),
-    **FROM_TYPE,
-}
+def both_spellings(entries: Mapping[tuple[str, str], object]) -> dict[tuple[str, str], object]:
+    """The entries under their Python 3 names and under the names Python 3's pickler writes
+    for protocols 0-2 (pickle's compat maps, as `save_global` applies them with
+    fix_imports=True): `builtins.set` is also `__builtin__.set`."""
+    spelled = dict(entries)
+    for (module, name), value in entries.items():
+        old = _compat_pickle.REVERSE_NAME_MAPPING.get((module, name))
+        if old is None and module in _compat_pickle.REVERSE_IMPORT_MAPPING:
+            old = (_compat_pickle.REVERSE_IMPORT_MAPPING[module], name)
+        if old is not None:
+            spelled.setdefault(old, value)
+    return spelled
 
-# What plain torch files (`torch.save`) may name: tensors, storages, dtypes, the benign
-# values above, and the unsupported kinds (refused with their own message).
-PLAIN_ALLOWLIST: Allowlist = extended(TORCH_ALLOWLIST, {**BENIGN, **_unsupported()})
+
+BENIGN: dict[tuple[str, str], object] = both_spellings(
+    {
+        **stubs("argparse", ["Namespace"]),
+        **stubs("numpy.core.multiarray", ["scalar"]),
+        **stubs("numpy._core.multiarray", ["scalar"]),
+        **stubs("numpy", ["dtype"]),
+        **stubs("builtins", ["set", "frozenset"]),
+        **stubs("torch", ["device"]),
+        ("_codecs", "encode"): Builder("_codecs.encode", _latin1),
+        ("pathlib", "Path"): PATHS[("pathlib", "PosixPath")],
+        **PATHS,
+        **SIZE,
+        **LAYOUT,
+        # DeepSpeed's files, which may also be read on their own (`convert
+        # mp_rank_00_model_states.pt --key module`, a universal `fp32.pt`): its loss scaler,
+        # stage enum and fragment addresses, ZeRO-3's tensor wrapper, and the sub-parameter
+        # shape a universal parameter of a fused layer records.
+        **stubs("deepspeed.runtime.fp16.loss_scaler", ["LossScaler", "DynamicLossScaler"]),
+        **stubs("deepspeed.runtime.zero.config", ["ZeroStageEnum"]),
+        **stubs("deepspeed.utils.tensor_fragment", ["fragment_address"]),
+        **stubs("deepspeed.checkpoint.universal_checkpoint", ["SubparamShape"]),
+        **FROM_TYPE,
+    }
+)
+
+# Every reader's allowlist by name, so a test can hold each one to the benign table.
+READERS: dict[str, Allowlist] = {}
+
+
+def reader_allowlist(reader: str, own: Mapping[tuple[str, str], object] | None = None) -> Allowlist:
+    """What a reader's pickles may name: tensors, storages, dtypes, the benign values, the
+    unsupported kinds (refused with their own message), and the reader's `own` classes."""
+    allowed = extended(TORCH_ALLOWLIST, {**BENIGN, **_unsupported(), **both_spellings(own or {})})
+    READERS[reader] = allowed
+    return allowed
+
+
+# What plain torch files (`torch.save`, either serialization) may name.
+PLAIN_ALLOWLIST: Allowlist = reader_allowlist("plain")

@@ -12,8 +12,9 @@ from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
+from ckptfix.formats.benign import reader_allowlist
 from ckptfix.formats.pickle_scan import MAX_PICKLE_BYTES, PickleRejected
-from ckptfix.formats.training_pickles import LAYOUT, PATHS, SIZE, dtype_marks, stubs
+from ckptfix.formats.training_pickles import stubs
 from ckptfix.formats.unpickler import Allowlist, DtypeMark, StorageRef, Stub, brief, unpickle
 from ckptfix.io.source import ByteSource
 
@@ -35,7 +36,8 @@ _CLASSES = stubs(
     ),
 )
 _CLASSES.update(stubs(_FS, ("_StorageInfo",)))
-METADATA_ALLOWLIST: Allowlist = {**_CLASSES, **SIZE, **PATHS, **LAYOUT, **dtype_marks()}
+# Its storage references are refused (`_refuse_storages`): `.metadata` holds no tensor data.
+METADATA_ALLOWLIST: Allowlist = reader_allowlist("dcp-metadata", _CLASSES)
 _FIX = "save the checkpoint again, or copy .metadata from the training run's output"
 
 
@@ -210,12 +212,13 @@ def _refuse_storages(key: str, dtype: str | None, numel: int) -> StorageRef:
     raise PickleRejected("bad-storage-ref", ".metadata refers to tensor storage; it holds none")
 
 
-def read_metadata(source: ByteSource) -> DcpMetadata:
-    """Read and validate `.metadata`; a CorruptFileError or UnsafePickleError names the rule."""
+def read_metadata(source: ByteSource, allowed: Allowlist = METADATA_ALLOWLIST) -> DcpMetadata:
+    """Read and validate `.metadata`; a CorruptFileError or UnsafePickleError names the rule.
+    `allowed`: a writer's own extra stubs (Megatron keeps its save plans there)."""
     path = source.label
     if source.size > MAX_PICKLE_BYTES:
         raise _bad(path, f"file is {source.size} bytes, over {MAX_PICKLE_BYTES}")
-    obj: Any = unpickle(source.read_at(0, source.size), path, _refuse_storages, METADATA_ALLOWLIST)
+    obj: Any = unpickle(source.read_at(0, source.size), path, _refuse_storages, allowed)
     top = _state(obj, "Metadata", path, "the file")
     tensors, others = _entries(top.field("state_dict_metadata"), path)
     version = top.field("version")

@@ -10,13 +10,13 @@ the header is the truth, checked against `.metadata`.
 
 from __future__ import annotations
 
-import json
-
 from ckptfix.core.dtypes import DTYPES, numel_of
 from ckptfix.core.errors import CkptfixError, CorruptFileError, UnsupportedFormatError
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.formats.benign import reader_allowlist
 from ckptfix.formats.dcp import Chunk, StorageItem, TensorEntry
 from ckptfix.formats.safetensors import read_header
+from ckptfix.formats.strict_json import loads
 from ckptfix.formats.tensor_dict import check_view
 from ckptfix.formats.torch_zip import read_zip
 from ckptfix.formats.unpickler import TensorRef
@@ -27,6 +27,7 @@ ZIP_MAGIC = b"PK\x03\x04"
 SHARDING_KEY = "DCP_SHARDING_INFO"
 TORCH_SAVE, SAFETENSORS = "torch_save", "safetensors"
 _FIX = "save the checkpoint again"
+CHUNK_ALLOWLIST = reader_allowlist("dcp-chunk")
 
 
 def chunk_nbytes(entry: TensorEntry, chunk: Chunk) -> int:
@@ -80,7 +81,7 @@ class ChunkReader:
 
     def _in_zip(self, entry: TensorEntry, chunk: Chunk, item: StorageItem, where: str) -> int:
         window = Window(self.source, item.offset, item.length)
-        saved = read_zip(window)
+        saved = read_zip(window, CHUNK_ALLOWLIST)
         if not isinstance(saved.obj, TensorRef):
             raise _bad(self.source, where, "the saved object is not a tensor")
         view = check_view(self.source.label, entry.fqn, saved.obj, saved.storages)
@@ -103,7 +104,7 @@ class ChunkReader:
         if offset not in self._parts:
             header = read_header(Window(self.source, offset, self.source.size - offset))
             try:
-                sharding = json.loads((header.metadata or {}).get(SHARDING_KEY, "{}"))
+                sharding = loads((header.metadata or {}).get(SHARDING_KEY, "{}"))
             except ValueError:
                 sharding = None
             if not isinstance(sharding, dict):

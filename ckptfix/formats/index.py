@@ -86,8 +86,17 @@ def read_index(
                 f"weight_map entry {tensor!r} maps to a {type(shard).__name__}, not a file name",
                 _FIX,
             )
+    base = os.path.dirname(os.fspath(path))
     for shard in set(weight_map.values()):
         check_shard_name(shard, display, weight_ext)
+        if folder.escapes(os.path.join(base, shard)):  # `%2e%2e/x` in a URL is `../x`
+            raise CorruptFileError(
+                display,
+                "unsafe-shard-path",
+                f"shard name {shard!r} points outside the model folder once its URL is "
+                "decoded (path traversal)",
+                _FIX,
+            )
     metadata = parsed.get("metadata")
     if metadata is None:
         metadata = {}

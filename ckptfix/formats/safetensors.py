@@ -15,7 +15,7 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
-from ckptfix.core.dtypes import DTYPES, DType
+from ckptfix.core.dtypes import SAFETENSORS_DTYPES, DType
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.memory import paused_gc
@@ -119,7 +119,7 @@ def _check_entry(name: str, entry: object, path: str) -> tuple[str, tuple[int, .
 
 
 def _entry_dtype(name: str, dtype_name: object, path: str) -> DType:
-    dtype = DTYPES.get(dtype_name) if type(dtype_name) is str else None
+    dtype = SAFETENSORS_DTYPES.get(dtype_name) if type(dtype_name) is str else None
     if dtype is None:
         raise CorruptFileError(
             path,
@@ -196,7 +196,7 @@ def _check_size(
 
 
 # Each dtype's name as one shared string (not one per tensor) and its bits.
-_KNOWN = {name: (name, dtype.bits) for name, dtype in DTYPES.items()}
+_KNOWN = {name: (name, dtype.bits) for name, dtype in SAFETENSORS_DTYPES.items()}
 _NAME = attrgetter("name")
 
 
@@ -434,7 +434,9 @@ class SafetensorsFormat:
         )
 
     def checks(self, file: FileRead) -> list[Finding]:
-        found: list[Finding] = []
+        from ckptfix.formats.hf_sharding import piece_findings
+
+        found: list[Finding] = piece_findings(file)
         if "format" not in (file.metadata or {}):
             found.append(
                 finding(

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from itertools import pairwise, repeat
 from operator import add, attrgetter, sub
 
-from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.dtypes import SAFETENSORS_DTYPES
 from ckptfix.core.tensor import TensorInfo
 
 METADATA_KEY = "__metadata__"
@@ -46,7 +46,7 @@ _PAIR = r'"[^"\\\x00-\x1f]*":"[^"\\\x00-\x1f]*"'
 _METADATA = re.compile(r'\{"__metadata__":(\{(?:' + _PAIR + r"(?:," + _PAIR + r")*)?\})(,?)")
 _CHUNK = 2**20  # the entries are read about this many characters at a time
 # Each dtype's name as one shared string (not one per tensor).
-_SHARED = {name: name for name in DTYPES}
+_SHARED = {name: name for name in SAFETENSORS_DTYPES}
 _NAME = attrgetter("name")
 
 Read = tuple[dict[str, str] | None, int, list[TensorInfo]]  # metadata, empty names, tensors
@@ -177,7 +177,7 @@ class _Entries:
         numel = 1
         for dim in shape:
             numel *= dim
-        bits = numel * DTYPES[dtype].bits
+        bits = numel * SAFETENSORS_DTYPES[dtype].bits
         if max(shape, default=0) > _U64_MAX or bits % 8 or bits // 8 > _U64_MAX:
             return None
         return bits // 8

@@ -209,6 +209,16 @@ def object_parts(raw: bytes, size: int = PART_SIZE) -> Parts | None:
     return Parts(raw, end, size)
 
 
+def loads(text: str | bytes) -> Any:
+    """`json.loads` for text a file gave: nesting too deep for the parser (past about 1,000
+    levels it raises RecursionError, which escaped as an internal error) is a ValueError, as
+    any other text that is not JSON."""
+    try:
+        return json.loads(text)
+    except RecursionError as exc:
+        raise ValueError("JSON nested too deeply") from exc
+
+
 def parse_header_json(raw: bytes, path: str) -> dict[str, Any]:
     """Decode header bytes as strict JSON with a top-level object."""
     fast = _fast_json(raw)

@@ -22,7 +22,6 @@ from ckptfix.formats.pickled import pickle_checks, pickle_file
 from ckptfix.formats.tensor_dict import PickleCheckpoint, Storage
 from ckptfix.formats.unpickler import (
     REEXPORT,
-    TORCH_ALLOWLIST,
     Allowlist,
     StorageRef,
     unpickle,
@@ -133,9 +132,9 @@ def _read_pickle(source: ByteSource, info: zipfile.ZipInfo, file_size: int, disp
     return data
 
 
-def read_zip(source: ByteSource, allowed: Allowlist = TORCH_ALLOWLIST) -> PickleCheckpoint:
-    """The unpickled object of a torch zip file, with its storages located (`allowed`: a
-    format's own allowlist, e.g. DeepSpeed's stubs on top of the torch one)."""
+def read_zip(source: ByteSource, allowed: Allowlist) -> PickleCheckpoint:
+    """The unpickled object of a torch zip file, with its storages located (`allowed`: the
+    reader's allowlist, made by `benign.reader_allowlist`)."""
     display, file_size = source.label, source.size
     infos = _open_archive(source, display)
     root = _check_directory(infos, display)

@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ckptfix.core.dtypes import TORCH_DTYPES
 from ckptfix.formats.pickle_scan import PickleRejected
 from ckptfix.formats.unpickler import (
     Builder,
-    DtypeMark,
     Inert,
     Stub,
     TensorRef,
@@ -58,10 +56,6 @@ def _from_type_v2(function: object, new_type: object, args: object, state: objec
     if not isinstance(built, TensorRef):
         raise PickleRejected("bad-tensor", "a rebuilt tensor is not a tensor")
     return built
-
-
-def dtype_marks() -> dict[tuple[str, str], object]:
-    return {("torch", name): DtypeMark(dtype) for name, dtype in TORCH_DTYPES.items()}
 
 
 def stubs(module: str, names: Iterable[str]) -> dict[tuple[str, str], type[Stub]]:

@@ -330,7 +330,7 @@ def unpickle(
     data: bytes,
     path: str,
     resolve: Resolver,
-    allowed: Allowlist = TORCH_ALLOWLIST,
+    allowed: Allowlist,
     *,
     walk: ScanResult | None = None,
 ) -> Any:

@@ -14,25 +14,18 @@ from typing import Any
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
+from ckptfix.formats.benign import reader_allowlist
 from ckptfix.formats.tensor_dict import View, check_view, check_views
 from ckptfix.formats.torch_zip import read_zip
-from ckptfix.formats.training_pickles import FROM_TYPE, SIZE, stubs
-from ckptfix.formats.unpickler import TORCH_ALLOWLIST, Allowlist, Stub, TensorRef, brief, extended
+from ckptfix.formats.unpickler import Allowlist, Stub, TensorRef, brief
 from ckptfix.io.source import ByteSource
 
-_STAGE = stubs("deepspeed.runtime.zero.config", ("ZeroStageEnum",))
-ZERO_ALLOWLIST: Allowlist = extended(
-    TORCH_ALLOWLIST,
-    {
-        **SIZE,
-        **FROM_TYPE,
-        **_STAGE,
-        **stubs("deepspeed.runtime.fp16.loss_scaler", ("LossScaler", "DynamicLossScaler")),
-        **stubs("deepspeed.utils.tensor_fragment", ("fragment_address",)),
-    },
-)
+# DeepSpeed's own classes (loss scaler, stage enum, fragment address, ZeRO-3's tensor
+# wrapper) are in the benign table, since its files may also be read alone as `.pt` files.
+ZERO_ALLOWLIST: Allowlist = reader_allowlist("deepspeed")
 _FIX = "save the checkpoint again (or copy this file again from the training run)"
 FORMAT = "deepspeed"
+LIGHTNING_KEY = "pytorch-lightning_version"  # what Lightning's DeepSpeedStrategy adds
 
 
 def _not_states(path: str, what: str) -> CorruptFileError:
@@ -57,6 +50,10 @@ class ModelStates:
     global_steps: int | None
     stage: int | None  # from ds_config, when it says
     dp_world_size: int | None
+    lightning: bool = False  # Lightning's client state beside the engine's
+    # What a client (Megatron-DeepSpeed) records for ds_to_universal: the vocabulary's size
+    # before padding, the rows a universal checkpoint's vocabulary weights keep.
+    original_vocab_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +123,7 @@ def read_model_states(source: ByteSource) -> ModelStates:
     if type(groups) not in (list, tuple):
         groups = [groups]
     frozen_shapes = top.get("frozen_param_shapes") or {}
-    return ModelStates(
+    states = ModelStates(
         label=path,
         module=_views(top["module"], path, "module", saved.storages),
         param_shapes=tuple(_shapes(g, path, "param_shapes") for g in groups),
@@ -139,7 +136,34 @@ def read_model_states(source: ByteSource) -> ModelStates:
         global_steps=_int(top.get("global_steps")),
         stage=_config_stage(top.get("ds_config")),
         dp_world_size=_int(top.get("dp_world_size")),
+        lightning=LIGHTNING_KEY in top,
+        original_vocab_size=_vocab_size(top.get("universal_checkpoint_info")),
     )
+    _check_aliases(states)
+    return states
+
+
+def _vocab_size(info: object) -> int | None:
+    size = info.get("original_vocab_size") if isinstance(info, dict) else None
+    return size if type(size) is int and size >= 0 else None
+
+
+def _check_aliases(states: ModelStates) -> None:
+    """DeepSpeed records each tied parameter's other names as `alias -> the first name`:
+    an alias is never stored itself, and what it names is a tensor the file records (never
+    another alias, so no chain or cycle decides which names survive)."""
+    stored = {name for group in states.param_shapes for name in group}
+    stored |= set(states.frozen_shapes) | set(states.buffer_names)
+    for alias, source in states.shared_params.items():
+        if alias in stored:
+            what = f"makes {alias!r} an alias of {source!r}, but {alias!r} is stored itself"
+        elif source in states.shared_params:
+            what = f"makes {alias!r} an alias of {source!r}, itself an alias (a chain)"
+        elif source not in stored and source not in states.module:
+            what = f"makes {alias!r} an alias of {source!r}, which the file does not hold"
+        else:
+            continue
+        raise _not_states(states.label, f"shared_params {what}")
 
 
 def _str_map(value: object, path: str) -> dict[str, str]:

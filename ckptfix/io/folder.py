@@ -58,6 +58,13 @@ class Folder(Protocol):
         remote folder's requests); the first exception is raised."""
         ...
 
+    def escapes(self, path: str) -> bool:
+        """Whether `path` (the folder's path joined with names) leaves the folder once the
+        store decodes it: a URL's percent-escapes, backslashes and `;` parameters may turn
+        a name into `..`. A local path means what it says (its names are checked as
+        written)."""
+        ...
+
 
 class LocalFolder:
     """The local file system: `os` calls, one after another."""
@@ -104,6 +111,9 @@ class LocalFolder:
 
     def map(self, function: Callable[[T], R], items: Iterable[T]) -> list[R]:
         return [function(item) for item in items]
+
+    def escapes(self, path: str) -> bool:
+        return False
 
 
 def _is_file(entry: os.DirEntry[str]) -> bool:

@@ -9,6 +9,7 @@ read for it ever reaches an output.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,8 +28,11 @@ def tensor_chunks(
     sources: Sources | ByteSource, tensor: TensorInfo, chunk: int = CHUNK
 ) -> Iterator[bytes]:
     """The tensor's bytes in row-major order, in chunks of at most `chunk` bytes (a chunk
-    never splits an element: `chunk` is a multiple of every element size)."""
+    never splits an element, nor a block of a block-quantized dtype: it is cut to a multiple
+    of the dtype's unit, so a block can be decoded chunk by chunk)."""
     source_of = _source_of(sources)
+    unit = DTYPES[tensor.dtype].unit
+    chunk = max(chunk - chunk % unit, unit)
     pieces = tensor.pieces
     if tensor.nbytes == 0:
         return
@@ -69,19 +73,51 @@ def _assemble(source_of: Sources, tensor: TensorInfo, chunk: int) -> Iterator[by
         window = bytearray(min(chunk, tensor.nbytes - start))
         for piece in tensor.pieces:
             source = source_of(piece.source)
-            for offset, at, length in _runs_within(piece, start, start + len(window)):
+            placed = _rows_into(window, start, piece, source)
+            for offset, at, length in _runs_within(piece, start, start + len(window), placed):
                 data = source.read_at(offset, length)
                 window[at - start : at - start + length] = data
-        yield bytes(window)
+        yield window  # type: ignore[misc]  # a bytearray: bytes-like, and never reused
 
 
-def _runs_within(piece: Piece, begin: int, end: int) -> Iterator[tuple[int, int, int]]:
-    """The parts of a piece's runs that land in tensor bytes [begin, end)."""
+_NONE = range(0)
+
+
+def _rows_into(window: bytearray, start: int, piece: Piece, source: ByteSource) -> range:
+    """Place the runs of `piece` that lie wholly in the window with one read and one strided
+    copy, when they are consecutive in the source (a chunk's rows, cut along its last
+    dimension: thousands of short runs); return the indices of the runs placed."""
+    step, length = piece.tensor_step, piece.length
+    if piece.count < 2 or piece.source_step != length or step < length:
+        return _NONE
+    first = max(0, -(-(start - piece.at) // step))
+    last = min(piece.count - 1, (start + len(window) - length - piece.at) // step)
+    if last - first < 1:
+        return _NONE
+    import numpy as np
+
+    data = source.read_at(piece.offset + first * length, (last - first + 1) * length)
+    rows = np.lib.stride_tricks.as_strided(
+        np.frombuffer(window, dtype=np.uint8)[piece.at + first * step - start :],
+        shape=(last - first + 1, length),
+        strides=(step, 1),
+    )
+    rows[:] = np.frombuffer(data, dtype=np.uint8).reshape(last - first + 1, length)
+    return range(first, last + 1)
+
+
+def _runs_within(
+    piece: Piece, begin: int, end: int, placed: range = _NONE
+) -> Iterator[tuple[int, int, int]]:
+    """The parts of a piece's runs that land in tensor bytes [begin, end), but for the runs
+    `placed` already."""
     first, last = 0, piece.count - 1
     if piece.count > 1 and piece.tensor_step > 0:  # only the runs that can reach the window
         first = max(0, (begin - piece.at - piece.length) // piece.tensor_step)
         last = min(last, (end - 1 - piece.at) // piece.tensor_step)
-    for index in range(first, last + 1):
+    before = range(first, min(last + 1, placed.start)) if placed else range(first, last + 1)
+    after = range(max(first, placed.stop), last + 1) if placed else _NONE
+    for index in itertools.chain(before, after):
         at = piece.at + index * piece.tensor_step
         low, high = max(at, begin), min(at + piece.length, end)
         if low < high:

@@ -26,7 +26,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ckptfix.core.errors import CkptfixError, RemoteChangedError, RemoteError
-from ckptfix.io.remote_errors import changed, classify, is_precondition_failed, remote_error
+from ckptfix.io.remote_answers import longer
+from ckptfix.io.remote_errors import (
+    RANGE_FIX,
+    changed,
+    classify,
+    is_precondition_failed,
+    remote_error,
+)
 from ckptfix.io.source import past_end
 
 T = TypeVar("T")
@@ -145,8 +152,8 @@ class RemoteSession:
         """Bytes [start, end) of an object; exactly that many, or an error."""
         data = self.call(url, lambda: self.backend.read(path, start, end, info))
         self._count(len(data), request=False)
-        if len(data) > end - start:
-            raise no_range(url, start, end)
+        if len(data) > end - start:  # each backend stops at the range: a new one might not
+            raise RemoteError(url, "remote-no-range", str(longer(start, end)), RANGE_FIX)
         if len(data) < end - start:
             raise RemoteChangedError(
                 url,
@@ -165,25 +172,6 @@ class RemoteSession:
                 "bytes_fetched": self.bytes_fetched,
                 "retries": self.retries,
             }
-
-
-def no_range(url: str, start: int, end: int) -> RemoteError:
-    return RemoteError(
-        url,
-        "remote-no-range",
-        f"the server ignores range requests (asked for bytes {start}-{end - 1}, it sent the "
-        "whole file)",
-        "serve the files from a server that supports HTTP Range requests, or download them",
-    )
-
-
-def range_starts(response: Any, start: int) -> bool:
-    """A 206 answer's Content-Range starts at `start` (or says nothing: taken as asked)."""
-    content_range = str(response.headers.get("Content-Range", ""))
-    if not content_range:
-        return True
-    unit, _, spec = content_range.partition(" ")
-    return bool(unit == "bytes" and spec.split("-", 1)[0].strip() == str(start))
 
 
 def size_of(url: str, info: Info) -> int:

@@ -1,12 +1,11 @@
 """The backends behind remote URLs, each used for ranged reads only.
 
-s3:// is botocore's S3 client (io.remote_s3), hf:// the Hub's HTTP API (io.remote_hub). The
-others are fsspec file systems, never
-read through fsspec's buffered `open().read()`, whose read-ahead fetches megabytes per file:
-every read is one request for exactly the range wanted. HTTP(S) reads go through the aiohttp
-session of fsspec's HTTP file system with Range and If-Match, checked for a 206 before the
-body is read (a server that ignores Range would otherwise send the whole file); gs:// uses
-`cat_file(path, start, end)` pinned to the object's generation. Each
+s3:// is botocore's S3 client (io.remote_s3), hf:// the Hub's HTTP API (io.remote_hub),
+http(s):// ckptfix's own requests on fsspec's aiohttp session (io.remote_http). gs:// is
+gcsfs's file system, never read through fsspec's buffered `open().read()`, whose read-ahead
+fetches megabytes per file: every read is `cat_file(path, start, end)`, one request for
+exactly the range wanted, pinned to the object's generation. The aiohttp sessions of both
+read every answer against remote_answers' bounds (io.remote_aiohttp). Each
 backend's packages are imported only when a URL of its scheme is read; without them the error
 says how to install them.
 """
@@ -14,16 +13,12 @@ says how to install them.
 from __future__ import annotations
 
 import logging
-import posixpath
-from collections.abc import Callable
-from typing import Any, TypeVar
-from urllib.parse import unquote
+from typing import Any
 
 from ckptfix.core.errors import UsageError
-from ckptfix.io.remote import Backend, Info, Settings, no_range, range_starts
-from ckptfix.io.remote_errors import ObjectReplaced, UnexpectedAnswer
+from ckptfix.io.remote import Backend, Info, Settings
+from ckptfix.io.remote_answers import answer_seconds
 
-T = TypeVar("T")
 SCHEMES = {"s3": "s3", "gs": "gs", "gcs": "gs", "hf": "hf", "http": "http", "https": "http"}
 _PACKAGES = {
     "s3": "botocore",
@@ -72,145 +67,6 @@ class GenericBackend:
         return tuple(info.get(key) for key in ("size", "etag", "generation", "updated"))
 
 
-class GcsBackend(GenericBackend):
-    """gcsfs: each read is pinned to the generation the object was listed with. Cloud Storage
-    answers 404 for a generation that is gone (the object was replaced or deleted), which is
-    the object changing under the run, not a missing file. gcsfs parses the answers itself:
-    its ValueError, KeyError, TypeError or AttributeError on a body that is not Cloud
-    Storage's JSON (a proxy's page, another service) is an unexpected answer. gcsfs follows
-    a listing's pages by itself: a listing gets LISTING_TIMEOUTS times the request timeout
-    in all, so pages without end are an error, not a hang."""
-
-    LISTING_TIMEOUTS = 10
-
-    def __init__(self, scheme: str, fs: Any, timeout: float) -> None:
-        super().__init__(scheme, fs)
-        self.listing_deadline = max(timeout, 0.1) * self.LISTING_TIMEOUTS
-
-    def to_path(self, url: str) -> str:
-        scheme, _, rest = url.partition("://")
-        return super().to_path(f"{scheme.lower()}://{rest}")
-
-    def info(self, path: str) -> Info:
-        return _parsed(lambda: super(GcsBackend, self).info(path))
-
-    def ls(self, path: str) -> list[Info]:
-        from fsspec.exceptions import FSTimeoutError
-
-        deadline = self.listing_deadline
-        try:  # fsspec's synchronous wrapper takes `timeout` for the whole call
-            entries = _parsed(lambda: self.fs.ls(path, detail=True, timeout=deadline))
-        except FSTimeoutError as exc:
-            raise UnexpectedAnswer(f"the listing did not end within {deadline:g} s") from exc
-        return [dict(entry) for entry in entries]
-
-    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
-        generation = info.get("generation")
-        if not generation:
-            return _parsed(lambda: super(GcsBackend, self).read(path, start, end, info))
-        try:
-            return _parsed(
-                lambda: bytes(self.fs.cat_file(path, start=start, end=end, generation=generation))
-            )
-        except FileNotFoundError as exc:
-            raise ObjectReplaced(path) from exc
-
-
-def _parsed(call: Callable[[], T]) -> T:
-    try:
-        return call()
-    except (ValueError, KeyError, TypeError, AttributeError) as exc:
-        what = f"not Cloud Storage's JSON ({type(exc).__name__}: {str(exc)[:80]})"
-        raise UnexpectedAnswer(what) from exc
-
-
-class HttpError(Exception):
-    """An HTTP status, as the classifier reads it (`status`)."""
-
-    def __init__(self, status: int, url: str) -> None:
-        super().__init__(f"HTTP {status} for {url}")
-        self.status = status
-
-
-class HttpBackend(GenericBackend):
-    """fsspec's HTTP file system: its session, its directory listings (links in an HTML
-    page); HEAD for sizes and ETags, and our own ranged GETs."""
-
-    def to_path(self, url: str) -> str:
-        return url
-
-    def info(self, path: str) -> Info:
-        from fsspec.asyn import sync
-
-        async def head() -> Info:
-            session = await self.fs.set_session()
-            headers = {"Accept-Encoding": "identity"}
-            async with session.head(path, allow_redirects=True, headers=headers) as response:
-                if response.status >= 400:
-                    raise HttpError(response.status, path)
-                return _head_info(path, response)
-
-        return dict(sync(self.fs.loop, head))
-
-    def ls(self, path: str) -> list[Info]:
-        listing = path if path.endswith("/") else path + "/"
-        self.fs.invalidate_cache(listing)
-        entries = self.fs.ls(listing, detail=True)
-        return [
-            {**entry, "name": unquote(str(entry["name"]))}
-            for entry in entries
-            if str(entry["name"]).startswith(listing) and "?" not in str(entry["name"])
-        ]
-
-    def read(self, path: str, start: int, end: int, info: Info) -> bytes:
-        from fsspec.asyn import sync
-
-        headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity"}
-        etag = info.get("ETag")
-        if isinstance(etag, str) and not etag.startswith("W/"):
-            headers["If-Match"] = etag  # a strong ETag: the same bytes or a 412
-
-        async def get() -> bytes:
-            session = await self.fs.set_session()
-            async with session.get(path, headers=headers) as response:
-                if response.status == 200:
-                    raise no_range(path, start, end)  # before reading the body
-                if response.status != 206:
-                    raise HttpError(response.status, path)
-                length = int(response.headers.get("Content-Length", end - start))
-                if length > end - start or not range_starts(response, start):
-                    raise no_range(path, start, end)
-                return bytes(await response.read())  # a shorter one: the session says so
-
-        return bytes(sync(self.fs.loop, get))
-
-    def token(self, info: Info) -> tuple[object, ...]:
-        return (info.get("size"), info.get("ETag"), info.get("Last-Modified"))
-
-
-def _head_info(path: str, response: Any) -> Info:
-    headers = response.headers
-    size = headers.get("Content-Length")
-    encoded = headers.get("Content-Encoding", "identity") not in ("identity", "")
-    mimetype = headers.get("Content-Type", "").partition(";")[0].strip()
-    return {
-        "name": path,
-        "type": "directory" if mimetype == "text/html" and _looks_like_folder(path) else "file",
-        "size": int(size) if size is not None and size.isdigit() and not encoded else None,
-        "ETag": headers.get("ETag"),
-        "Last-Modified": headers.get("Last-Modified"),
-        "mimetype": mimetype,
-    }
-
-
-def _looks_like_folder(url: str) -> bool:
-    """An HTML page at a URL whose last part has no weight-file extension is a listing."""
-    name = posixpath.basename(url.rstrip("/"))
-    return url.endswith("/") or not name.endswith(
-        (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".json", ".distcp", ".metadata")
-    )
-
-
 def _quiet(*names: str) -> None:
     """Keep libraries' log records off the terminal when nobody configured logging: gcsfs
     logs every failed request with its traceback, and the error line already says what
@@ -228,10 +84,14 @@ def make_backend(url: str, settings: Settings) -> Backend:
         if scheme == "s3":
             from ckptfix.io.remote_s3 import S3Backend, s3_client
 
-            return S3Backend(s3_client(settings))
+            return S3Backend(s3_client(settings), settings.timeout)
         if scheme == "http":
-            return HttpBackend(scheme, _http(settings))
+            from ckptfix.io.remote_http import HttpBackend
+
+            return HttpBackend(_http(settings), settings.timeout)
         if scheme == "gs":
+            from ckptfix.io.remote_gcs import GcsBackend
+
             return GcsBackend(scheme, _gcs(settings), settings.timeout)
         import huggingface_hub  # noqa: F401  (first: without it, the missing-extra error)
 
@@ -251,10 +111,18 @@ def _timeout(settings: Settings) -> Any:
     )
 
 
+def _answers(settings: Settings) -> dict[str, Any]:
+    """An aiohttp session's options for bounded, unencoded answers (io.remote_aiohttp)."""
+    from ckptfix.io.remote_aiohttp import session_options
+
+    return session_options(answer_seconds(settings.timeout))
+
+
 def _http(settings: Settings) -> Any:
     from fsspec.implementations.http import HTTPFileSystem
 
-    return HTTPFileSystem(client_kwargs={"timeout": _timeout(settings)}, skip_instance_cache=True)
+    options = {"timeout": _timeout(settings), **_answers(settings)}
+    return HTTPFileSystem(client_kwargs=options, skip_instance_cache=True)
 
 
 def _gcs(settings: Settings) -> Any:
@@ -272,4 +140,8 @@ def _gcs(settings: Settings) -> Any:
     one_attempt = getattr(plain._request, "__wrapped__", None)
     methods = {"_request": one_attempt} if one_attempt is not None else {}
     system = type("OneAttemptGCSFileSystem", (plain,), methods)
-    return system(requests_timeout=_timeout(settings), skip_instance_cache=True)
+    return system(
+        requests_timeout=_timeout(settings),
+        session_kwargs=_answers(settings),
+        skip_instance_cache=True,
+    )

@@ -9,17 +9,32 @@ backend: the remote extra stays optional.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ckptfix.core.errors import CkptfixError, RemoteChangedError, RemoteError
+
+T = TypeVar("T")
 
 _CREDENTIALS_FIX = {
     "s3": "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY or AWS_PROFILE (and AWS_ENDPOINT_URL "
     "for another S3 service), as the AWS CLI reads them",
     "gs": "set GOOGLE_APPLICATION_CREDENTIALS or run `gcloud auth application-default login`",
     "hf": "set HF_TOKEN, or run `hf auth login`",
-    "http": "the server asks for credentials; ckptfix sends none over plain HTTP(S)",
+    "http": "give a user name and password in the URL (user:password@ before the host), or "
+    "a signed URL that is still valid",
+}
+# What the request that got a 401 carried, where the backend knows (HttpError.credentials):
+# the URL's user name and password (http) or the token (hf), and what to do when they are
+# refused.
+_SENT = {
+    "http": ("user name and password", "check the user name and password in the URL"),
+    "hf": (
+        "token",
+        "check the token (HF_TOKEN, or the one `hf auth login` saved): it may have expired, "
+        "been revoked, or not be allowed to read this repository",
+    ),
 }
 _CREDENTIAL_ERRORS = {
     "NoCredentialsError",
@@ -54,6 +69,8 @@ _CONNECTION_ERRORS = {
     "ConnectError",
     "RemoteProtocolError",
     "IncompleteRead",
+    "IncompleteReadError",  # botocore: a body that ended before its Content-Length
+    "ResponseStreamingError",  # botocore: the connection broke while a body streamed
     "ConnectionError",
     "ConnectionResetError",
     "ConnectionRefusedError",
@@ -91,8 +108,9 @@ def status_of(exc: BaseException) -> int | None:
     status = getattr(exc, "status", None)
     if isinstance(status, int) and 100 <= status < 600:
         return status
-    code = getattr(exc, "code", None)  # gcsfs's HttpError
-    if type(exc).__name__ == "HttpError" and isinstance(code, int) and 100 <= code < 600:
+    # gcsfs's HttpError; only there: aiohttp's errors warn that `code` is deprecated
+    code = getattr(exc, "code", None) if type(exc).__name__ == "HttpError" else None
+    if isinstance(code, int) and 100 <= code < 600:
         return code
     if _gcsfs_forbidden(exc):
         return 403
@@ -120,14 +138,10 @@ def boto_code(exc: BaseException) -> str | None:
     return None
 
 
-def from_status(status: int, scheme: str) -> Failure:
-    """The failure an HTTP status stands for."""
+def from_status(status: int, scheme: str, credentials: str = "") -> Failure:
+    """The failure an HTTP status stands for (`credentials`: see HttpError)."""
     if status == 401:
-        return Failure(
-            "remote-credentials",
-            "the server refused the request: HTTP 401 (not signed in)",
-            _CREDENTIALS_FIX.get(scheme, _CREDENTIALS_FIX["http"]),
-        )
+        return _unauthorized(scheme, credentials)
     if status == 403:
         return Failure(
             "remote-forbidden",
@@ -146,6 +160,38 @@ def from_status(status: int, scheme: str) -> Failure:
             transient=True,
         )
     return Failure("remote-http-error", f"the request failed with HTTP {status}", "check the URL")
+
+
+# huggingface_hub reads a 401 from the Hub's API as "repository not found" too
+_UNAUTHORIZED = {
+    "hf": " (or check the repository's name: the Hub answers 401 for one it does not show)"
+}
+_REDIRECTED = {
+    "withheld": "HTTP 401 from another server the request was redirected to, which its "
+    "credentials are not sent to",
+    "redirect": "HTTP 401 to the user name and password in the URL the server redirected "
+    "the request to, not ones given to ckptfix",
+}
+_REDIRECT_FIX = "check the URL and the server's redirects"
+
+
+def _unauthorized(scheme: str, credentials: str) -> Failure:
+    """HTTP 401, said as what the request carried where the backend knows it (http's user
+    name and password, the Hub's token): they were refused, there were none, they were
+    withheld from the server a redirect led to, or the redirect's URL had its own.
+    Otherwise (gs, s3) as either."""
+    fix = _CREDENTIALS_FIX.get(scheme, _CREDENTIALS_FIX["http"]) + _UNAUTHORIZED.get(scheme, "")
+    kind, refused_fix = _SENT.get(scheme, ("credentials", fix))
+    if credentials == "sent":
+        what = f"the server refused the {kind} the request carried (HTTP 401)"
+        return Failure("remote-credentials", what, refused_fix)
+    if credentials in _REDIRECTED:
+        return Failure("remote-credentials", _REDIRECTED[credentials], _REDIRECT_FIX)
+    if credentials == "none":
+        what = f"the server refused the request: HTTP 401 (the request carried no {kind})"
+    else:
+        what = "the server refused the request: HTTP 401 (credentials missing or refused)"
+    return Failure("remote-credentials", what, fix)
 
 
 def _by_name(exc: BaseException, scheme: str) -> Failure | None:
@@ -171,13 +217,33 @@ _TIMEOUT_FIX = (
 _ENDPOINT_FIX = "check the network and the endpoint (AWS_ENDPOINT_URL, HF_ENDPOINT, the URL)"
 
 
-def _one(exc: BaseException, scheme: str) -> Failure | None:
+RANGE_FIX = "serve the files from a server that supports HTTP Range requests, or download them"
+_ANSWER_FIX = "check the URL and the endpoint the backend is configured with"
+
+
+def _answer(exc: BaseException) -> Failure | None:
+    """An answer ckptfix refuses (remote_answers), or a redirect aiohttp refused to follow."""
+    if isinstance(exc, RangeRefused):
+        return Failure("remote-no-range", str(exc), RANGE_FIX)
     if isinstance(exc, UnexpectedAnswer):
-        return Failure(
-            "remote-error",
-            f"unexpected answer from the server: {exc}",
-            "check the URL and the endpoint the backend is configured with",
-        )
+        return Failure("remote-error", f"unexpected answer from the server: {exc}", _ANSWER_FIX)
+    name = type(exc).__name__
+    if name == "TooManyRedirects":  # aiohttp's, past the MAX_REDIRECTS it was given
+        what = str(too_many_redirects())
+    elif name == "NonHttpUrlRedirectClientError":
+        scheme = str(getattr(exc, "url", exc)).partition(":")[0][:20]
+        what = f"the server redirected to a URL that is not HTTP(S) ({scheme}:)"
+    elif name == "InvalidUrlRedirectClientError":
+        what = "the server redirected to an invalid URL"
+    else:
+        return None
+    return Failure("remote-error", f"unexpected answer from the server: {what}", _ANSWER_FIX)
+
+
+def _one(exc: BaseException, scheme: str) -> Failure | None:
+    answer = _answer(exc)
+    if answer is not None:
+        return answer
     code = boto_code(exc)
     if code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "InvalidToken"):
         return Failure(
@@ -187,7 +253,7 @@ def _one(exc: BaseException, scheme: str) -> Failure | None:
         return Failure("remote-not-found", f"no such file or folder ({code})", "check the URL")
     status = status_of(exc)
     if status is not None:
-        return from_status(status, scheme)
+        return from_status(status, scheme, exc.credentials if isinstance(exc, HttpError) else "")
     by_name = _by_name(exc, scheme)
     if by_name is not None:
         return by_name
@@ -219,9 +285,54 @@ def classify(exc: BaseException, scheme: str) -> Failure | None:
     return Failure("remote-error", what, "check the URL and the network")
 
 
+def parsed(call: Callable[[], T], what: str, also: tuple[type[BaseException], ...] = ()) -> T:
+    """`call()`, a backend's request and its parsing of the answer: a parser's ValueError,
+    KeyError, TypeError or AttributeError (or one of `also`) on a body that is not `what` (a
+    proxy's page, another service, a value out of form) is an unexpected answer."""
+    caught: tuple[type[BaseException], ...] = (ValueError, KeyError, TypeError, AttributeError)
+    try:
+        return call()
+    except caught + also as exc:
+        raise UnexpectedAnswer(f"not {what} ({type(exc).__name__}: {str(exc)[:80]})") from exc
+
+
 class UnexpectedAnswer(OSError):
     """A server's answer that is not what its API answers: not JSON, fields missing, pages
     without end (a proxy's or a captive portal's page, another service at the endpoint)."""
+
+
+MAX_REDIRECTS = 10  # followed for one request (aiohttp's default, and ckptfix's own loop's)
+
+
+def too_many_redirects() -> UnexpectedAnswer:
+    return UnexpectedAnswer(
+        f"the server redirected the request more than {MAX_REDIRECTS} times (a loop, or a chain)"
+    )
+
+
+class HttpError(Exception):
+    """An HTTP status, as the classifier reads it (`status`), and what the request that got
+    it carried (`credentials`): "sent" (an Authorization header: the URL's user name and
+    password, the Hub's token), "none" (none was given), "withheld" (some were given, and
+    not sent to the server a redirect led to), "redirect" (none were given, and the URL a
+    redirect led to had its own), or "" (not known)."""
+
+    def __init__(self, status: int, url: str, credentials: str = "") -> None:
+        super().__init__(f"HTTP {status} for {url}")
+        self.status = status
+        self.credentials = credentials
+
+
+def credentials_carried(sent: Mapping[str, str], given: bool) -> str:
+    """HttpError.credentials of a request whose headers were `sent`, credentials `given`."""
+    if any(name.lower() == "authorization" for name in sent):
+        return "sent" if given else "redirect"
+    return "withheld" if given else "none"
+
+
+class RangeRefused(UnexpectedAnswer):
+    """An answer to a ranged read that is not the range: the whole file, another range,
+    more bytes than asked."""
 
 
 class ObjectReplaced(Exception):

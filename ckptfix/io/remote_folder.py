@@ -25,6 +25,7 @@ from ckptfix.core.text import redact
 from ckptfix.io.folder import too_large
 from ckptfix.io.remote import Info, RemoteFile, RemoteSession, Settings, size_of
 from ckptfix.io.remote_backends import make_backend, scheme_of
+from ckptfix.io.urls import climbs_out
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -45,11 +46,24 @@ class RemoteFolder:
         self._files: dict[str, RemoteFile] = {}
         self._lock = threading.Lock()
 
+    def escapes(self, url: str) -> bool:
+        """Whether `url` is not the folder or a path under it, once decoded (urls)."""
+        if url == self.root:
+            return False
+        return not url.startswith(self.root + "/") or climbs_out(url[len(self.root) + 1 :])
+
     def _path(self, url: str) -> str:
+        """The backend's path for a URL under the folder; every request of the folder's
+        files and sub-folders is made for one, so none leaves the folder."""
         if url == self.root:
             return self.root_path
-        if not url.startswith(self.root + "/"):
-            raise RemoteError(url, "remote-outside", "path is outside the folder being read")
+        if self.escapes(url):
+            raise RemoteError(
+                url,
+                "remote-outside",
+                "path is outside the folder being read (once its URL is decoded)",
+                "check the names the checkpoint's files give",
+            )
         return self.root_path.rstrip("/") + url[len(self.root) :]
 
     def _listing(self, url: str) -> dict[str, Info]:
@@ -58,14 +72,18 @@ class RemoteFolder:
                 return self._listings[url]
         path = self._path(url)
         entries = self.session.call(url, lambda: self.session.backend.ls(path))
-        listing = {_name(entry): entry for entry in entries if _name(entry)}
+        listing = {
+            name: entry
+            for entry in entries
+            if (name := _name(entry)) and not self.escapes(f"{url}/{name}")
+        }
         with self._lock:
             self._listings[url] = listing
         return listing
 
     def _entry(self, url: str) -> Info | None:
         parent, name = posixpath.split(url)
-        if url == self.root or not parent.startswith(self.root):
+        if url == self.root or self.escapes(url):
             return None
         try:
             return self._listing(parent).get(name)

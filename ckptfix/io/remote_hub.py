@@ -8,9 +8,11 @@ schemes. Three kinds of request:
   and revision: every listing and read of the run is then at that commit, whatever is pushed
   meanwhile;
 - a folder's entries (`/api/{type}s/{repo}/tree/{commit}/{path}`, pages followed by their
-  `Link` header, at most MAX_PAGES): names, sizes, blob ids and LFS hashes;
-- a file's bytes (`/{prefix}{repo}/resolve/{commit}/{path}` with `Range`), refused before
-  the body is read unless the answer is a 206 for the range asked.
+  `Link` header, within remote_answers' bounds for a listing): names, sizes, blob ids and
+  LFS hashes;
+- a file's bytes (`/{prefix}{repo}/resolve/{commit}/{path}` with `Range`): exactly the
+  range, refused before the body is read unless the answer is a 206 for it.
+Every answer is read against remote_answers' bounds, and redirects are followed by ckptfix.
 
 URLs: `hf://org/name[@revision][/path]`, `hf://datasets/org/name…`, `hf://spaces/org/name…`;
 a revision with a slash is written quoted (`@refs%2Fpr%2F1`), as the Hub's own URLs do.
@@ -18,17 +20,30 @@ a revision with a slash is written quoted (`@refs%2Fpr%2F1`), as the Hub's own U
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from typing import Any, TypeVar
-from urllib.parse import quote, unquote
+from urllib.parse import quote, unquote, urljoin, urlsplit
 
 from ckptfix.core.errors import UsageError
-from ckptfix.io.remote import Info, no_range, range_starts
-from ckptfix.io.remote_errors import UnexpectedAnswer
+from ckptfix.io.remote import Info
+from ckptfix.io.remote_answers import (
+    IDENTITY,
+    Listing,
+    answer_seconds,
+    new_body,
+    redirect_target,
+)
+from ckptfix.io.remote_errors import (
+    MAX_REDIRECTS,
+    HttpError,
+    UnexpectedAnswer,
+    credentials_carried,
+    too_many_redirects,
+)
 
 T = TypeVar("T")
-MAX_PAGES = 10_000  # of a folder listing (1,000 entries each): a server's endless pages end
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 _TYPES = {"datasets": "dataset", "spaces": "space"}
 _URL = re.compile(r"^(?:(datasets|spaces)/)?([^/@]+/[^/@]+)(?:@([^/]*))?(?:/(.*))?$")
@@ -73,6 +88,7 @@ class HubBackend:
 
     def __init__(self, timeout: float) -> None:
         self.timeout = timeout
+        self.answer_seconds = answer_seconds(timeout)
         self._commits: dict[tuple[str, str, str], str] = {}
         self._lock = threading.Lock()
 
@@ -95,14 +111,14 @@ class HubBackend:
         kind, repo, revision, inner = _split(path)
         commit = self._commit(kind, repo, revision)
         url: str | None = f"{self._api(kind, repo)}/tree/{commit}/{quote(inner)}".rstrip("/")
-        root, entries = _root(path), list[Info]()
-        for _ in range(MAX_PAGES):
-            if url is None:
-                return entries
-            response = self._get(url)
-            entries += [_entry(root, item) for item in _json(response, list)]
-            url = response.links.get("next", {}).get("url")
-        raise UnexpectedAnswer(f"the listing did not end after {MAX_PAGES:,} pages")
+        root, entries, bounds = _root(path), list[Info](), Listing(self.answer_seconds)
+        with bounds.pages_of_this_thread():
+            while url is not None:
+                data, url = self._answer(url, {})
+                page = [_entry(root, item) for item in _json(data, list)]
+                entries += page
+                bounds.page(len(page), more=url is not None)
+        return entries
 
     def read(self, path: str, start: int, end: int, info: Info) -> bytes:
         kind, repo, revision, inner = _split(path)
@@ -111,7 +127,7 @@ class HubBackend:
 
         prefix = constants.REPO_TYPES_URL_PREFIXES.get(kind, "")
         url = f"{constants.ENDPOINT}/{prefix}{repo}/resolve/{commit}/{quote(inner)}"
-        return self._range(url, start, end)
+        return self._answer(url, {"Range": f"bytes={start}-{end - 1}"})[0]
 
     def token(self, info: Info) -> tuple[object, ...]:
         return (info.get("size"), info.get("blob_id"), info.get("sha256"))
@@ -125,7 +141,7 @@ class HubBackend:
         if known is not None:
             return known
         url = f"{self._api(kind, repo)}/revision/{quote(revision, safe='')}"
-        sha = _json(self._get(url), dict).get("sha")
+        sha = _json(self._answer(url, {})[0], dict).get("sha")
         if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
             raise UnexpectedAnswer("no commit in the answer about the revision")
         with self._lock:
@@ -138,34 +154,55 @@ class HubBackend:
 
         return f"{constants.ENDPOINT}/api/{kind}s/{repo}"
 
-    def _get(self, url: str) -> Any:
-        from huggingface_hub import get_session, hf_raise_for_status
+    def _answer(self, url: str, extra: dict[str, str]) -> tuple[bytes, str | None]:
+        """GET `url` on huggingface_hub's session, following at most MAX_REDIRECTS
+        redirects to http(s) URLs (the token never leaves the origin it was sent to): the
+        body, read against its bound, and the URL of the next page if the answer links one.
+        Redirects are followed here, not by httpx, which reads each redirect's body whole."""
+        from huggingface_hub import get_session
         from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
-        response = get_session().get(url, headers=build_hf_headers(), timeout=self.timeout)
-        hf_raise_for_status(response)
-        return response
+        client = get_session()
+        headers = {**build_hf_headers(), **extra, **IDENTITY}
+        token = "authorization" in (name.lower() for name in headers)
+        for _ in range(MAX_REDIRECTS + 1):
+            request = client.build_request("GET", url, headers=headers, timeout=self.timeout)
+            response = client.send(request, stream=True, follow_redirects=False)
+            try:
+                if not response.has_redirect_location:
+                    data = _body(response, extra.get("Range"), self.answer_seconds, token)
+                    return data, response.links.get("next", {}).get("url")
+                target = urljoin(url, redirect_target(response.headers.get("Location")))
+            finally:
+                response.close()
+            if _origin(target) != _origin(url):
+                headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
+            url = target
+        raise too_many_redirects()
 
-    def _range(self, url: str, start: int, end: int) -> bytes:
-        from huggingface_hub import get_session, hf_raise_for_status
-        from huggingface_hub.utils import build_hf_headers  # type: ignore[attr-defined]
 
-        headers = {**build_hf_headers(), "Range": f"bytes={start}-{end - 1}"}
-        headers["Accept-Encoding"] = "identity"
-        with get_session().stream(
-            "GET", url, headers=headers, timeout=self.timeout, follow_redirects=True
-        ) as response:
-            hf_raise_for_status(response)
-            if response.status_code != 206 or not range_starts(response, start):
-                raise no_range(url, start, end)  # the body, the whole file, is never read
-            return bytes(response.read())
+def _body(response: Any, asked: str | None, seconds: float, token: bool) -> bytes:
+    """A response's body, read against its bound; an error status is raised unread, with
+    whether its request carried the `token` ckptfix has (see HttpError)."""
+    if response.status_code >= 300:
+        carried = credentials_carried(response.request.headers, token)
+        raise HttpError(response.status_code, str(response.url), carried)
+    body = new_body(asked, response.status_code, response.headers, seconds)
+    for chunk in response.iter_raw():  # each as it arrives: the deadline is checked
+        body.add(chunk)
+    return body.data()
 
 
-def _json(response: Any, kind: type[T]) -> T:
+def _origin(url: str) -> tuple[str, str, int | None]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+
+
+def _json(data: bytes, kind: type[T]) -> T:
     """The answer's JSON document, which must be a `kind` (of objects, for a list)."""
     try:
-        document = response.json()
-    except ValueError as exc:
+        document = json.loads(data)
+    except (ValueError, RecursionError) as exc:
         raise UnexpectedAnswer("the answer is not JSON") from exc
     if not isinstance(document, kind) or (
         isinstance(document, list) and not all(isinstance(item, dict) for item in document)

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
-from ckptfix.io.remote import Info, Settings, no_range
-from ckptfix.io.remote_errors import boto_code, status_of
+from ckptfix.io.remote import Info, Settings
+from ckptfix.io.remote_answers import Body, Listing, answer_seconds, new_body
+from ckptfix.io.remote_errors import UnexpectedAnswer, boto_code, parsed, status_of
 
 _CLIENTS: dict[tuple[object, ...], Any] = {}
 _CLIENTS_LOCK = threading.Lock()
@@ -60,7 +62,75 @@ def _new_client(session: Any, config_class: Any, settings: Settings) -> Any:
         response_checksum_validation="when_required",
         user_agent_extra="ckptfix",
     )
-    return session.create_client("s3", config=config)
+    client = session.create_client("s3", config=config)
+    endpoint = client._endpoint  # botocore reads every answer but GetObject's whole, inside
+    endpoint.http_session = BoundedSession(endpoint.http_session, answer_seconds(settings.timeout))
+    return client
+
+
+class BoundedSession:
+    """botocore's HTTP session (urllib3), whose answers are read against remote_answers'
+    bounds: botocore reads every body but a GetObject's whole, in the session's `send`,
+    before any hook of its own can see it; here `send` asks for the body unread, checks
+    the answer's status and headers, and reads it (or lets GetObject stream it) through
+    `BoundedRaw`."""
+
+    def __init__(self, inner: Any, answer_seconds: float) -> None:
+        self._inner = inner
+        self.answer_seconds = answer_seconds
+
+    def send(self, request: Any) -> Any:
+        buffered = not request.stream_output
+        request.stream_output = True
+        response = self._inner.send(request)
+        try:
+            asked = request.headers.get("Range")  # bytes once botocore has signed it
+            if isinstance(asked, bytes):
+                asked = asked.decode("latin-1")
+            body = new_body(asked, response.status_code, response.headers, self.answer_seconds)
+            response.raw = BoundedRaw(response.raw, body)
+            if buffered:
+                response.content  # noqa: B018  (read now, as botocore's session would)
+        except BaseException:
+            response.raw.close()
+            raise
+        return response
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class BoundedRaw:
+    """urllib3's response as botocore reads it (`stream`, `read`), stopping at its bound."""
+
+    def __init__(self, raw: Any, body: Body) -> None:
+        self._raw = raw
+        self._body = body
+
+    def read(self, amt: int | None = None) -> bytes:
+        """Up to `amt` bytes (all, if None), each piece taken as it arrives, so the bound and
+        the deadline are checked while a body trickles in (urllib3's `read(amt)` waits for
+        all `amt`)."""
+        read = getattr(self._raw, "read1", self._raw.read)  # read1: urllib3 2
+        pieces, wanted = [], 2**63 if amt is None else amt
+        while wanted > 0 and (piece := bytes(read(self._body.room(min(wanted, 2**16))))):
+            self._body.add(piece)
+            pieces.append(piece)
+            wanted -= len(piece)
+        return b"".join(pieces)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def stream(self, amt: int = 2**16, decode_content: bool | None = None) -> Iterator[bytes]:
+        """The whole body (a listing page, an error page), in pieces of up to `amt` bytes."""
+        while chunk := self.read(amt):
+            yield chunk
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
 
 
 def _split(path: str) -> tuple[str, str]:
@@ -73,16 +143,26 @@ class S3Backend:
 
     scheme = "s3"
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, timeout: float) -> None:
         self.client = client
+        self.listing_seconds = answer_seconds(timeout)
 
     def to_path(self, url: str) -> str:
         return url.split("://", 1)[1].strip("/")
 
+    def _call(self, operation: str, **parameters: Any) -> Any:
+        """One call of the client; botocore parses the answer itself, and its parser's
+        errors on one that is not S3's (a value out of form, not XML) are an unexpected
+        answer."""
+        from botocore.parsers import ResponseParserError
+
+        method = getattr(self.client, operation)
+        return parsed(lambda: method(**parameters), "S3's XML", (ResponseParserError,))
+
     def info(self, path: str) -> Info:
         bucket, key = _split(path)
         if not key:
-            self.client.head_bucket(Bucket=bucket)
+            self._call("head_bucket", Bucket=bucket)
             return {"name": bucket, "type": "directory", "size": 0}
         if key.endswith(_FILE_ENDINGS):
             return self._object(path) or self._prefix(path) or self._missing(path)
@@ -92,7 +172,7 @@ class S3Backend:
         """The object at `path` (HEAD), or None if there is none."""
         bucket, key = _split(path)
         try:
-            head = self.client.head_object(Bucket=bucket, Key=key)
+            head = self._call("head_object", Bucket=bucket, Key=key)
         except Exception as exc:
             if status_of(exc) == 404 and boto_code(exc) != "NoSuchBucket":
                 return None
@@ -108,8 +188,8 @@ class S3Backend:
     def _prefix(self, path: str) -> Info | None:
         """A folder if any key lies under `path/`, else None."""
         bucket, key = _split(path)
-        found = self.client.list_objects_v2(
-            Bucket=bucket, Prefix=key + "/", Delimiter="/", MaxKeys=1
+        found = self._call(
+            "list_objects_v2", Bucket=bucket, Prefix=key + "/", Delimiter="/", MaxKeys=1
         )
         if found.get("KeyCount", 0) or found.get("Contents") or found.get("CommonPrefixes"):
             return {"name": path, "type": "directory", "size": 0}
@@ -120,30 +200,23 @@ class S3Backend:
         raise FileNotFoundError(f"no object s3://{bucket}/{key} and no key under it")
 
     def ls(self, path: str) -> list[Info]:
-        """A folder's objects and sub-folders, every page of the listing."""
+        """A folder's objects and sub-folders, every page of the listing (within
+        remote_answers' bounds for a listing)."""
         bucket, key = _split(path)
         prefix = key + "/" if key else ""
         entries: list[Info] = []
         pages: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix, "Delimiter": "/"}
-        while True:
-            page = self.client.list_objects_v2(**pages)
-            entries += [
-                {
-                    "name": f"{bucket}/{item['Key']}",
-                    "type": "file",
-                    "size": item.get("Size"),
-                    "ETag": item.get("ETag"),
-                }
-                for item in page.get("Contents", [])
-                if item["Key"] != prefix  # the empty "folder" object some tools make
-            ]
-            entries += [
-                {"name": f"{bucket}/{item['Prefix'].rstrip('/')}", "type": "directory", "size": 0}
-                for item in page.get("CommonPrefixes", [])
-            ]
-            if not page.get("IsTruncated") or not page.get("NextContinuationToken"):
-                return entries
-            pages["ContinuationToken"] = page["NextContinuationToken"]
+        bounds = Listing(self.listing_seconds)
+        with bounds.pages_of_this_thread():
+            while True:
+                page = self._call("list_objects_v2", **pages)
+                found = _page_entries(bucket, prefix, page)
+                entries += found
+                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+                bounds.page(len(found), more=bool(token))
+                if not token:
+                    return entries
+                pages["ContinuationToken"] = token
 
     def read(self, path: str, start: int, end: int, info: Info) -> bytes:
         bucket, key = _split(path)
@@ -152,16 +225,36 @@ class S3Backend:
             pin["VersionId"] = str(info["VersionId"])
         elif info.get("ETag"):
             pin["IfMatch"] = str(info["ETag"])
-        response = self.client.get_object(
-            Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin
+        response = self._call(
+            "get_object", Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}", **pin
         )
         body = response["Body"]
-        try:
-            if response["ResponseMetadata"].get("HTTPStatusCode") != 206:
-                raise no_range(f"s3://{path}", start, end)  # before reading the body
-            return bytes(body.read())
+        try:  # a 206 for exactly this range (BoundedSession): one byte more is refused
+            return bytes(body.read(end - start + 1))
         finally:
             body.close()
 
     def token(self, info: Info) -> tuple[object, ...]:
         return (info.get("size"), info.get("ETag"), info.get("VersionId"))
+
+
+def _page_entries(bucket: str, prefix: str, page: dict[str, Any]) -> list[Info]:
+    """The objects and sub-folders of one ListObjectsV2 page (the folder's own empty
+    "folder" object, which some tools make, left out)."""
+    objects, folders = page.get("Contents", []), page.get("CommonPrefixes", [])
+    keys = [item.get("Key") for item in objects] + [item.get("Prefix") for item in folders]
+    if not all(isinstance(name, str) for name in keys):
+        raise UnexpectedAnswer("a listing entry without a key")
+    return [
+        {
+            "name": f"{bucket}/{item['Key']}",
+            "type": "file",
+            "size": item.get("Size"),
+            "ETag": item.get("ETag"),
+        }
+        for item in objects
+        if item["Key"] != prefix
+    ] + [
+        {"name": f"{bucket}/{item['Prefix'].rstrip('/')}", "type": "directory", "size": 0}
+        for item in folders
+    ]

@@ -1,9 +1,10 @@
 """The one interface every reader and writer uses to get bytes.
 
 A ByteSource is a file's bytes: its size, `read_at(offset, size)`, and a change token that
-tells whether it is still the file that was read. Local files also expose a descriptor, so
-the writer can use `copy_file_range` and reflinks. Remote sources (fsspec) implement the
-same interface with ranged requests; nothing else in ckptfix needs to know the difference.
+tells whether it is still the file that was read. Local files also lend a descriptor
+(`descriptor`), so the writer can use `copy_file_range` and reflinks. Remote sources
+(fsspec) implement the same interface with ranged requests; nothing else in ckptfix needs to
+know the difference.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ import errno
 import io
 import os
 import stat
-import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
+from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, POOL, out_of_descriptors, with_room
 
 
 @runtime_checkable
@@ -35,9 +38,6 @@ class ByteSource(Protocol):
 
     def change_token(self) -> tuple[object, ...]:
         """Equal before and after a run only if the file did not change in between."""
-
-    def fileno(self) -> int | None:
-        """A descriptor for kernel copies, or None for sources that have none."""
 
 
 def past_end(label: str, needed: int, size: int) -> CorruptFileError:
@@ -75,15 +75,26 @@ def _open_regular(path: str) -> int:
     return fd
 
 
+def unreadable_file(label: str, exc: OSError) -> CorruptFileError:
+    """A file that cannot be opened for reading (no permission, another user's): one line."""
+    return CorruptFileError(
+        label, "unreadable", f"cannot read the file: {exc.strerror}", "check its permissions"
+    )
+
+
 class LocalFile:
-    """A local file, opened read-only on first use and kept open (one descriptor)."""
+    """A local file, opened read-only on first use. Its descriptor belongs to the shared
+    pool (io.descriptors), which may close it while nobody reads; it is then reopened when
+    its bytes are needed, and must still be the file first opened: the same device, inode,
+    size and modification time (the change token), else the read is a SourceChangedError."""
 
     def __init__(self, path: str, label: str | None = None) -> None:
         self.path = path
         self._label = label if label is not None else path
         self._fd: int | None = None
-        self._size: int | None = None
-        self._lock = threading.Lock()
+        self._pins = 0  # readers holding the descriptor
+        self._doomed = False  # closed by its owner while read: closed when the reads end
+        self._identity: tuple[int, int, int, int] | None = None  # at first open
 
     @property
     def label(self) -> str:
@@ -93,51 +104,119 @@ class LocalFile:
     def size(self) -> int:
         """The size when the file was first opened: reads are checked against it, and a
         file that shrinks later has changed under us."""
-        if self._size is None:
-            self._size = os.fstat(self.fd()).st_size
-        return self._size
+        if self._identity is None:
+            with self.held():
+                pass
+        assert self._identity is not None
+        return self._identity[2]
 
-    def fd(self) -> int:
-        with self._lock:
+    @contextmanager
+    def held(self) -> Iterator[int]:
+        """The descriptor, open (reopened if the pool closed it) for the `with` block."""
+        with POOL.lock:
             if self._fd is None:
+                POOL.admit(self)
                 try:
-                    self._fd = _open_regular(self.path)
-                except OSError as exc:
-                    raise CorruptFileError(
-                        self._label,
-                        "unreadable",
-                        f"cannot read the file: {exc.strerror}",
-                        "check its permissions",
-                    ) from exc
-            return self._fd
+                    self._fd = self._open()
+                except BaseException:
+                    POOL.forget(self)
+                    raise
+            else:
+                POOL.touch(self)
+            self._pins += 1
+            fd = self._fd
+        try:
+            yield fd
+        finally:
+            with POOL.lock:
+                self._pins -= 1
+                if self._doomed and not self._pins:
+                    self.shut()
+                    POOL.forget(self)
 
-    def fileno(self) -> int | None:
-        return self.fd()
+    def _open(self) -> int:
+        """Open the file; a reopened one must be the file first opened."""
+        try:
+            fd = _open_with_room(self.path)
+        except OSError as exc:
+            if exc.errno in OUT_OF_DESCRIPTORS:  # the run's fault, not the file's
+                raise out_of_descriptors(self._label) from exc
+            if self._identity is not None:
+                raise SourceChangedError(
+                    self._label, f"file cannot be opened again ({exc.strerror}): it changed"
+                ) from exc
+            raise unreadable_file(self._label, exc) from exc
+        info = os.fstat(fd)
+        identity = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+        if self._identity is not None and identity != self._identity:
+            os.close(fd)
+            raise SourceChangedError(
+                self._label, "file was replaced or modified since it was first read"
+            )
+        self._identity = identity
+        self._doomed = False
+        return fd
+
+    def idle(self) -> bool:
+        return self._fd is not None and not self._pins
+
+    def shut(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def read_at(self, offset: int, size: int) -> bytes:
         if offset + size > self.size:
             raise past_end(self._label, offset + size, self.size)
-        return pread_exact(self.fd(), offset, size, self._label)
+        with self.held() as fd:
+            return pread_exact(fd, offset, size, self._label)
 
     def change_token(self) -> tuple[object, ...]:
-        stat = os.fstat(self.fd())
-        return (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        with self.held() as fd:
+            info = os.fstat(fd)
+        return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
 
     def close(self) -> None:
-        with self._lock:
-            if self._fd is not None:
-                os.close(self._fd)
-                self._fd = None
-
-    def __del__(self) -> None:  # a safety net: owners close their sources explicitly
-        if self._fd is not None:
-            os.close(self._fd)
+        """Close the descriptor now, or when the reads in progress end."""
+        with POOL.lock:
+            if self._pins:
+                self._doomed = True
+                return
+            self.shut()
+            POOL.forget(self)
 
     def __enter__(self) -> LocalFile:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _open_with_room(path: str) -> int:
+    """_open_regular; when the process is out of descriptors, the pool's idle ones are
+    closed (lock held) and the open tried once more."""
+    try:
+        return _open_regular(path)
+    except OSError as exc:
+        if exc.errno not in OUT_OF_DESCRIPTORS or not POOL.shed(len(POOL)):
+            raise
+    return _open_regular(path)
+
+
+@contextmanager
+def descriptor(source: ByteSource) -> Iterator[int | None]:
+    """A descriptor of `source` for kernel copies, held open for the `with` block; None
+    for sources that have none (remote files, windows into a file, cast tensors)."""
+    if isinstance(source, LocalFile):
+        with source.held() as fd:
+            yield fd
+    else:
+        yield None
+
+
+def is_local(source: ByteSource) -> bool:
+    """Whether `source` is a local file (read with pread, not over the network)."""
+    return isinstance(source, LocalFile)
 
 
 class _SourceReader(io.RawIOBase):
@@ -175,5 +254,11 @@ class _SourceReader(io.RawIOBase):
 def open_stream(source: ByteSource) -> BinaryIO:
     """A file object reading `source`: the file itself when it is local."""
     if isinstance(source, LocalFile):
-        return os.fdopen(os.dup(source.fd()), "rb")
+        with source.held() as fd:
+            try:
+                return os.fdopen(with_room(lambda: os.dup(fd)), "rb")
+            except OSError as exc:
+                if exc.errno not in OUT_OF_DESCRIPTORS:
+                    raise
+                raise out_of_descriptors(source.label) from exc
     return io.BufferedReader(_SourceReader(source), buffer_size=2**16)

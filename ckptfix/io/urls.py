@@ -2,10 +2,46 @@
 
 from __future__ import annotations
 
+import os
+from urllib.parse import unquote
+
+from ckptfix.core.errors import UsageError
+
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "hf", "http", "https")
+_UPLOAD = "name a local path, and copy the result to the URL afterwards"
 
 
 def is_url(path: str) -> bool:
     """`s3://…`, `gs://…`, `hf://…`, `http(s)://…`: a remote file or folder."""
     scheme, sep, rest = path.partition("://")
     return bool(sep) and bool(rest) and scheme.lower() in REMOTE_SCHEMES
+
+
+def refuse_url(path: str | os.PathLike[str], what: str, fix: str = _UPLOAD) -> None:
+    """Outputs and manifests are local files: a URL given for one is a usage error (it was
+    taken for a relative path, `s3:/bucket/x`, written there, and printed with its
+    credentials). `what` completes "is a URL; ..."."""
+    text = os.fspath(path)
+    if is_url(text):
+        raise UsageError(text, f"is a URL; {what}", fix)
+
+
+_DECODINGS = 8  # a name still decoding after as many rounds is no real name
+
+
+def climbs_out(relative: str) -> bool:
+    """Whether a path under a remote folder (what follows the folder's URL and its `/`)
+    leaves the folder, or names it, in any form a server may give it: as written, and
+    after each round of percent-decoding (`%2e%2e`, `%252e%252e`), each with backslashes
+    taken as slashes and `;` parameters dropped (`..;`). Any `.` or `..` segment, or a
+    NUL, in any form is refused: no checkpoint file is named so."""
+    forms = [relative]
+    while len(forms) <= _DECODINGS and (decoded := unquote(forms[-1])) != forms[-1]:
+        forms.append(decoded)
+    if len(forms) > _DECODINGS:
+        return True
+    return any(
+        "\x00" in segment or segment.partition(";")[0] in (".", "..")
+        for form in forms
+        for segment in form.replace("\\", "/").split("/")
+    )

@@ -33,6 +33,3 @@ class Window:
 
     def change_token(self) -> tuple[object, ...]:
         return self.base.change_token()
-
-    def fileno(self) -> int | None:
-        return None  # offsets differ from the file's: never hand out the file's descriptor

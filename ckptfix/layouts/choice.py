@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from ckptfix.layouts.names import Family, FolderLayout, parse_weight_name
+from ckptfix.layouts.names import GGUF, Family, FolderLayout, parse_weight_name
 
 # The stems a loader reads, in the order a folder holding several is taken, and by whom.
 LOADERS = {
@@ -99,6 +99,13 @@ def choose(layout: FolderLayout, shards: Mapping[str, Sequence[str]]) -> Choice:
         return named
     loose = sorted(name for f in layout.families if f.stem == "loose" for name in f.files)
     families = [f for f in layout.families if f.stem == "loose" and f.files]
-    if len(loose) == 1:
-        return Choice(families[0], tuple(loose))
-    return Choice(None, (), separate=tuple(loose))
+    # A GGUF split set is one checkpoint of its own, as a loose file is (llama.cpp reads
+    # the parts in order); a folder of several quantizations holds several checkpoints.
+    sets = [f for f in layout.families if f.ext == GGUF and f.stem != "loose"]
+    if len(sets) == 1 and not loose:
+        return Choice(sets[0], tuple(sets[0].files), None, "llama.cpp")
+    if len(loose) == 1 and not sets:
+        return Choice(
+            families[0], tuple(loose), loader="llama.cpp" if loose[0].endswith(".gguf") else ""
+        )
+    return Choice(None, (), separate=tuple(sorted(loose + [f.files[0] for f in sets])))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 
 from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.core.dtypes import DTYPES
@@ -44,6 +45,7 @@ from ckptfix.layouts.chunks import (
 _RANK = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 _STEP = re.compile(r"(?:step|iter|checkpoint)[-_]?(\d+)$", re.IGNORECASE)
 FORMAT = "dcp"
+LIGHTNING_META = "meta.pt"  # Lightning's FSDPStrategy writes its other state there
 
 
 def is_dcp_folder(root: str, names: list[str]) -> bool:
@@ -343,7 +345,7 @@ def _rank_records(loader: _Loader) -> list[FileRecord]:
     return records
 
 
-def _step(root: str) -> int | None:
+def step_of(root: str) -> int | None:
     match = _STEP.search(os.path.basename(os.path.normpath(root)))
     return int(match.group(1)) if match else None
 
@@ -362,12 +364,52 @@ def load_dcp(
         if exc.code is None:
             raise
         record = FileRecord(meta_path, FORMAT, folder.size(meta_path), error=exc)
-        layout = TrainingLayout("dcp", step=_step(root))
+        layout = TrainingLayout("dcp", step=step_of(root))
         return Checkpoint(
             root, FORMAT, (record,), sources={meta_path: meta_source}, training=layout
         )
     key, model = choose_model(meta, options.key, root)
     _refuse_duplicates(model, meta_path)
+    read = read_tensors(root, meta, model, folder)
+    layout = TrainingLayout(
+        "dcp",
+        world_size=read.world_size,
+        serialization=read.serialization,
+        step=step_of(root),
+        model_key=key or None,
+        saved_by="lightning" if LIGHTNING_META in names else None,
+        findings=read.findings,
+        **_left_out(meta, model),  # type: ignore[arg-type]
+    )
+    meta_read = FileRead(meta_path, FORMAT, meta_source.size, read.tensors)
+    records = [FileRecord(meta_path, FORMAT, meta_source.size, read=meta_read)]
+    return Checkpoint(
+        path=root,
+        kind=FORMAT,
+        files=tuple(records + read.records),
+        sources={meta_path: meta_source, **read.sources},
+        training=layout,
+    )
+
+
+@dataclass(frozen=True)
+class DcpTensors:
+    """The model tensors of a DCP folder as pieces of its rank files, the rank files' records
+    and sources, and the problems found (missing, truncated or unreadable rank files, chunks
+    that do not tile a tensor)."""
+
+    tensors: tuple[TensorInfo, ...]
+    records: list[FileRecord]
+    sources: dict[str, ByteSource]
+    findings: tuple[Finding, ...]
+    world_size: int
+    serialization: str | None
+
+
+def read_tensors(
+    root: str, meta: DcpMetadata, model: dict[str, str], folder: Folder = LOCAL
+) -> DcpTensors:
+    """The tensors `model` names (fqn -> tensor name), located in the rank files."""
     loader = _Loader(root, meta, folder)
     loader.open_rank_files()
     tensors = [
@@ -376,21 +418,11 @@ def load_dcp(
         if (tensor := loader.tensor(meta.tensors[fqn], name)) is not None
     ]
     formats = set().union(*(reader.formats for reader in loader.readers.values()))
-    layout = TrainingLayout(
-        "dcp",
+    return DcpTensors(
+        tensors=tuple(tensors),
+        records=_rank_records(loader),
+        sources=loader.sources,
+        findings=tuple(_missing_findings(loader.missing) + loader.findings),
         world_size=_world_size(meta),
         serialization="+".join(sorted(formats)) or None,
-        step=_step(root),
-        model_key=key or None,
-        findings=tuple(_missing_findings(loader.missing) + loader.findings),
-        **_left_out(meta, model),  # type: ignore[arg-type]
-    )
-    meta_read = FileRead(meta_path, FORMAT, meta_source.size, tuple(tensors))
-    records = [FileRecord(meta_path, FORMAT, meta_source.size, read=meta_read)]
-    return Checkpoint(
-        path=root,
-        kind=FORMAT,
-        files=tuple(records + _rank_records(loader)),
-        sources={meta_path: meta_source, **loader.sources},
-        training=layout,
     )

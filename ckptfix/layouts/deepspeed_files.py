@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from ckptfix.core.checkpoint import FileRecord
-from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.tensor import Piece, TensorInfo
 from ckptfix.formats.base import FileRead
 from ckptfix.formats.tensor_dict import View
 from ckptfix.formats.zero import FORMAT
 from ckptfix.io.source import LocalFile
+from ckptfix.layouts.slices import tensor_of
 from ckptfix.layouts.zero_weights import Segment
 
 T = TypeVar("T")
@@ -40,26 +41,7 @@ def segment(view: View, label: str) -> Segment:
 
 
 def spread_tensor(name: str, dtype: str, shape: tuple[int, ...], pieces: list[Piece]) -> TensorInfo:
-    nbytes = (DTYPES[dtype].bits // 8) * _numel(shape)
-    first = pieces[0] if pieces else Piece("", 0, 0)
-    single = len(pieces) == 1 and first.count == 1 and first.at == 0
-    return TensorInfo(
-        name=name,
-        dtype=dtype,
-        shape=shape,
-        nbytes=nbytes,
-        file=first.source,
-        byte_range=(first.offset, first.offset + first.length),
-        storage=f"zero:{name}",
-        spread=None if single else tuple(pieces),
-    )
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
+    return replace(tensor_of(name, dtype, shape, pieces, ""), storage=f"zero:{name}")
 
 
 class Reader:

@@ -40,6 +40,16 @@ def blobs_of(path: str) -> str | None:
         folder = parent
 
 
+def stays_inside(path: str, root: str) -> bool:
+    """Whether a file of the checkpoint at `root`, links followed, is inside `root`, or in the
+    blobs of the cache repository whose snapshot holds `root` (where a snapshot's links go):
+    a link elsewhere may lead to any file of the user's, which is never read."""
+    real = os.path.realpath(path)
+    blobs = blobs_of(root)
+    places = [os.path.realpath(root)] + ([os.path.realpath(blobs)] if blobs else [])
+    return any(os.path.commonpath([real, place]) == place for place in places)
+
+
 def snapshots(repo: str) -> list[str]:
     """The revisions a cache repository holds, newest first."""
     folder = os.path.join(repo, "snapshots")

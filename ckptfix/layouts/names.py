@@ -26,12 +26,23 @@ INDEX_RE = re.compile(
     rf"^(?P<stem>{_STEM})\.(?P<ext>safetensors|bin)\.index(?:\.(?P<variant>[A-Za-z0-9_]+))?\.json$"
 )
 LOOSE_EXTS = (".safetensors", ".bin", ".pt", ".pth", ".ckpt")
+# llama.cpp's split sets: `<prefix>-00001-of-00003.gguf` (`llama_split_path`'s "%05d").
+GGUF_PART_RE = re.compile(r"^(?P<stem>.+)-(?P<part>\d{5,})-of-(?P<total>\d{5,})\.gguf$")
+GGUF = "gguf"
 # Files that trainers leave beside the weights: pickles of settings or optimizer state,
 # not model weights. They are copied as ordinary files, never read as weights.
 NOT_WEIGHTS = re.compile(
-    r"^(training_args\.bin|optimizer\.(pt|bin)|scheduler\.(pt|bin)|scaler\.pt|"
+    r"^(training_args\.bin|(optimizer|scheduler|sampler)(_\d+)?\.(pt|bin)|scaler(_\d+)?\.pt|"
     r"rng_state(_\d+)?\.pth)$"
 )
+# accelerate's FSDP full-state-dict copy of the model (`save_fsdp_model`): beside the weights
+# the Trainer saves (`model.safetensors`) it is training state; alone it is the weights.
+FSDP_COPY = re.compile(r"^pytorch_model_fsdp(_\d+)?\.bin$")
+# accelerate's `save_state` (its `random_states_R.pkl` beside): the first model is
+# `model.safetensors` (or `pytorch_model.bin`), the others `model_1.safetensors`, ... — with
+# several, they are separate checkpoints, none is chosen.
+ACCELERATE_STATE = re.compile(r"^random_states_\d+\.pkl$")
+ACCELERATE_MODEL = re.compile(r"^(?:model|pytorch_model)(?:_\d+)?\.(?:safetensors|bin)$")
 
 
 # What a checkpoint folder holds besides its weights (any family, other frameworks' too):
@@ -105,6 +116,8 @@ class Family:
 
     @property
     def label(self) -> str:
+        if self.ext == GGUF:
+            return "loose *.gguf files" if self.stem == "loose" else f"{self.stem}-*-of-*.gguf"
         if self.stem == "loose":  # the torch family holds .bin, .pt, .pth and .ckpt files
             exts = sorted({os.path.splitext(name)[1] for name in self.files}) or [f".{self.ext}"]
             return f"loose {'/'.join(f'*{ext}' for ext in exts)} files"
@@ -113,7 +126,10 @@ class Family:
 
     @property
     def kind(self) -> str:
-        """The family without its variant: what counts towards `mixed-formats`."""
+        """The family without its variant: what counts towards `mixed-formats` (GGUF files,
+        single or split, are one kind: a folder of quantizations is not mixed formats)."""
+        if self.ext == GGUF:
+            return "*.gguf"
         return self.label if self.stem == "loose" else f"{self.stem}*.{self.ext}"
 
 
@@ -129,6 +145,15 @@ def scan_folder(root: str, folder: Folder = LOCAL) -> FolderLayout:
     return layout_of(folder.file_names(root))
 
 
+def _accelerate_models(names: Sequence[str]) -> set[str]:
+    """The models of an accelerate `save_state` folder that holds more than one."""
+    if not any(ACCELERATE_STATE.match(name) for name in names):
+        return set()
+    models = {name for name in names if ACCELERATE_MODEL.match(name)}
+    numbered = any(name.split(".")[0].rsplit("_", 1)[-1].isdigit() for name in models)
+    return models if numbered else set()
+
+
 def layout_of(names: Sequence[str]) -> FolderLayout:
     """Sort the names of a folder's top-level files into weight families and their indexes
     (also for a folder that exists only as a plan, such as what `ckptfix fix` would leave)."""
@@ -141,18 +166,33 @@ def layout_of(names: Sequence[str]) -> FolderLayout:
         return families[key]
 
     weight_files: list[str] = []
+    copies = [name for name in names if FSDP_COPY.match(name)]
+    separate = _accelerate_models(names)
     for name in names:
+        if name in separate:
+            ext = "safetensors" if name.endswith(".safetensors") else "torch"
+            family("loose", None, ext).files.append(name)
+            weight_files.append(name)
+            continue
         index_match = INDEX_RE.match(name)
         if index_match is not None:
             family(index_match["stem"], index_match["variant"], index_match["ext"]).index = name
+            continue
+        gguf_part = GGUF_PART_RE.match(name)
+        if name.endswith(".gguf"):  # a split set's part, or a file of its own
+            family(gguf_part["stem"] if gguf_part else "loose", None, GGUF).files.append(name)
+            weight_files.append(name)
             continue
         parsed = parse_weight_name(name)
         if parsed is not None:
             family(parsed.stem, parsed.variant, parsed.ext).files.append(name)
             weight_files.append(name)
-        elif name.endswith(LOOSE_EXTS) and not NOT_WEIGHTS.match(name):
+        elif name.endswith(LOOSE_EXTS) and not NOT_WEIGHTS.match(name) and name not in copies:
             ext = "safetensors" if name.endswith(".safetensors") else "torch"
             family("loose", None, ext).files.append(name)
             weight_files.append(name)
+    if copies and not any(f.files for f in families.values() if f.stem != "loose"):
+        family("loose", None, "torch").files.extend(copies)
+        weight_files.extend(copies)
     config = "config.json" if "config.json" in names else None
     return FolderLayout(tuple(families.values()), tuple(weight_files), config)

@@ -130,6 +130,7 @@ class DiffOptions:
     alias_record: bool = True
     workers: int = WORKERS
     progress: Progress | None = None
+    to_hf: str | None = None  # map the Megatron side to this Hugging Face model (ops.to_hf)
 
 
 def diff(
@@ -144,7 +145,31 @@ def diff(
             stack.enter_context(opened(path, key=options.key, alias_record=options.alias_record))
             for path in (a, b)
         ]
+        if options.to_hf is not None:
+            sides = _megatron_as_hf(sides, options.to_hf)
         return diff_tensor_sets(sides[0], sides[1], options)
+
+
+def _megatron_as_hf(sides: list[TensorSet], spec: str) -> list[TensorSet]:
+    """The one Megatron side mapped to the Hugging Face model `spec` names."""
+    from ckptfix.layouts.megatron import MegatronLayout
+    from ckptfix.ops.to_hf import hf_tensor_set, megatron_layout
+
+    megatron = [
+        isinstance(side.checkpoint.layout, MegatronLayout) if side.checkpoint else False
+        for side in sides
+    ]
+    if megatron.count(True) != 1:
+        megatron_layout(sides[0].checkpoint)  # type: ignore[arg-type]  # the usage error
+        raise UsageError(
+            "--to-hf",
+            "both sides are Megatron-Core checkpoints",
+            "compare them without --to-hf, or one with the Hugging Face model",
+        )
+    return [
+        hf_tensor_set(side, spec) if is_megatron else side
+        for side, is_megatron in zip(sides, megatron, strict=True)
+    ]
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.signals import current as current_signals
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.gather import Sources, tensor_chunks
+from ckptfix.io.source import is_local
 
 ALGORITHM = "sha256"
 # 1 MiB chunks: each is hashed while it is still in the CPU cache. Measured on the 2.2 GB
@@ -113,7 +114,7 @@ def hash_content(
 def chunk_size(sources: Sources, tensor: TensorInfo) -> int:
     """CHUNK for a tensor in local files, REMOTE_CHUNK for one read over the network."""
     pieces = tensor.pieces
-    remote = bool(pieces) and sources(pieces[0].source).fileno() is None
+    remote = bool(pieces) and not is_local(sources(pieces[0].source))
     return REMOTE_CHUNK if remote and tensor.nbytes > CHUNK else CHUNK
 
 

@@ -9,6 +9,7 @@ PATH/ckptfix-aside/; `-o` copies the repaired checkpoint and the folder's other 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -33,7 +34,15 @@ from ckptfix.plan.repair import ASIDE, RepairPlan
 from ckptfix.plan.repair_plan import plan_repair
 from ckptfix.plan.source import STAGING_FOLDER, other_entries
 from ckptfix.write.output import check_free_space, wrap_os_error
-from ckptfix.write.repair import RepairJob, Rewrite, cloning_for, fill, rewrites, space_needed
+from ckptfix.write.repair import (
+    RepairJob,
+    Rewrite,
+    behind_links,
+    cloning_for,
+    fill,
+    rewrites,
+    space_needed,
+)
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.staging import Claim, claim_output, staged
 from ckptfix.write.tree import first_link
@@ -111,8 +120,9 @@ def _claim(source: str, out: str | os.PathLike[str] | None, options: FixOptions)
 
 
 def _aside_contents(root: str) -> list[str]:
-    """The paths already in the aside folder (files taken out by an earlier fix); nothing
-    when it is not a real folder (refused by `_refuse_links` if anything is to go there)."""
+    """The paths already in the aside folder (what an earlier fix took out, and anything
+    else there: a folder or a link of that name takes it too); nothing when it is not a real
+    folder (refused by `_refuse_links` if anything is to go there)."""
     folder = os.path.join(root, ASIDE)
     if not os.path.lexists(folder) or first_link(root, ASIDE) is not None:
         return []
@@ -121,8 +131,8 @@ def _aside_contents(root: str) -> list[str]:
         raise unlistable(exc.filename or folder, exc) from exc
 
     found = []
-    for current, _, files in os.walk(folder, onerror=unreadable):  # links never followed
-        found += [os.path.relpath(os.path.join(current, name), folder) for name in files]
+    for current, folders, files in os.walk(folder, onerror=unreadable):  # links not followed
+        found += [os.path.relpath(os.path.join(current, name), folder) for name in folders + files]
     return found
 
 
@@ -150,6 +160,7 @@ def _refuse_links(root: str, plan: RepairPlan) -> None:
                 "repair into a new folder with -o OUT, or replace the link with the folder it "
                 "points to",
             )
+    _refuse_taking_from_links(root, plan)
     for move in plan.moves:
         link = first_link(root, os.path.join(ASIDE, os.path.dirname(move.aside)))
         if link is not None:
@@ -159,6 +170,35 @@ def _refuse_links(root: str, plan: RepairPlan) -> None:
                 f"out only into a real folder inside {root}",
                 "remove the link, or repair into a new folder with -o OUT",
             )
+
+
+def _refuse_taking_from_links(root: str, plan: RepairPlan) -> None:
+    """A file kept behind a link stays where the link leads; the file fix would change or
+    take out must not be that same file reached another way (`sub -> .` makes the shard
+    sub/X and the "orphan" X one file: moving X aside would take it from under the link)."""
+    behind: dict[tuple[int, int], tuple[str, str]] = {}
+    for kept in plan.kept_files:
+        link = first_link(root, os.path.dirname(kept.source)) if kept.how == "kept" else None
+        if link is not None:
+            with contextlib.suppress(OSError):
+                behind[_file_id(os.path.join(root, kept.source))] = (link, kept.source)
+    for _, name in _changed_folders(plan) if behind else []:
+        try:
+            link, reached = behind[_file_id(os.path.join(root, name))]
+        except (OSError, KeyError):
+            continue
+        raise UsageError(
+            os.path.join(root, link),
+            f"{_what_it_is(root, link)}, and fix --in-place would take {name} out from under "
+            f"it (it is {reached}, which the index reaches through the link)",
+            "repair into a new folder with -o OUT, or replace the link with the folder it "
+            "points to",
+        )
+
+
+def _file_id(path: str) -> tuple[int, int]:
+    info = os.stat(path)
+    return (info.st_dev, info.st_ino)
 
 
 def _what_it_is(root: str, relative: str) -> str:
@@ -174,9 +214,10 @@ def _with_entries(plan: RepairPlan, checkpoint: Checkpoint, in_place: bool) -> R
     ours |= {index.file for index in plan.indexes}
     extra, reasons = other_entries(checkpoint, {name for name in ours if "/" not in name})
     if in_place:  # everything stays but a killed run's staging folder
-        kept = [n for n, why in reasons.items() if why != STAGING_FOLDER and "/" not in n]
+        kept = {n for n, why in reasons.items() if why != STAGING_FOLDER and "/" not in n}
         left = {n: why for n, why in reasons.items() if why == STAGING_FOLDER}
-        return replace(plan, copied=tuple(sorted(extra + kept)), left_out=left)
+        # A special file is both an entry and a reason (left out by -o): carried once.
+        return replace(plan, copied=tuple(sorted(kept.union(extra))), left_out=left)
     return replace(plan, copied=tuple(extra), left_out=dict(reasons))
 
 
@@ -205,24 +246,32 @@ def fix(
         taken = _aside_contents(source) if options.in_place and checkpoint.kind == "folder" else []
         plan = plan_repair(checkpoint, report.findings, taken=taken)
         plan = _with_entries(plan, checkpoint, options.in_place)
+        behind: frozenset[str] = frozenset()
         if options.in_place and not plan.single_file:
             _refuse_links(source, plan)
+            behind = behind_links(source, plan, in_place=True)
         if options.dry_run:
             return FixResult(report, plan, None)
         if plan.refused:
             raise _refused(plan)
         if options.in_place and not plan.changes:
             return FixResult(report, plan, None)
-        return _write(checkpoint, report, plan, claim, options)
+        return _write(checkpoint, report, plan, claim, options, behind)
 
 
 def _write(
-    checkpoint: Checkpoint, report: Report, plan: RepairPlan, claim: Claim, options: FixOptions
+    checkpoint: Checkpoint,
+    report: Report,
+    plan: RepairPlan,
+    claim: Claim,
+    options: FixOptions,
+    behind: frozenset[str],
 ) -> FixResult:
     found = rewrites(checkpoint, plan, claim.out)
     job = RepairJob(
         checkpoint, plan, "", claim.out, options.in_place, lambda: None, options.progress
     )
+    job.behind_links = behind  # as the plan was checked
     try:
         _check_space(job, found, claim)
         written = _stage(job, found, claim)

@@ -63,6 +63,12 @@ def _load_file(path: str, options: ReadOptions, folder: Folder) -> Checkpoint:
     from ckptfix.layouts.training import refuse_part
 
     refuse_part(path)
+    if path.endswith(".gguf"):  # the first part of a llama.cpp split set names the set
+        from ckptfix.layouts.gguf import load_split_set
+
+        split = load_split_set(path, options, folder)
+        if split is not None:
+            return split
     return load_file(path, options, folder)
 
 

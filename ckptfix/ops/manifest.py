@@ -17,7 +17,7 @@ from ckptfix.core.errors import CkptfixError, CorruptFileError, UsageError, Writ
 from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.signals import current as current_signals
-from ckptfix.io.urls import is_url
+from ckptfix.io.urls import is_url, refuse_url
 from ckptfix.ops.digest import (
     ALGORITHM,
     WORKERS,
@@ -77,6 +77,7 @@ class ManifestCheck:
 def check_manifest_out(out: str | os.PathLike[str], source: str) -> bool:
     """Refuse a manifest path that would replace the checkpoint's own file (`hash model.bin
     --manifest model.bin`) or a file in its folder; True when OUT replaces another file."""
+    refuse_url(out, "a manifest is written only to a local file")
     shown = os.fspath(out)
     target = os.path.realpath(shown)
     if not os.path.lexists(target):
@@ -167,6 +168,7 @@ def read_manifest(path: str | os.PathLike[str]) -> Manifest:
     agree with each other (an edited entry is found before any tensor is read)."""
     import orjson
 
+    refuse_url(path, "a manifest is read only from a local file", "download it first")
     shown = os.fspath(path)
     if not os.path.isfile(shown):
         what = "is not a file" if os.path.exists(shown) else "no such manifest file"

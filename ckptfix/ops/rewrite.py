@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from operator import attrgetter
@@ -12,9 +12,11 @@ from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import UsageError
+from ckptfix.core.errors import (
+    UsageError,
+    VerificationError,
+)
 from ckptfix.core.memory import paused_gc
-from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
 from ckptfix.io.folder import LOCAL
@@ -22,7 +24,16 @@ from ckptfix.io.urls import is_url
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.report import Report
+from ckptfix.ops.rewrite_options import (
+    ConvertOptions,
+    DedupeOptions,
+    ReshardOptions,
+    RewriteOptions,
+    WriteOptions,
+)
+from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
+from ckptfix.plan.coverage import missing_name
 from ckptfix.plan.expansion import check_expansion
 from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
 from ckptfix.plan.shards import (
@@ -33,20 +44,18 @@ from ckptfix.plan.shards import (
     plan_shards,
     with_shared,
 )
-from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint
+from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint, recorded
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
-from ckptfix.write.extras import carried_as_file, copy_extra
-from ckptfix.write.output import check_free_space, check_names, wrap_os_error
+from ckptfix.write.extras import carried_as_file, copy_extra, write_generated
+from ckptfix.write.output import check_free_space, check_names, check_quantized, wrap_os_error
 from ckptfix.write.remote_extras import download_extra
-from ckptfix.write.results import Progress, WriteResult, WrittenFile
+from ckptfix.write.results import WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, claim_output, staged
 from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
 from ckptfix.write.zerocopy import find_cloning, shareable_bytes, streamed_labels
 
-# Where dropped aliases are recorded: header __metadata__ (as a JSON string) or index metadata.
-DROPPED_KEY = "ckptfix.dropped"
 _NAME, _NBYTES = attrgetter("name"), attrgetter("nbytes")
 
 
@@ -65,7 +74,7 @@ class RewriteResult:
         return document
 
 
-def _carry_over(checkpoint: RewriteSource, outputs: set[str]) -> tuple[list[str], list[str]]:
+def carry_over(checkpoint: RewriteSource, outputs: set[str]) -> tuple[list[str], list[str]]:
     """For --in-place: keep everything but the rewritten checkpoint itself.
 
     Returns (carried, left out): names kept as they are (special files and .git too), and
@@ -82,7 +91,7 @@ def _carry_over(checkpoint: RewriteSource, outputs: set[str]) -> tuple[list[str]
     return sorted(carried), left_out
 
 
-def _nearest_folder(path: str) -> str:
+def nearest_folder(path: str) -> str:
     while not os.path.isdir(path):
         path = os.path.dirname(path)
     return path
@@ -145,18 +154,6 @@ def _claim(
         raise wrap_os_error(exc, target) from exc
 
 
-@dataclass(frozen=True)
-class WriteOptions:
-    max_shard: int
-    to: str = "safetensors"
-    in_place: bool = False
-    dry_run: bool = False
-    verify: bool = True
-    progress: Progress | None = None
-    config_dtype: str | None = None  # a cast's torch name, set in config.json (config_dtype.py)
-    allow_expansion: bool = False  # write expanded tensors past plan.expansion's limits
-
-
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
     """Shards for a selection, and what happens to the folder's other entries."""
     ext = "bin" if options.to == "torch" else "safetensors"
@@ -167,7 +164,7 @@ def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) ->
         {plan.index_file} if plan.index_file else set()
     )
     if options.in_place:
-        copied, left_out = _carry_over(source, outputs)
+        copied, left_out = carry_over(source, outputs)
     else:
         copied, left_out = list(source.extra_files), list(source.left_out)
     dropped, shared = dict(selection.dropped), {}
@@ -194,8 +191,9 @@ def _with_aliases(
 ) -> tuple[PlannedShard, ...]:
     """The shards with each alias listed beside its kept tensor, sharing its storage."""
     excluded = set(selection.excluded)
-    names = [selection.renamed.get(t.name, t.name) for t in source.tensors]
-    kept = [n for t, n in zip(source.tensors, names, strict=True) if t.name not in excluded]
+    declared = source.declared
+    names = [selection.renamed.get(t.name, t.name) for t in declared]
+    kept = [n for t, n in zip(declared, names, strict=True) if t.name not in excluded]
     return with_shared(plan.shards, kept, shared)
 
 
@@ -235,12 +233,20 @@ def _write(
     """Plan the shards for a selection, then stage, write, verify and commit them."""
     with paused_gc():  # several objects per tensor, none in a cycle
         plan = _plan(source, selection, options)
+        lost = missing_name(source.declared, selection, plan)
+        if lost is not None:  # the names' verification: the writers verify the output is the plan
+            raise VerificationError(
+                claim.out,
+                f"the output would not keep every name: {lost}",
+                "this is a bug; please report it",
+            )
         metadata, index_metadata = _metadata(source, plan)
         shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
         plan = replace(plan, metadata_scope=scope)
         tensors = dict(zip(map(_NAME, selection.tensors), selection.tensors, strict=True))
         torch = options.to == "torch"
         check_names(selection.tensors)
+        check_quantized(selection.tensors, claim.out)
         check_expansion(selection.tensors, allowed=options.allow_expansion)
         if torch:
             check_torch_dtypes(selection.tensors, claim.out)
@@ -257,20 +263,28 @@ def _write(
         verify=options.verify,
     )
     try:
-        folder = _nearest_folder(os.path.dirname(claim.real))  # where staging will be
+        folder = nearest_folder(os.path.dirname(claim.real))  # where staging will be
         needed = sum(headers) + plan.total_size
         if not torch:  # blocks the output can share with the source take no space
             job.cloning = find_cloning(streamed_labels(selection.tensors), job.sources, folder)
             needed -= shareable_bytes(plan, tensors, headers, job.cloning)
             needed += len(plan.shards) * (job.cloning.block or 0)  # padding
         check_free_space(folder, needed, claim.out)
-        return _stage_and_commit(source, plan, job, claim, options)
+        return stage_and_commit(source, plan, job, claim, options)
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
 
 
-def _stage_and_commit(
-    source: RewriteSource, plan: ShardPlan, job: ShardJob, claim: Claim, options: WriteOptions
+Write = Callable[[ShardPlan, ShardJob], list[WrittenFile]]
+
+
+def stage_and_commit(
+    source: RewriteSource,
+    plan: ShardPlan,
+    job: ShardJob,
+    claim: Claim,
+    options: WriteOptions,
+    write: Write = write_shards,
 ) -> RewriteResult:
     with staged(claim) as staging:
 
@@ -280,21 +294,16 @@ def _stage_and_commit(
                 options.progress(done, total)
 
         job.staging, job.progress = staging.path, advance
-        if options.to == "torch":
-            written = write_torch_shards(plan, job)
-        else:
-            written = write_shards(plan, job)
+        written = write_torch_shards(plan, job) if options.to == "torch" else write(plan, job)
         staging.checkpoint()
         if MARKER in plan.copied_files:
             staging.unmark()  # the source's own file of that name takes its place
+        copied = [name for name in plan.copied_files if name not in source.generated]
         if source.is_folder and source.checkpoint.remote is not None:
-            written += download_extra(
-                source.checkpoint.remote, source.path, plan.copied_files, staging.path
-            )
+            written += download_extra(source.checkpoint.remote, source.path, copied, staging.path)
         elif source.is_folder:
-            written += copy_extra(
-                source.path, plan.copied_files, staging.path, link=options.in_place
-            )
+            written += copy_extra(source.path, copied, staging.path, link=options.in_place)
+        written += write_generated(staging.path, source.generated)
         retype_config(staging.path, plan.config_edits, MAX_CONFIG_SIZE)
         staging.commit()
     target = claim.out
@@ -304,44 +313,6 @@ def _stage_and_commit(
     account = None if options.to == "torch" else job.tally.account(job.cloning, plan.total_size)
     result = WriteResult(target, files, options.verify, replaced, account)
     return RewriteResult(with_remote(source.report, source.checkpoint), plan, result)
-
-
-@dataclass(frozen=True)
-class RewriteOptions:
-    """What every rewrite takes."""
-
-    max_shard: int = DEFAULT_MAX_SHARD
-    dry_run: bool = False
-    force: bool = False  # replace an OUT that holds a checkpoint
-    replace_any: bool = False  # with force: replace an OUT that holds other files too
-    progress: Progress | None = None
-
-
-@dataclass(frozen=True)
-class ConvertOptions(RewriteOptions):
-    to: str = "safetensors"  # or "torch"
-    dtype: str = "keep"  # bf16, fp16, fp32 or keep
-    key: str = "auto"  # where the tensors sit in a training checkpoint
-    strip_prefix: str | None = None  # a prefix, "auto", or None
-    exclude: tuple[str, ...] = ()  # globs of tensor names to leave out
-    keep: str = "first"  # which alias name to keep: first, last or a regex
-    clone: bool = False  # write every alias as its own copy
-    verify: bool = True
-    zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
-    allow_expansion: bool = False  # see plan.expansion
-
-
-@dataclass(frozen=True)
-class DedupeOptions(RewriteOptions):
-    by_content: bool = False
-    clone: bool = False
-    keep: str = "first"
-    allow_expansion: bool = False  # see plan.expansion
-
-
-@dataclass(frozen=True)
-class ReshardOptions(RewriteOptions):
-    in_place: bool = False
 
 
 @contextmanager
@@ -365,7 +336,7 @@ def _opened(
     ) as claim:
         opened = open_checkpoint(source, max_shard=options.max_shard, **open_options)
         with opened.checkpoint:
-            yield opened, claim
+            yield recorded(opened), claim
 
 
 def convert(
@@ -381,6 +352,9 @@ def convert(
         raise UsageError(
             "--dtype", f"unknown dtype {options.dtype!r}", "use bf16, fp16, fp32 or keep"
         )
+    if options.dequantize is not None and options.dequantize not in CAST_TARGETS:
+        what = f"unknown dtype {options.dequantize!r}"
+        raise UsageError("--dequantize", what, "use bf16, fp16 or fp32")
     with _opened(
         src,
         out,
@@ -388,6 +362,11 @@ def convert(
         read=ReadOptions(key=options.key, zero_weights=options.zero_weights),
         torch=True,
     ) as (opened, claim):
+        opened = _gguf_metadata_kept(opened, options.to)
+        if options.to_hf is not None:
+            from ckptfix.ops.to_hf import hf_source
+
+            opened = hf_source(opened, options.to_hf, CAST_TARGETS.get(options.dtype))
         choice = SelectOptions(
             exclude=tuple(options.exclude),
             strip_prefix=options.strip_prefix,
@@ -396,8 +375,10 @@ def convert(
             clone=options.clone,
             dtype=CAST_TARGETS.get(options.dtype),
             dtypes=opened.dtypes,
+            recorded=opened.aliases,
+            dequantize=CAST_TARGETS.get(options.dequantize or ""),
         )
-        selection = select(opened.tensors, choice, opened.checkpoint.source)
+        selection = select(opened.declared, choice, opened.checkpoint.source)
         write = WriteOptions(
             options.max_shard,
             options.to,
@@ -418,6 +399,16 @@ def _config_ties(checkpoint: Checkpoint, tensors: Sequence[TensorInfo]) -> dict[
     return declared_ties(record.config, [t.name for t in tensors])
 
 
+def _gguf_metadata_kept(opened: RewriteSource, to: str) -> RewriteSource:
+    """A GGUF source written as safetensors keeps its metadata as one JSON header entry, by
+    every command that writes it so (torch files have no place for it)."""
+    if opened.gguf_stem is None or to != "safetensors":
+        return opened
+    from ckptfix.ops.rewrite_gguf import with_gguf_metadata
+
+    return with_gguf_metadata(opened)
+
+
 def dedupe(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str] | None,
@@ -426,13 +417,15 @@ def dedupe(
     """Write aliases once (and, with `by_content`, identical tensors once) as safetensors."""
     options = options or DedupeOptions()
     with _opened(src, out, options, torch=True) as (opened, claim):
+        opened = _gguf_metadata_kept(opened, "safetensors")
         choice = SelectOptions(
             keep=options.keep,
             clone=options.clone,
             by_content=options.by_content,
             ties=_config_ties(opened.checkpoint, opened.tensors),
+            recorded=opened.aliases,
         )
-        selection = select(opened.tensors, choice, opened.checkpoint.source)
+        selection = select(opened.declared, choice, opened.checkpoint.source)
         write = WriteOptions(
             options.max_shard,
             dry_run=options.dry_run,
@@ -442,20 +435,37 @@ def dedupe(
         return _write(opened, selection, claim, write)
 
 
+def _as_they_are(source: RewriteSource) -> Selection:
+    """Every stored tensor as it is, and every name its record dropped still dropped."""
+    with paused_gc():  # an object per tensor, none in a cycle
+        tensors = OutTensor.unchanged(source.tensors)
+    if not source.aliases:
+        return Selection(tensors)
+    nbytes = {tensor.name: tensor.nbytes for tensor in source.tensors}
+    return Selection(
+        tensors,
+        dropped=dict(source.aliases),
+        dropped_bytes=sum(nbytes[kept] for kept in source.aliases.values()),
+    )
+
+
 def reshard(
     src: str | os.PathLike[str],
     out: str | os.PathLike[str] | None,
     options: ReshardOptions | None = None,
 ) -> RewriteResult:
-    """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes."""
+    """Rewrite a safetensors checkpoint into shards of at most `max_shard` bytes, or a GGUF
+    file or split set into a llama.cpp split set (one file when it fits)."""
     options = options or ReshardOptions()
-    with _opened(src, out, options, in_place=options.in_place) as (opened, claim):
-        with paused_gc():
-            selection = Selection(OutTensor.unchanged(opened.tensors))
+    with _opened(src, out, options, in_place=options.in_place, gguf=True) as (opened, claim):
         write = WriteOptions(
             options.max_shard,
             in_place=options.in_place,
             dry_run=options.dry_run,
             progress=options.progress,
         )
-        return _write(opened, selection, claim, write)
+        if opened.gguf_stem is not None:  # a GGUF file or split set: GGUF parts
+            from ckptfix.ops.rewrite_gguf import write_gguf
+
+            return write_gguf(opened, claim, replace(write, to="gguf"))
+        return _write(opened, _as_they_are(opened), claim, write)

@@ -9,18 +9,16 @@ compared through wrapper prefixes (`module.`, `_orig_mod.`, ...).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
 
 from ckptfix import checks
 from ckptfix.checks.tensors import common_wrapper_prefixes
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import CorruptFileError, UsageError
+from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
@@ -28,12 +26,9 @@ from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
-from ckptfix.plan.source import choose_source
+from ckptfix.plan.source import choose_source, recorded
 
-# The key ckptfix writes the record under: ops.rewrite.DROPPED_KEY (a test keeps them equal),
-# not imported from there, which would add the writers' 27 ms to every hash and diff.
-DROPPED_KEY = "ckptfix.dropped"
-_RECORD_FIX = "rewrite it with `ckptfix convert`, or pass --no-alias-record to ignore it"
+_RECORD_FIX = "pass --no-alias-record to ignore it"
 
 
 @dataclass(frozen=True)
@@ -64,12 +59,11 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
     """The tensor set of a loaded, checked checkpoint; refused (like a rewrite) when the
     files it would read have errors."""
     chosen = choose_source(checkpoint, report, torch=True)
+    if alias_record:
+        chosen = recorded(chosen, _RECORD_FIX)
     stored = dict(zip(map(attrgetter("name"), chosen.tensors), chosen.tensors, strict=True))
     cast_sources = _as_written(stored, chosen.dtypes, checkpoint)
-    aliases: dict[str, str] = {}
-    if alias_record:
-        aliases = _alias_record(chosen.metadata, chosen.index_metadata, checkpoint.path)
-        _check_record(aliases, stored, checkpoint.path)
+    aliases = chosen.aliases
     tensors = dict(stored)
     tensors.update({dropped: stored[kept] for dropped, kept in aliases.items()})
     return TensorSet(
@@ -110,57 +104,6 @@ def opened(
             checkpoint, checks.run(checkpoint, checks.CheckOptions(DEFAULT_MAX_SHARD))
         )
         yield tensor_set(checkpoint, report, alias_record=alias_record)
-
-
-def _alias_record(
-    metadata: Mapping[str, str], index_metadata: Mapping[str, Any], path: str
-) -> dict[str, str]:
-    """The record from the header metadata (a JSON string) and the index metadata (an
-    object); both when a resharded file carries one and its index the other."""
-    record: dict[str, str] = {}
-    if DROPPED_KEY in metadata:
-        try:
-            parsed = json.loads(metadata[DROPPED_KEY])
-        except ValueError as exc:
-            raise _bad_record(path, "is not JSON") from exc
-        record.update(_string_map(parsed, path))
-    if DROPPED_KEY in index_metadata:
-        record.update(_string_map(index_metadata[DROPPED_KEY], path))
-    return record
-
-
-def _string_map(value: object, path: str) -> dict[str, str]:
-    if not isinstance(value, dict) or not all(
-        _is_name(k) and _is_name(v) for k, v in value.items()
-    ):
-        raise _bad_record(path, "is not an object of names")
-    return dict(value)
-
-
-def _is_name(value: object) -> bool:
-    """A string that is Unicode text (a JSON escape can make a lone surrogate)."""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _check_record(aliases: Mapping[str, str], stored: Mapping[str, TensorInfo], path: str) -> None:
-    """Every dropped name must be absent and every kept name stored: otherwise the record
-    does not describe these files, and no digest would be the right one."""
-    clash = [dropped for dropped in aliases if dropped in stored]
-    if clash:
-        raise _bad_record(path, f"names {clash[0]!r} as dropped, but it is stored")
-    missing = [kept for kept in aliases.values() if kept not in stored]
-    if missing:
-        raise _bad_record(path, f"maps names to {missing[0]!r}, which is not stored")
-
-
-def _bad_record(path: str, what: str) -> CorruptFileError:
-    return CorruptFileError(path, "alias-record", f"the {DROPPED_KEY} record {what}", _RECORD_FIX)
 
 
 def stripped_names(

@@ -178,12 +178,12 @@ def _verdict(item: Finding, context: _Context) -> FindingAction:
     if action is not None:
         return made("repair", action)
     if item.severity is Severity.INFO or item.code in LEFT_AS_IS:
-        return made("keep", f"left as it is: {default_fix(item.code, plan.path)}")
+        return made("keep", f"left as it is: {default_fix(item.code, plan.path, item.fix)}")
     if plan.checked:  # the result was checked and does not have it
         return made(
             "repair", "the other repairs remove it: the repaired checkpoint does not have it"
         )
-    return made("refuse", default_fix(item.code, plan.path).removeprefix("none: "))
+    return made("refuse", default_fix(item.code, plan.path, item.fix).removeprefix("none: "))
 
 
 def verdicts(

@@ -12,13 +12,28 @@ from operator import attrgetter
 
 from ckptfix.checks.tensors import common_wrapper_prefixes
 from ckptfix.checks.values import content_groups
-from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.dtypes import DTYPES, byte_size
 from ckptfix.core.errors import UsageError
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.source import ByteSource
 
 _GLOB_MAGIC = re.compile(r"[*?[]")
+
+
+# Pieces whose runs average less than this are gathered in memory (16 MiB windows, one read
+# per run) rather than copied run by run: each kernel copy costs several system calls, which
+# for the 2 KiB rows of a chunk cut along its last dimension (a tensor-parallel column shard,
+# Megatron's linear_proj and linear_fc2) took 5 times as long as `cp` of the whole folder.
+GATHER_BELOW = 64 * 2**10
+
+
+def fragmented(tensor: TensorInfo) -> bool:
+    """Whether a tensor's pieces average runs shorter than GATHER_BELOW bytes."""
+    if tensor.spread is None:
+        return False
+    runs = sum(piece.count for piece in tensor.spread)
+    return runs > 1 and tensor.nbytes < runs * GATHER_BELOW
 
 
 # Not frozen, for the reason TensorInfo is not (one per tensor written, 1,000,000 for some
@@ -37,14 +52,27 @@ class OutTensor:
 
     @property
     def nbytes(self) -> int:
-        if self.dtype == self.source.dtype:
+        if self.dtype == self.source.dtype:  # as stored (a block-quantized one too)
             return self.source.nbytes
-        return self.source.numel * DTYPES[self.dtype].bits // 8
+        size = byte_size(DTYPES[self.dtype], self.source.numel)
+        assert size is not None, "casts and dequantization target whole-byte dtypes"
+        return size
 
     @property
     def streamed(self) -> bool:
-        """Copied as a byte range; otherwise gathered (strided view) or cast, in memory."""
-        return self.source.contiguous and self.dtype == self.source.dtype
+        """Copied as byte ranges; otherwise gathered (a strided view, or pieces of runs too
+        short to copy one by one) or cast, in memory, in bounded chunks."""
+        return (
+            self.source.contiguous
+            and self.dtype == self.source.dtype
+            and not fragmented(self.source)
+        )
+
+    @property
+    def gathered_runs(self) -> bool:
+        """Gathered from short runs and not cast: verified by gathering them again (cheaper
+        than a digest of both sides), not by a digest."""
+        return self.source.contiguous and self.dtype == self.source.dtype and not self.streamed
 
     @classmethod
     def same(cls, source: TensorInfo) -> OutTensor:
@@ -67,6 +95,7 @@ class Selection:
     excluded: tuple[str, ...] = ()
     dropped_bytes: int = 0
     kept_equal: tuple[tuple[str, ...], ...] = ()  # equal bytes, each name kept (by_content)
+    merged: dict[str, str] = field(default_factory=dict)  # the drops of equal bytes (by_content)
 
 
 def _keeper(names: Sequence[str], keep: str) -> str:
@@ -118,6 +147,10 @@ class SelectOptions:
     # tensors are kept (a loader needs every name) and reported.
     ties: dict[str, str] = field(default_factory=dict)
     dtypes: Mapping[str, str] = field(default_factory=dict)  # else this tensor's dtype
+    # dropped -> kept from the source's ckptfix.dropped record: aliases as surely as names
+    # on one storage (the dropped name is in the tensors, as the kept tensor)
+    recorded: Mapping[str, str] = field(default_factory=dict)
+    dequantize: str | None = None  # decode block-quantized (GGUF) tensors to this dtype
 
 
 def select(
@@ -146,8 +179,9 @@ def _select(
         kept = [t for t in tensors if t.name not in excluded_names]
     renamed = _renames(kept, options)
     dropped: dict[str, str] = {}
+    merged: dict[str, str] = {}
     if not options.clone:
-        dropped.update(_aliases(kept, options.keep, renamed))
+        dropped.update(_aliases(kept, options.keep, renamed, options.recorded))
     if options.by_content:
         if sources is None:
             raise ValueError("by_content needs the sources to read tensor bytes from")
@@ -164,11 +198,11 @@ def _select(
         if name in dropped:
             dropped_bytes += tensor.nbytes
             continue
-        floating = DTYPES[tensor.dtype].is_floating
-        target = (options.dtype or options.dtypes.get(tensor.name)) if floating else None
-        target = target or tensor.dtype
+        kind = DTYPES[tensor.dtype]
+        target = (options.dtype or options.dtypes.get(tensor.name)) if kind.is_floating else None
+        target = target or (options.dequantize if kind.quantized else None) or tensor.dtype
         out.append(OutTensor(name, tensor, target))
-    return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes, kept_equal)
+    return Selection(tuple(out), dropped, renamed, excluded, dropped_bytes, kept_equal, merged)
 
 
 def _prefixes(names: Sequence[str], options: SelectOptions) -> list[str]:
@@ -212,13 +246,24 @@ def _renames(tensors: Sequence[TensorInfo], options: SelectOptions) -> dict[str,
     return renamed
 
 
-def _aliases(tensors: Sequence[TensorInfo], keep: str, renamed: dict[str, str]) -> dict[str, str]:
-    """Exact aliases (same storage, offset, shape, strides, dtype) collapse to one name."""
+def _aliases(
+    tensors: Sequence[TensorInfo],
+    keep: str,
+    renamed: dict[str, str],
+    recorded: Mapping[str, str],
+) -> dict[str, str]:
+    """Exact aliases (same storage, offset, shape, strides, dtype) collapse to one name; a
+    name the record dropped is one of its kept tensor's (a safetensors tensor has no
+    storage of its own to share, so the record's names are its group)."""
+    by_name = {t.name: t for t in tensors}
+    linked = set(recorded) | set(recorded.values())
     groups: dict[tuple[object, ...], list[str]] = defaultdict(list)
     for t in tensors:
-        if t.storage is None:
+        base = by_name.get(recorded.get(t.name, t.name), t)
+        if base.storage is None and t.name not in linked:
             continue
-        key = (t.file, t.storage, t.byte_range, t.shape, t.strides, t.dtype)
+        storage = base.storage if base.storage is not None else ("recorded", base.name)
+        key = (base.file, storage, base.byte_range, base.shape, base.strides, base.dtype)
         groups[key].append(renamed.get(t.name, t.name))
     return _drop_all_but_one(groups.values(), keep)
 

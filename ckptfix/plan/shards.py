@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from operator import itemgetter
 
 from ckptfix.plan.config_dtype import ConfigEdit
@@ -43,11 +44,13 @@ class ShardPlan:
     # shard (listed in its `tensors`), sharing its storage, where safetensors drops it
     shared: dict[str, str] = field(default_factory=dict)
 
-    @property
+    # Computed once per plan (the plan is frozen): writers ask for them per tensor and per
+    # shard, which over tens of thousands of shards made a write quadratic.
+    @cached_property
     def total_size(self) -> int:
         return sum(shard.nbytes for shard in self.shards)
 
-    @property
+    @cached_property
     def weight_map(self) -> dict[str, str]:
         return {name: shard.file for shard in self.shards for name in shard.tensors}
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ckptfix import checks
@@ -14,12 +14,16 @@ from ckptfix.core.memory import paused_gc
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
+from ckptfix.io.folder import LOCAL
+from ckptfix.layouts import model_files
 from ckptfix.layouts.choice import Choice
 from ckptfix.layouts.diffusers import no_weights_message
-from ckptfix.layouts.names import parse_weight_name
+from ckptfix.layouts.gguf import SPLIT_KIND
+from ckptfix.layouts.names import GGUF, FolderLayout, parse_weight_name
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
+from ckptfix.plan.alias_record import FIX, check_record, read_record, without_record
 from ckptfix.plan.repair import ASIDE
 from ckptfix.write.extras import special_files
 from ckptfix.write.staging import is_staging_folder
@@ -54,10 +58,50 @@ class RewriteSource:
     # The family's name, kept by the output: `diffusion_pytorch_model`, variant `fp16`.
     stem: str = "model"
     variant: str | None = None
+    # dropped -> kept: the names its ckptfix.dropped record declares (see `recorded`)
+    aliases: dict[str, str] = field(default_factory=dict)
+    # A GGUF checkpoint: the name its rewrites as GGUF keep (`name` of `name.gguf` or of a
+    # split set's `name-00001-of-00003.gguf`); None for every other input.
+    gguf_stem: str | None = None
+    # Files of OUT made by the rewrite rather than copied (config.json of `convert --to-hf`),
+    # by name; they are listed among extra_files.
+    generated: dict[str, bytes] = field(default_factory=dict)
 
     @property
     def training_checkpoint(self) -> bool:
-        return any(item.code == "nested-checkpoint" for item in self.report.findings)
+        """Names as a training framework saved them: `model.` counts as a wrapper prefix."""
+        nested = any(item.code == "nested-checkpoint" for item in self.report.findings)
+        return nested or checks.lightning_saved(self.checkpoint)
+
+    @property
+    def declared(self) -> tuple[TensorInfo, ...]:
+        """Every name the checkpoint declares, in source order: each stored tensor, then
+        the names its record dropped for it (each the kept tensor under its own name)."""
+        dropped_for: dict[str, list[str]] = {}
+        for dropped, kept in self.aliases.items():
+            dropped_for.setdefault(kept, []).append(dropped)
+        return tuple(
+            named
+            for tensor in self.tensors
+            for named in (
+                tensor,
+                *(replace(tensor, name=n) for n in dropped_for.get(tensor.name, ())),
+            )
+        )
+
+
+def recorded(source: RewriteSource, fix: str = FIX) -> RewriteSource:
+    """The source with its ckptfix.dropped record read and checked (`aliases`), and taken
+    out of its metadata: a rewrite records the names it drops itself."""
+    path = source.checkpoint.path
+    aliases = read_record(source.metadata, source.index_metadata, path, fix)
+    check_record(aliases, {tensor.name: tensor for tensor in source.tensors}, path, fix)
+    return replace(
+        source,
+        aliases=aliases,
+        metadata=without_record(source.metadata),
+        index_metadata=without_record(source.index_metadata),
+    )
 
 
 class InputRefusedError(CkptfixError):
@@ -102,25 +146,30 @@ def open_checkpoint(
     max_shard: int = DEFAULT_MAX_SHARD,
     read: ReadOptions | None = None,
     torch: bool = False,
+    gguf: bool = False,
 ) -> RewriteSource:
     """Load a checkpoint file or model folder once, check it, and refuse it if it has
-    errors. Only safetensors is accepted unless `torch` allows PyTorch files too (and
-    training checkpoint folders, which hold PyTorch data)."""
+    errors. Only safetensors is accepted unless `torch` allows every other input too
+    (PyTorch files, training checkpoint folders, GGUF), or `gguf` allows GGUF."""
     with paused_gc():  # load, checks and choice: several passes over every tensor
         checkpoint = load(path, read)
         report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
-        return choose_source(checkpoint, report, torch=torch)
+        return choose_source(checkpoint, report, torch=torch, gguf=gguf)
 
 
-def choose_source(checkpoint: Checkpoint, report: Report, *, torch: bool = False) -> RewriteSource:
+def choose_source(
+    checkpoint: Checkpoint, report: Report, *, torch: bool = False, gguf: bool = False
+) -> RewriteSource:
     """The checkpoint a rewrite (or a hash) reads from what `load` found: the family chosen,
     its tensors in source order; refused if it has errors (see open_checkpoint)."""
     path = checkpoint.path
     if checkpoint.training is not None:
         return _training_source(checkpoint, report, torch=torch)
+    if checkpoint.kind in (GGUF, SPLIT_KIND):
+        return _gguf_source(checkpoint, report, allowed=torch or gguf)
     if checkpoint.kind != "folder":
         return _single_file(checkpoint, report, torch=torch)
-    choice = _checked_choice(checkpoint, torch=torch)
+    choice = _checked_choice(checkpoint, torch=torch, gguf=gguf)
     family = choice.family
     assert family is not None  # _checked_choice refuses a folder without one
     names, index_metadata = _family_files(checkpoint, choice)
@@ -148,12 +197,44 @@ def choose_source(checkpoint: Checkpoint, report: Report, *, torch: bool = False
         report=report,
         checkpoint=checkpoint,
         left_out_reasons={name: reasons[name] for name in left_out},
-        stem=family.stem if family.stem != "loose" else "model",
+        stem=family.stem if family.stem != "loose" and family.ext != GGUF else "model",
         variant=family.variant,
+        gguf_stem=gguf_stem(family.stem, names) if family.ext == GGUF else None,
     )
 
 
-def _checked_choice(checkpoint: Checkpoint, *, torch: bool) -> Choice:
+def gguf_stem(stem: str, names: list[str]) -> str:
+    """The name a GGUF checkpoint's rewrites keep: a split set's prefix, a file's name; a
+    file named only `.gguf` has none, and its parts (`-00001-of-00003.gguf`) would not be
+    named as parts, so they get the default name."""
+    return (names[0].removesuffix(".gguf") if stem == "loose" else stem) or "model"
+
+
+def _gguf_source(checkpoint: Checkpoint, report: Report, *, allowed: bool) -> RewriteSource:
+    """A GGUF file, or a split set named by its first part: its tensors in file order."""
+    refuse_if_errors(report)
+    path = checkpoint.path
+    if not allowed:
+        raise UnsupportedFormatError(path, "file is GGUF, not safetensors", "use `ckptfix convert`")
+    labels = tuple(record.label for record in checkpoint.files)
+    names = [os.path.basename(label) for label in labels]
+    stem = checkpoint.layout.families[0].stem if checkpoint.kind == SPLIT_KIND else "loose"
+    return RewriteSource(
+        path=path,
+        is_folder=False,
+        tensors=checkpoint.tensors,
+        metadata={},
+        index_metadata={},
+        source_files=labels,
+        extra_files=(),
+        left_out=(),
+        report=report,
+        checkpoint=checkpoint,
+        gguf_stem=gguf_stem(stem, names),
+    )
+
+
+def _checked_choice(checkpoint: Checkpoint, *, torch: bool, gguf: bool = False) -> Choice:
     """The folder's checkpoint as its loader would choose it; refused when there are several
     separate ones, or when it is PyTorch and a safetensors-only command asked."""
     choice: Choice = checkpoint.choice
@@ -166,9 +247,10 @@ def _checked_choice(checkpoint: Checkpoint, *, torch: bool) -> Choice:
             "never merged",
             f"pass the one to use, e.g. {os.path.join(path, choice.separate[0])}",
         )
-    if choice.family is None:
-        raise InputRefusedError(path, no_weights_message(path))
-    if not torch and choice.family.ext != "safetensors":
+    if choice.family is None:  # the line names the finding inspect reports, as fix's does
+        what, _, fix = split_message(no_weights_message(path))
+        raise InputRefusedError(path, what, fix, rule="no-weights")
+    if not torch and choice.family.ext not in ("safetensors", GGUF if gguf else "safetensors"):
         raise UnsupportedFormatError(
             path,
             f"the folder's checkpoint is {choice.label}, not safetensors",
@@ -209,28 +291,44 @@ def _file_name(path: str) -> dict[str, Any]:
 
 
 def _training_source(checkpoint: Checkpoint, report: Report, *, torch: bool) -> RewriteSource:
-    """A DCP or DeepSpeed folder: the model's tensors in the model's order, nothing else of
-    the folder copied (its other files are training state)."""
-    assert checkpoint.training is not None
+    """A training folder (DCP, accelerate, DeepSpeed, per-rank HF): the model's tensors in the
+    model's order, and of the folder's other entries only what a loader of the model reads
+    (config, tokenizer: layouts.model_files); the training state is left out, and said so."""
+    layout = checkpoint.training
+    assert layout is not None
+    refuse_if_errors(report)  # a broken file first, as for a single file
     if not torch:
         raise UnsupportedFormatError(
             checkpoint.path,
             f"folder is a {checkpoint.kind} training checkpoint, not safetensors",
             "use `ckptfix convert`",
         )
-    refuse_if_errors(report)
+    if layout.separate:
+        one = os.path.join(checkpoint.path, layout.separate[-1])
+        raise UsageError(
+            checkpoint.path,
+            f"folder holds {len(layout.separate)} models ({', '.join(layout.separate[:3])}), "
+            "which are never merged",
+            f"pass the one to use, e.g. {one}"
+            if os.path.exists(one)  # not a DCP save or a per-rank set: those are whole folders
+            else "move all but one of them to a folder of their own",
+        )
+    sources = tuple(record.label for record in checkpoint.files)
+    ours = {os.path.relpath(label, checkpoint.path).split(os.sep)[0] for label in sources}
+    extra, reasons = other_entries(checkpoint, ours)
     return RewriteSource(
         path=checkpoint.path,
         is_folder=True,
         tensors=checkpoint.tensors,
         metadata={},
         index_metadata={},
-        source_files=tuple(record.label for record in checkpoint.files),
-        extra_files=(),
-        left_out=(),
+        source_files=sources,
+        extra_files=tuple(name for name in extra if name not in reasons),
+        left_out=tuple(sorted(reasons)),
         report=report,
         checkpoint=checkpoint,
-        dtypes=dict(checkpoint.training.dtypes),
+        left_out_reasons=reasons,
+        dtypes=dict(layout.dtypes),
     )
 
 
@@ -248,13 +346,20 @@ def _family_files(checkpoint: Checkpoint, choice: Choice) -> tuple[list[str], di
 
 def other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], dict[str, str]]:
     """The folder's entries other than `ours`: those copied, and those left out with the
-    reason."""
+    reason. In a training run's folder only the model's own files are copied
+    (layouts.model_files)."""
     path, layout = checkpoint.path, checkpoint.layout
-    weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
+    weights = set()  # a Hugging Face folder's weight files (a Megatron layout lists none)
+    if isinstance(layout, FolderLayout):
+        weights = set(layout.weight_files) | {f.index for f in layout.families if f.index}
     reasons: dict[str, str] = {}
     extra = []
     remote = checkpoint.remote  # a URL's folder (io.remote_folder), listed through it
-    for entry in sorted(remote.listdir(path) if remote is not None else os.listdir(path)):
+    listing = sorted(remote.listdir(path) if remote is not None else os.listdir(path))
+    folder = remote or LOCAL
+    training = checkpoint.training is not None or model_files.is_training_folder(listing)
+    code = model_files.code_modules(path, listing, folder) if training else set()
+    for entry in listing:
         if entry in ours:
             continue
         if entry in weights:
@@ -265,6 +370,10 @@ def other_entries(checkpoint: Checkpoint, ours: set[str]) -> tuple[list[str], di
             reasons[entry] = ASIDE_FOLDER
         elif is_staging_folder(os.path.join(path, entry)):
             reasons[entry] = STAGING_FOLDER
+        elif training and not model_files.is_model_entry(
+            entry, folder.is_dir(os.path.join(path, entry)), code
+        ):
+            reasons[entry] = model_files.left_out_reason(entry)
         else:
             extra.append(entry)
     if remote is None:  # a remote folder holds no FIFOs, sockets or devices

@@ -46,9 +46,22 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "A DeepSpeed folder's `latest` names a tag folder that does not exist.",
         "Pass the tag folder itself, or fix `latest` to name one that exists.",
     ),
+    "tensor-piece": (
+        "A safetensors file holds one rank's pieces of larger tensors (torch's per-rank HF save).",
+        "Pass the folder that holds every rank's shard-*-model-* files; it is read as one model.",
+    ),
     "training-state": (
         "A training checkpoint holds optimizer or training state besides the model.",
         "Nothing to fix: `ckptfix convert` writes the model only and reports what it left out.",
+    ),
+    "split-set": (
+        "A llama.cpp GGUF split set whose parts do not make one model: a part missing, "
+        "split.* keys disagreeing with the file names or each other, a part renamed.",
+        "Download the missing or mismatched parts again, every part from one upload.",
+    ),
+    "zero-filled": (
+        "GGUF tensor data that is all zeros where a download should have written it.",
+        "Download the file again; `ckptfix inspect --scan-values` checks every tensor.",
     ),
     "several-checkpoints": (
         "A folder holds several separate checkpoint files (loose files with other names).",

@@ -10,7 +10,14 @@ CAST_TARGETS = {"bf16": "BF16", "fp16": "F16", "fp32": "F32"}
 
 
 def cast_bytes(data: bytes | memoryview, source: str, target: str) -> bytes:
-    """Cast raw little-endian elements from one floating dtype to another (round to nearest)."""
+    """Cast raw little-endian elements from one floating dtype to another (round to nearest);
+    whole blocks of a block-quantized (GGUF) dtype are decoded to F32 first."""
+    if DTYPES[source].quantized:
+        from ckptfix.write.dequantize import dequantize_bytes
+
+        data, source = dequantize_bytes(data, source), "F32"
+        if target == source:
+            return bytes(data)
     try:
         import torch
     except ImportError as exc:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ckptfix.core.errors import SourceChangedError
-from ckptfix.io.source import ByteSource, pread_exact
+from ckptfix.io.source import ByteSource, descriptor, pread_exact
 from ckptfix.plan.align import aligned_split
 from ckptfix.write.reflink import CLONE_CHUNK, clone_range
 
@@ -175,13 +175,13 @@ def copy_from(
 
 def copy_to(source: ByteSource, offset: int, length: int, target: Target, at: int) -> None:
     """Copy (or clone, see Target) a range of a byte source into a file at `at`."""
-    fd = source.fileno()
-    if fd is not None:
-        transfer = Transfer(
-            fd, target.fd, source.label, target.advance, target.block, target.cloned
-        )
-        copy_range(transfer, offset, length, at)
-        return
+    with descriptor(source) as fd:
+        if fd is not None:
+            transfer = Transfer(
+                fd, target.fd, source.label, target.advance, target.block, target.cloned
+            )
+            copy_range(transfer, offset, length, at)
+            return
     while length:
         size = min(length, COPY_CHUNK)
         write_all(target.fd, source.read_at(offset, size), at)

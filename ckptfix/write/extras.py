@@ -3,11 +3,13 @@ holds), carried into the output entry by entry.
 
 Nothing here walks into a link or opens anything but a regular file:
 - a folder is recreated and its entries carried by the same rules;
-- a link is recreated with the same target text, except (for -o) in a Hugging Face cache
-  snapshot (`.../snapshots/<revision>/`, or a folder in it), whose files are links into
-  the repository's `blobs/` folder: a link to a regular file there is copied, since it is
-  what a loader would read. A link to any other file outside the folder is never followed
-  (a downloaded folder may link to ~/.ssh/id_rsa);
+- a link is recreated with the same target text, except (for -o) a link to a regular file
+  inside the model folder, or in a Hugging Face cache snapshot (`.../snapshots/<revision>/`,
+  or a folder in it) a link into the repository's `blobs/` folder: that file is copied,
+  since it is what a loader would read, and OUT must not lean on the source (an absolute
+  link would point back into it; a cast's config.json is edited on the copy). A link to
+  any other file outside the folder is never followed (a downloaded folder may link to
+  ~/.ssh/id_rsa);
 - a regular file is copied (and fsynced), or for --in-place hard-linked; on a filesystem
   with reflinks the copy shares the source's blocks (FICLONE) instead of duplicating them;
 - a FIFO, socket or device is never opened: -o leaves it out (the plan lists it, see
@@ -19,12 +21,14 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from ckptfix.core.errors import WriteError
+from ckptfix.core.errors import SourceChangedError, WriteError
 from ckptfix.io.folder import unlistable
+from ckptfix.io.source import unreadable_file
 from ckptfix.layouts.hub import blobs_of
+from ckptfix.write.copy import write_all
 from ckptfix.write.reflink import clone_file
 from ckptfix.write.results import WrittenFile
 
@@ -101,21 +105,27 @@ class _Entry:
     shown: str
 
 
-def _copy_file(entry: _Entry | str, target: str) -> int:
+def _copy_file(
+    entry: _Entry | str, target: str, expected: Identity | None = None, label: str = ""
+) -> int:
     """Copy a regular file with its permission bits and times; fsync it. An entry is opened
-    relative to its folder's descriptor, never through a path a link could redirect."""
-    if isinstance(entry, _Entry):
-        shown = entry.shown
-        reader = os.open(entry.name, _READ_FLAGS, dir_fd=entry.dir_fd)
-    else:
-        shown = entry
-        reader = os.open(entry, _READ_FLAGS)
+    relative to its folder's descriptor, never through a path a link could redirect; a file
+    with an `expected` identity must still be that file. `label`: the name errors give."""
+    shown = label or (entry.shown if isinstance(entry, _Entry) else entry)
+    try:
+        if isinstance(entry, _Entry):
+            reader = os.open(entry.name, _READ_FLAGS, dir_fd=entry.dir_fd)
+        else:
+            reader = os.open(entry, _READ_FLAGS)
+    except PermissionError as exc:  # the source's fault, not the output's
+        raise unreadable_file(shown, exc) from exc
     try:
         info = os.fstat(reader)
         if not stat.S_ISREG(info.st_mode):  # swapped for something else since it was listed
             raise WriteError(
                 shown, "is no longer a regular file: it changed during the run", "run again"
             )
+        _check_identity(shown, info, expected)
         writer = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             copied = _copy_data(reader, writer)
@@ -130,18 +140,19 @@ def _copy_file(entry: _Entry | str, target: str) -> int:
 
 
 def _blob(root: str, relative: str) -> str | None:
-    """The cache blob a link of a Hugging Face cache snapshot points to (a regular file in
-    the repository's blobs/), or None: every other link is never followed."""
-    blobs = blobs_of(root)
-    if blobs is None:
-        return None
+    """The regular file a link of the folder points to, when it is one a loader of the folder
+    reads and the folder owns: a file inside the model folder itself, or the cache blob of a
+    Hugging Face cache snapshot (in the repository's blobs/). None: every other link is never
+    followed."""
     source = os.path.join(root, relative)
     try:
         pointed = os.stat(source)
     except OSError:  # dangling, or a loop
         return None
     resolved = os.path.realpath(source)
-    return resolved if stat.S_ISREG(pointed.st_mode) and _inside(resolved, blobs) else None
+    blobs = blobs_of(root)
+    owned = _inside(resolved, root) or (blobs is not None and _inside(resolved, blobs))
+    return resolved if stat.S_ISREG(pointed.st_mode) and owned else None
 
 
 def carried_as_file(source_root: str, name: str, *, link: bool = False) -> bool:
@@ -302,10 +313,26 @@ def copy_extra(
     return carrier.written
 
 
-def carry_file(source: str, target: str, *, link: bool) -> int:
+# (device, inode, size, modification time in ns): a source's change token (io.source)
+Identity = tuple[object, ...]
+
+
+def _check_identity(shown: str, info: os.stat_result, expected: Identity | None) -> None:
+    if expected is not None and (
+        info.st_dev,
+        info.st_ino,
+        info.st_size,
+        info.st_mtime_ns,
+    ) != tuple(expected):
+        raise SourceChangedError(shown, "file was replaced or modified since it was first read")
+
+
+def carry_file(source: str, target: str, *, link: bool, expected: Identity | None = None) -> int:
     """One regular file into the staging folder under a name of its own (a shard `ckptfix
     fix` keeps as it is, or renames): hard-linked for --in-place, else copied and fsynced.
-    Returns its size."""
+    With `expected`, the identity of the file as it was read: what is carried must be that
+    file (a folder on its path swapped for a link since would bring in another). Returns
+    its size."""
     if link:
         folder = os.open(
             os.path.dirname(source) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
@@ -314,6 +341,23 @@ def carry_file(source: str, target: str, *, link: bool) -> int:
             _hard_link(_Entry(folder, os.path.basename(source), source, source), target, True)
         finally:
             os.close(folder)
+        _check_identity(source, os.stat(target), expected)
         return os.lstat(target).st_size
     # A link (a Hugging Face cache snapshot's, into blobs/): the file a loader would read.
-    return _copy_file(os.path.realpath(source) if os.path.islink(source) else source, target)
+    real = os.path.realpath(source) if os.path.islink(source) else source
+    return _copy_file(real, target, expected, source)
+
+
+def write_generated(staging: str, files: Mapping[str, bytes]) -> list[WrittenFile]:
+    """Files the rewrite made (config.json of `convert --to-hf`): each created exclusively in
+    the staging folder (permissions from the umask), written whole and fsynced."""
+    written = []
+    for name, data in files.items():
+        fd = os.open(os.path.join(staging, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            write_all(fd, data, 0)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        written.append(WrittenFile(name, len(data)))
+    return written

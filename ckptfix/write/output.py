@@ -10,8 +10,17 @@ from collections.abc import Iterable, Mapping
 from operator import attrgetter
 from typing import Any
 
-from ckptfix.core.errors import CkptfixError, CorruptFileError, WriteError
+from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.errors import (
+    CkptfixError,
+    CorruptFileError,
+    PlanError,
+    VerificationError,
+    WriteError,
+)
 from ckptfix.core.sizes import format_size
+from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, out_of_descriptors, with_room
+from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import write_all
@@ -22,6 +31,17 @@ _NAME = attrgetter("name")
 def create_file(path: str) -> int:
     # 0o666 and the process umask: the permissions any ordinary tool would give the file.
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+
+
+def open_output(path: str) -> tuple[int, int]:
+    """A new output file, created (see create_file): a descriptor to read it back, and
+    one to write it; room is made for them among the sources' idle descriptors if need be."""
+    fd = with_room(lambda: create_file(path))
+    try:
+        return with_room(lambda: os.open(path, os.O_RDONLY)), fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def check_names(tensors: Iterable[OutTensor]) -> None:
@@ -45,6 +65,30 @@ def check_names(tensors: Iterable[OutTensor]) -> None:
             ) from None
 
 
+def check_quantized(tensors: Iterable[OutTensor], out: str) -> None:
+    """Refuse, before anything is written, a block-quantized tensor (GGUF) kept as it is:
+    neither safetensors nor torch has its dtype, and its values exist only decoded; and
+    one to be decoded that the gguf package cannot decode."""
+    tensors = list(tensors)
+    kept = [tensor for tensor in tensors if DTYPES[tensor.dtype].quantized]
+    if not kept:
+        decoded = [t.source for t in tensors if DTYPES[t.source.dtype].quantized]
+        if decoded:
+            from ckptfix.write.dequantize import check_dequantizable
+
+            check_dequantizable({t.dtype for t in decoded}, decoded[0].file)
+        return
+    dtypes = ", ".join(sorted({tensor.dtype for tensor in kept}))
+    raise PlanError(
+        kept[0].source.file,
+        f"{len(kept)} tensor(s) such as {kept[0].name!r} are block-quantized ({dtypes}), which "
+        "safetensors and torch have no dtype for",
+        "decode them with --dequantize bf16, fp16 or fp32, or keep the model as GGUF "
+        "(`ckptfix reshard` splits and merges it)",
+        rule="quantized-tensor",
+    )
+
+
 def check_free_space(folder: str, needed: int, out: str) -> None:
     """Refuse up front a read-only or too-full file system, before anything is created."""
     stats = os.statvfs(folder)
@@ -63,7 +107,11 @@ def check_free_space(folder: str, needed: int, out: str) -> None:
         )
 
 
-def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -> int:
+def write_index(
+    path: str, plan: ShardPlan, index_metadata: Mapping[str, Any], display: str | None = None
+) -> int:
+    """Write the index, then read it back: it must give every name the plan places and the
+    record of the names it drops (what a loader and a hash find through it)."""
     document = {
         "metadata": {**index_metadata, "total_size": plan.total_size},
         "weight_map": plan.weight_map,
@@ -75,6 +123,15 @@ def write_index(path: str, plan: ShardPlan, index_metadata: Mapping[str, Any]) -
         os.fsync(fd)
     finally:
         os.close(fd)
+    with open(path, "rb") as handle:
+        written = json.loads(handle.read(len(data) + 1))
+    names = (written.get("weight_map"), written.get("metadata", {}).get(DROPPED_KEY))
+    if names != (plan.weight_map, index_metadata.get(DROPPED_KEY)):
+        raise VerificationError(
+            display or path,
+            "written index does not name every tensor as planned",
+            "check the disk and run again",
+        )
     return len(data)
 
 
@@ -88,5 +145,7 @@ def wrap_os_error(exc: OSError, out: str) -> CkptfixError:
         )
     if exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return WriteError(out, f"cannot write: {exc.strerror}", "check the folder's permissions")
+    if exc.errno in OUT_OF_DESCRIPTORS:
+        return out_of_descriptors(out)
     where = exc.filename or out
     return WriteError(str(where), f"write failed: {exc.strerror}", "check the disk and run again")

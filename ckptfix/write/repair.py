@@ -106,22 +106,29 @@ class RepairJob:
     progress: Progress | None = None
     cloning: Cloning | None = None  # None: the shard writer finds out
     tally: Tally = field(default_factory=Tally)  # summed over every family's shards
+    behind_links: frozenset[str] = frozenset()  # see `behind_links`
 
 
-def _stays_behind_link(root: str, kept: KeptFile, in_place: bool) -> bool:
-    """--in-place: a file kept as it is, reached through a link (`sub -> /elsewhere`), stays
-    where it is: the link is carried, and nothing is placed behind it."""
-    if not in_place or kept.how != "kept":
-        return False
-    return first_link(root, os.path.dirname(kept.source)) is not None
+def behind_links(root: str, plan: RepairPlan, in_place: bool) -> frozenset[str]:
+    """--in-place: the files kept as they are that are reached through a link (`sub ->
+    /elsewhere`): they stay where they are (the link is carried, nothing is placed behind
+    it). Decided once, as the plan was checked (ops.fix refuses changes behind a link): a
+    folder swapped for a link later is caught as a changed source, never followed."""
+    if not in_place:
+        return frozenset()
+    return frozenset(
+        kept.source
+        for kept in plan.kept_files
+        if kept.how == "kept" and first_link(root, os.path.dirname(kept.source)) is not None
+    )
 
 
 def _placed_nested(job: RepairJob) -> list[str]:
     """The planned files inside sub-folders: the copy of their folder leaves them out, for
     the plan places them (or, taken out, leaves them out)."""
-    plan, root = job.plan, job.checkpoint.path
+    plan = job.plan
     names = {move.source for move in plan.moves} | {
-        kept.source for kept in plan.kept_files if not _stays_behind_link(root, kept, job.in_place)
+        kept.source for kept in plan.kept_files if kept.source not in job.behind_links
     }
     return sorted(name for name in names if "/" in name)
 
@@ -135,11 +142,13 @@ def _folder_for(job: RepairJob, relative: str) -> str:
 def _carry(job: RepairJob, family: FamilyPlan) -> list[WrittenFile]:
     written = []
     for kept in family.files:
-        if kept.rewritten or _stays_behind_link(job.checkpoint.path, kept, job.in_place):
+        if kept.rewritten or kept.source in job.behind_links:
             continue
         target = _folder_for(job, kept.target)
         source = _source_label(job.checkpoint, job.plan, kept)
-        written.append(WrittenFile(kept.target, carry_file(source, target, link=job.in_place)))
+        read = job.checkpoint.source(source).change_token()  # the file that was checked
+        size = carry_file(source, target, link=job.in_place, expected=read)
+        written.append(WrittenFile(kept.target, size))
         job.safe_point()
     return written
 

@@ -13,27 +13,30 @@ import os
 import struct
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import attrgetter
 from typing import Any
 
+from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
 from ckptfix.formats.safetensors import (
     MAX_HEADER_SIZE,
+    METADATA_KEY,
     Fields,
     encode_fields,
     header_size,
     read_header,
 )
-from ckptfix.io.gather import Sources, tensor_chunks
+from ckptfix.io.gather import CHUNK, Sources, tensor_chunks
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
-from ckptfix.write.copy import COPY_CHUNK, Target, copy_from, write_all
-from ckptfix.write.output import create_file, write_index
+from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, Target, copy_from, write_all
+from ckptfix.write.filejobs import FileJobs
+from ckptfix.write.output import open_output, write_index
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.zerocopy import (
     NO_CLONING,
@@ -49,15 +52,22 @@ from ckptfix.write.zerocopy import (
 
 FLUSH_EVERY = 256 * 2**20
 _DTYPE, _SHAPE, _NBYTES = attrgetter("dtype"), attrgetter("shape"), attrgetter("nbytes")
+DECODED = 4 * 2**20  # F32 bytes a chunk of a block-quantized tensor decodes to, at most
 
 
 def produce(sources: Sources, tensor: OutTensor) -> Iterator[bytes]:
     """The output bytes of a tensor that is not streamed, in bounded chunks: gathered
-    (strided views), then cast if asked."""
-    for chunk in tensor_chunks(sources, tensor.source):
+    (strided views), then cast (or dequantized) if asked. A block-quantized source is read
+    in smaller chunks, so that what it decodes to (DECODED bytes of F32, and the decoder's
+    temporaries, several times that) stays small."""
+    stored = DTYPES[tensor.source.dtype]
+    chunk = CHUNK
+    if stored.quantized:  # each block of block_bytes decodes to `block` F32 values
+        chunk = max(DECODED * stored.block_bytes // (4 * stored.block), stored.block_bytes)
+    for data in tensor_chunks(sources, tensor.source, chunk):
         if tensor.dtype != tensor.source.dtype:
-            chunk = cast_bytes(chunk, tensor.source.dtype, tensor.dtype)
-        yield chunk
+            data = cast_bytes(data, tensor.source.dtype, tensor.dtype)
+        yield data
 
 
 def shard_header(
@@ -92,9 +102,19 @@ def checked_headers(
 ) -> list[int]:
     """The header size of every planned shard, refusing before anything is written a shard
     whose header would break the format's 100,000,000-byte limit (many tensor names, large
-    metadata, or "format" added to a header already at the limit)."""
+    metadata, or "format" added to a header already at the limit), or that would hold a
+    tensor under the key the format keeps for its metadata (a GGUF or torch name)."""
     sizes = []
     for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
+        if METADATA_KEY in shard.tensors:
+            raise PlanError(
+                os.path.join(out, shard.file),
+                f"a tensor named {METADATA_KEY!r} cannot be written: safetensors keeps that "
+                "key for the header's string metadata",
+                f"leave it out (`ckptfix convert --exclude {METADATA_KEY}`), or write torch "
+                "files (`--to torch`)",
+                rule="metadata-as-tensor",
+            )
         outs = list(map(tensors.__getitem__, shard.tensors))
         offsets = list(accumulate(map(_NBYTES, outs), initial=0))
         dtypes, shapes = list(map(_DTYPE, outs)), list(map(_SHAPE, outs))
@@ -139,7 +159,7 @@ def range_digest(fd: int, byte_range: tuple[int, int]) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
     begin, end = byte_range
     while begin < end:
-        chunk = os.pread(fd, min(COPY_CHUNK, end - begin), begin)
+        chunk = os.pread(fd, min(COMPARE_CHUNK, end - begin), begin)
         if not chunk:
             break
         hasher.update(chunk)
@@ -166,26 +186,23 @@ class ShardJob:
     tally: Tally = field(default_factory=Tally)  # cloned bytes, and how each was verified
 
 
-class _Writer:
+class ShardWriter:
     """Copies on the calling thread; two workers flush, verify and fsync behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
-        self.plan, self.job, self.workers = plan, job, workers
-        self.jobs: list[Future[Any]] = []
-        self.fds: list[int] = []
+        self.plan, self.job = plan, job
+        self.files = FileJobs(workers)
         self.done = 0
+        self.fd = self.reader = -1  # the file last opened: its writer's and verifier's
 
     def advance(self, count: int) -> None:
         self.done += count
         if self.job.progress is not None:
             self.job.progress(self.done, self.plan.total_size)
 
-    def submit(self, function: Callable[..., Any], *args: Any) -> None:
-        self.jobs.append(self.workers.submit(function, *args))
-
     def verify_later(self, reader: int, display: str, placed: list[tuple[str, int]]) -> None:
         if self.job.verify:
-            self.submit(_verify_tensors, reader, display, placed, self.job)
+            self.files.submit(reader, _verify_tensors, reader, display, placed, self.job)
 
     def header(
         self, shard: PlannedShard, metadata: Mapping[str, str]
@@ -198,42 +215,63 @@ class _Writer:
         return pad_header(header, start), entries
 
     def shard(self, shard: PlannedShard, metadata: Mapping[str, str]) -> WrittenFile:
-        path = os.path.join(self.job.staging, shard.file)
-        display = os.path.join(self.job.out, shard.file)
         header, entries = self.header(shard, metadata)
-        fd = create_file(path)
-        self.fds.append(fd)
-        reader = os.open(path, os.O_RDONLY)  # for verification
-        self.fds.append(reader)
+        placed, offset = [], len(header)
+        for name in shard.tensors:
+            placed.append((name, offset))
+            offset += self.job.tensors[name].nbytes
+        path, display = self.open(shard.file, header, offset)
+        self.copy_tensors(placed, display)
+        os.ftruncate(self.fd, offset)
+        if self.job.verify:
+            self.submit(verify_header, path, display, entries, metadata)
+        self.close_file()
+        return WrittenFile(shard.file, offset)
+
+    def open(self, file: str, header: bytes, size: int) -> tuple[str, str]:
+        """Create a file of the staging folder holding `header`: (path, path shown). Its
+        descriptors become `fd` (the writer's) and `reader` (the verifier's)."""
+        path = os.path.join(self.job.staging, file)
+        self.reader, self.fd = open_output(path)
+        self.files.open(self.reader, self.fd)
         if self.job.cloning and self.job.cloning.block:
             # Sized up front: a write past the end would make XFS reserve blocks after it
             # (speculative preallocation) that the clones then leave allocated.
-            os.ftruncate(fd, len(header) + shard.nbytes)
-        write_all(fd, header, 0)
-        offset, placed, unflushed = len(header), [], 0
+            os.ftruncate(self.fd, size)
+        write_all(self.fd, header, 0)
+        return path, os.path.join(self.job.out, file)
+
+    def submit(self, function: Callable[..., object], *args: object) -> None:
+        """Run `function` behind the copy, among the jobs of the file last opened."""
+        self.files.submit(self.reader, function, *args)
+
+    def copy_tensors(self, placed: Sequence[tuple[str, int]], display: str) -> None:
+        """Copy each tensor to its file offset in the file last opened, flushing and
+        verifying every FLUSH_EVERY bytes."""
+        fd, reader = self.fd, self.reader
         held = HeldRuns(self.target(fd, self.job.cloning))
-        for name in shard.tensors:
+        done: list[tuple[str, int]] = []
+        unflushed = 0
+        for name, offset in placed:
             self.tensor(held, offset, self.job.tensors[name])
-            placed.append((name, offset))
+            done.append((name, offset))
             # Cloned bytes leave nothing to write back: they do not count (cutting the held
             # run would copy the block it is cut in).
             if not lines_up(self.job.tensors[name], offset, self.job.cloning or NO_CLONING):
                 unflushed += self.job.tensors[name].nbytes
-            offset += self.job.tensors[name].nbytes
             if unflushed >= FLUSH_EVERY:  # start writeback and verification early
                 held.write()
                 self.submit(os.fdatasync, fd)
-                self.verify_later(reader, display, placed)
-                placed, unflushed = [], 0
+                self.verify_later(reader, display, done)
+                done, unflushed = [], 0
         held.write()
-        os.ftruncate(fd, offset)
-        self.verify_later(reader, display, placed)
-        if self.job.verify:
-            self.submit(verify_header, path, display, entries, metadata)
-        self.submit(os.fsync, fd)
-        for finished in [job for job in self.jobs if job.done()]:
-            finished.result()  # surface a verification failure early
-        return WrittenFile(shard.file, offset)
+        self.verify_later(reader, display, done)
+
+    def close_file(self) -> None:
+        """fsync the file last opened (behind the copy); it is closed once its jobs are
+        done (a failure seen so far is raised early)."""
+        self.submit(os.fsync, self.fd)
+        self.files.ended(self.reader)
 
     def target(self, fd: int, cloning: Cloning | None) -> Target:
         """Where a shard's cloned runs go: whole blocks cloned, the rest copied."""
@@ -254,31 +292,36 @@ class _Writer:
             return
         held.write()
         chunks = produce(self.job.sources, tensor)  # gathered or cast in bounded chunks
-        self.job.digests[tensor.name] = _write_produced(fd, offset, chunks, self.advance)
-
-    def finish(self) -> None:
-        for job in self.jobs:
-            job.result()
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        for job in self.jobs:
-            if job.done() and not job.cancelled():
-                job.exception()  # retrieved: a Cancelled there is expected
+        digest = _write_produced(fd, offset, chunks, self.advance, not tensor.gathered_runs)
+        if digest is not None:
+            self.job.digests[tensor.name] = digest
 
 
 def _write_produced(
-    fd: int, offset: int, chunks: Iterable[bytes], advance: Callable[[int], None]
-) -> bytes:
-    """Write produced chunks one after another; return the digest of all of them."""
-    hasher = hashlib.blake2b(digest_size=32)
+    fd: int, offset: int, chunks: Iterable[bytes], advance: Callable[[int], None], digest: bool
+) -> bytes | None:
+    """Write produced chunks one after another; return the digest of all of them when asked."""
+    hasher = hashlib.blake2b(digest_size=32) if digest else None
     for chunk in chunks:
         write_all(fd, chunk, offset)
-        hasher.update(chunk)
+        if hasher is not None:
+            hasher.update(chunk)
         offset += len(chunk)
         advance(len(chunk))
-    return hasher.digest()
+    return hasher.digest() if hasher is not None else None
+
+
+def _equal_gathered(dst: int, offset: int, tensor: OutTensor, job: ShardJob) -> bool:
+    """Whether the output at `offset` holds the tensor's runs, gathered again from their
+    sources (the bytes compared, window by window)."""
+    for chunk in tensor_chunks(job.sources, tensor.source):
+        if job.cancel.is_set():
+            raise Cancelled
+        if os.pread(dst, len(chunk), offset) != chunk:
+            return False
+        offset += len(chunk)
+    job.tally.add("compared", tensor.nbytes)
+    return True
 
 
 def _verify_tensors(
@@ -286,8 +329,8 @@ def _verify_tensors(
 ) -> None:
     """Each tensor written at `(name, offset)` must equal its source: streamed ones compared
     bitwise with the source range (or, for whole blocks cloned from it, by their physical
-    extents: see write.zerocopy.RunCheck), produced ones by the digest taken when they were
-    made."""
+    extents: see write.zerocopy.RunCheck), runs gathered in memory by gathering them again,
+    cast or strided ones by the digest taken when they were made."""
     check = RunCheck(dst, job.cloning or Cloning(), job.tally, job.cancel)
     for name, offset in placed:
         tensor = job.tensors[name]
@@ -300,6 +343,8 @@ def _verify_tensors(
                 for piece in source.pieces
                 for begin, at, length in piece.runs()
             )
+        elif tensor.gathered_runs:
+            same = _equal_gathered(dst, offset, tensor, job)
         else:
             same = range_digest(dst, (offset, offset + tensor.nbytes)) == job.digests[name]
             job.tally.add("digest", tensor.nbytes)
@@ -311,7 +356,9 @@ def _verify_tensors(
             )
 
 
-def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+def write_shards(
+    plan: ShardPlan, job: ShardJob, writer_type: type[ShardWriter] = ShardWriter
+) -> list[WrittenFile]:
     """Write every planned shard (and the index) into the staging folder; verify each file.
 
     The main thread only copies (kernel to kernel, into the page cache). Two worker threads
@@ -324,22 +371,22 @@ def write_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         job.cloning = find_cloning(streamed_labels(job.tensors.values()), job.sources, job.staging)
     written: list[WrittenFile] = []
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:
-        writer = _Writer(plan, job, workers)
+        writer = writer_type(plan, job, workers)
         try:
             for shard, metadata in zip(plan.shards, job.metadata, strict=True):
                 written.append(writer.shard(shard, metadata))
             if plan.index_file is not None:
                 path = os.path.join(job.staging, plan.index_file)
-                written.append(
-                    WrittenFile(plan.index_file, write_index(path, plan, job.index_metadata))
-                )
-            writer.finish()
+                display = os.path.join(job.out, plan.index_file)
+                size = write_index(path, plan, job.index_metadata, display)
+                written.append(WrittenFile(plan.index_file, size))
+            writer.files.finish()
         except BaseException:
             job.cancel.set()  # stop running verifications; the staging folder is discarded
             raise
         finally:
             workers.shutdown(wait=True)
-            writer.close()
+            writer.files.close()
     if {label: job.sources(label).change_token() for label in labels} != before:
         raise WriteError(
             job.out, "a source file changed while it was being read", "run again on a stable copy"

@@ -30,6 +30,9 @@ from collections.abc import Callable, Iterator, Sequence
 from ckptfix.core.errors import OutputConflictError, UsageError, WriteError
 from ckptfix.core.signals import Signals, restore
 from ckptfix.core.signals import current as current_signals
+from ckptfix.io.descriptors import with_room
+from ckptfix.io.folder import unlistable
+from ckptfix.io.urls import refuse_url
 from ckptfix.layouts.names import foreign_entries
 from ckptfix.write.tree import OutputState, blocked_folder, differences, record, remove_tree
 
@@ -136,7 +139,10 @@ def check_output(
 
 def _lock(out: str, real: str) -> int:
     """An exclusive lock on the existing OUT for the whole run; a second writer fails at once."""
-    fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+    except PermissionError as exc:  # not readable: not listable either, so never replaceable
+        raise unlistable(out, exc) from exc
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
@@ -195,6 +201,7 @@ def claim_output(
 ) -> Claim:
     """Check that OUT may be written (`check_output`); for a write, also lock an existing OUT
     and record what it holds, before the input is even read."""
+    refuse_url(out, "ckptfix writes its output only to a local folder")
     real = os.path.realpath(out)
     lock = _lock(out, real) if write and os.path.isdir(real) else None
     try:
@@ -214,12 +221,7 @@ def _refuse_blocked(real: str) -> None:
     is written, a folder in it whose entries could not be removed then."""
     blocked = blocked_folder(real)
     if blocked is not None:
-        raise WriteError(
-            blocked,
-            "folder is not writable and not ours to make writable, so its old entries could "
-            "not be removed once the new folder is in place",
-            "make it writable, or run as its owner",
-        )
+        raise WriteError(*blocked)
 
 
 def _remove_replaced(folder: str) -> None:
@@ -334,7 +336,9 @@ class Staging:
             return
         if self.path:
             with contextlib.suppress(OSError):  # already failing: the first error stands
-                remove_tree(self.path)
+                # out of descriptors (the failure itself, often): the sources' idle ones
+                # make room, or the staging folder would stay behind
+                with_room(lambda: remove_tree(self.path))
         for folder in self.made:
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # only while empty: another writer may have used it

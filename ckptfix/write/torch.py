@@ -22,12 +22,18 @@ import itertools
 import os
 import zipfile
 import zlib
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
 
-from ckptfix.core.errors import CkptfixError, PlanError, VerificationError, WriteError
+from ckptfix.core.errors import (
+    CkptfixError,
+    OpenFilesError,
+    PlanError,
+    VerificationError,
+    WriteError,
+)
 from ckptfix.formats import read_file
 from ckptfix.formats.pickle_writer import TensorEntry, state_dict_pickle, torch_can_store
 from ckptfix.formats.torch_zip_writer import (
@@ -44,7 +50,8 @@ from ckptfix.io.source import LocalFile, pread_exact
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, copy_from, write_all
-from ckptfix.write.output import create_file, write_index
+from ckptfix.write.filejobs import MAX_OPEN_FILES, FileJobs
+from ckptfix.write.output import open_output, write_index
 from ckptfix.write.results import WrittenFile
 from ckptfix.write.safetensors import FLUSH_EVERY, ShardJob, produce
 
@@ -101,9 +108,8 @@ class _Writer:
     """Copies on the calling thread; two workers read back, flush and verify behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
-        self.plan, self.job, self.workers = plan, job, workers
-        self.jobs: list[Future[Any]] = []
-        self.fds: list[int] = []
+        self.plan, self.job = plan, job
+        self.files = FileJobs(workers)
         self.done = 0
         self.unflushed = 0
         self.waiting: list[tuple[int, _ReadBack]] = []  # storages not yet handed over
@@ -113,11 +119,6 @@ class _Writer:
         if self.job.progress is not None:
             self.job.progress(self.done, self.plan.total_size)
 
-    def submit(self, function: Callable[..., Any], *args: Any) -> Future[Any]:
-        future = self.workers.submit(function, *args)
-        self.jobs.append(future)
-        return future
-
     def open(self, shard: PlannedShard) -> _Archive:
         """Write a shard's records, all but the descriptors of its storages (CRCs still to
         come from the workers), the serialization id and the central directory."""
@@ -125,10 +126,8 @@ class _Writer:
         pickle = state_dict_pickle(entries)
         records = torch_records(len(pickle), [(k, t.nbytes) for k, t in storages.items()])
         path = os.path.join(self.job.staging, shard.file)
-        fd = create_file(path)
-        self.fds.append(fd)
-        reader = os.open(path, os.O_RDONLY)
-        self.fds.append(reader)
+        reader, fd = open_output(path)
+        self.files.open(reader, fd)
         display = os.path.join(self.job.out, shard.file)
         archive = _Archive(shard.file, path, display, fd, reader, place(records), entries)
         contents = small_records(pickle)
@@ -151,7 +150,7 @@ class _Writer:
         self.waiting.append((position, check))
         self.unflushed += tensor.nbytes
         if self.unflushed >= FLUSH_EVERY:  # start writeback and reading back early
-            self.submit(os.fdatasync, archive.fd)
+            self.files.submit(archive.reader, os.fdatasync, archive.fd)
             self.unflushed = 0
             self.hand_over(archive)
         elif len(self.waiting) >= READ_BACK_BATCH:
@@ -161,7 +160,7 @@ class _Writer:
         """The storages written since the last hand-over, to be read back by a worker."""
         if self.waiting:
             checks = [check for _, check in self.waiting]
-            future = self.submit(_read_back, checks, archive.fd, self.job)
+            future = self.files.submit(archive.reader, _read_back, checks, archive.fd, self.job)
             archive.batches.append((future, [position for position, _ in self.waiting]))
             self.waiting = []
 
@@ -194,21 +193,11 @@ class _Writer:
         for piece in central_directory(archive.entries, crcs):
             write_all(archive.fd, piece, end)
             end += len(piece)
-        self.submit(os.fsync, archive.fd)
+        self.files.submit(archive.reader, os.fsync, archive.fd)
         if self.job.verify:
-            self.submit(_verify_archive, archive)
+            self.files.submit(archive.reader, _verify_archive, archive)
+        self.files.ended(archive.reader)  # closed once its jobs are done
         return WrittenFile(archive.file, end)
-
-    def finish(self) -> None:
-        for job in self.jobs:
-            job.result()
-
-    def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        for job in self.jobs:
-            if job.done() and not job.cancelled():
-                job.exception()  # retrieved: a Cancelled there is expected
 
 
 def _write_record(fd: int, entry: ZipEntry, data: bytes) -> int:
@@ -295,6 +284,8 @@ def _verify_archive(archive: _Archive) -> None:
         with zipfile.ZipFile(archive.path) as opened:
             records = ((i.filename, i.header_offset, i.file_size, i.CRC) for i in opened.filelist)
             same = same and _same(records, planned)
+    except OpenFilesError:
+        raise  # the limit's fault, not the file's
     except (CkptfixError, zipfile.BadZipFile) as exc:
         detail = exc.detail() if isinstance(exc, CkptfixError) else str(exc)
         raise VerificationError(
@@ -317,6 +308,20 @@ def _read_tensors(archive: _Archive) -> Iterator[tuple[object, ...]]:
     return ((t.name, t.dtype, t.shape, t.storage, t.contiguous, t.byte_range) for t in tensors)
 
 
+def _write_all(writer: _Writer, shards: Sequence[PlannedShard]) -> list[WrittenFile]:
+    """Each shard opened (its storages copied), then completed once its CRCs are known:
+    the reading back of a few shards overlaps the copying of the next, and no more than
+    MAX_OPEN_FILES wait to be completed."""
+    written: list[WrittenFile] = []
+    opened: deque[_Archive] = deque()
+    for shard in shards:
+        opened.append(writer.open(shard))
+        if len(opened) > MAX_OPEN_FILES:
+            written.append(writer.complete(opened.popleft()))
+    written += [writer.complete(archive) for archive in opened]
+    return written
+
+
 def write_torch_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
     """Write every planned shard (and the index) into the staging folder; verify each file.
 
@@ -329,20 +334,19 @@ def write_torch_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:
         writer = _Writer(plan, job, workers)
         try:
-            archives = [writer.open(shard) for shard in plan.shards]
-            written += [writer.complete(archive) for archive in archives]
+            written += _write_all(writer, plan.shards)
             if plan.index_file is not None:
                 path = os.path.join(job.staging, plan.index_file)
-                written.append(
-                    WrittenFile(plan.index_file, write_index(path, plan, job.index_metadata))
-                )
-            writer.finish()
+                display = os.path.join(job.out, plan.index_file)
+                size = write_index(path, plan, job.index_metadata, display)
+                written.append(WrittenFile(plan.index_file, size))
+            writer.files.finish()
         except BaseException:
             job.cancel.set()  # stop running verifications; the staging folder is discarded
             raise
         finally:
             workers.shutdown(wait=True)
-            writer.close()
+            writer.files.close()
     if {label: job.sources(label).change_token() for label in labels} != before:
         raise WriteError(
             job.out, "a source file changed while it was being read", "run again on a stable copy"

@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ckptfix.core.errors import WriteError
+from ckptfix.io.folder import unlistable
 
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _PATH_ONLY = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -53,7 +54,11 @@ def record(folder: str) -> OutputState:
     pending = [("", folder)]
     while pending:
         prefix, current = pending.pop()
-        with os.scandir(current) as listing:
+        try:
+            listing = os.scandir(current)
+        except PermissionError as exc:  # a folder we may not list: name it
+            raise unlistable(current, exc) from exc
+        with listing:
             for item in listing:
                 found = item.stat(follow_symlinks=False)
                 path = prefix + item.name
@@ -176,18 +181,57 @@ def remove_tree(path: str) -> None:
         os.close(top)
 
 
-def blocked_folder(folder: str) -> str | None:
-    """The first folder of the tree at `folder` (itself included) whose entries could not
-    be removed once it is replaced, or None: a folder is clearable if it is ours (made
-    writable if need be) or open to us for listing and writing. Links are not followed."""
+def blocked_folder(folder: str) -> tuple[str, str, str] | None:
+    """The first entry of the tree at `folder` (itself included) that could not be removed
+    once it is replaced, with why and what to do; None when there is none. A folder is
+    clearable if it is ours (made writable if need be) or open to us for listing and
+    writing; in a sticky folder (mode +t, like /tmp) that is not ours, only our own entries
+    are. Links are not followed; a folder that cannot be listed is a one-line error."""
     wanted = os.R_OK | os.W_OK | os.X_OK
+    me = os.geteuid()
     pending = [folder]
     while pending:
         current = pending.pop()
-        if os.lstat(current).st_uid != os.geteuid() and not os.access(
+        info = os.lstat(current)
+        if info.st_uid != me and not os.access(
             current, wanted, effective_ids=True, follow_symlinks=False
         ):
-            return current
-        with os.scandir(current) as listing:
-            pending += [entry.path for entry in listing if entry.is_dir(follow_symlinks=False)]
+            return (current, *_NOT_WRITABLE)
+        sticky = info.st_uid != me and info.st_mode & stat.S_ISVTX and not _may_own_anything()
+        try:
+            listing = os.scandir(current)
+        except PermissionError as exc:
+            raise unlistable(current, exc) from exc
+        with listing:
+            for entry in listing:
+                found = entry.stat(follow_symlinks=False)
+                if sticky and found.st_uid != me:
+                    return (entry.path, *_STICKY)
+                if stat.S_ISDIR(found.st_mode):
+                    pending.append(entry.path)
     return None
+
+
+_NOT_WRITABLE = (
+    "folder is not writable and not ours to make writable, so its old entries could not be "
+    "removed once the new folder is in place",
+    "make it writable, or run as its owner",
+)
+_STICKY = (
+    "is another user's, in a sticky folder (mode +t) that is not ours either, so it could not "
+    "be removed once the new folder is in place",
+    "have its owner move it out, or run as the folder's owner",
+)
+_CAP_FOWNER = 3  # linux/capability.h: bypasses the sticky bit's ownership check
+
+
+def _may_own_anything() -> bool:
+    """Whether this process has CAP_FOWNER (root usually has; root without it does not)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_FOWNER & 1)
+    except (OSError, ValueError):
+        pass
+    return os.geteuid() == 0

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.formats.safetensors import MAX_HEADER_SIZE
 from ckptfix.io.gather import Sources
-from ckptfix.io.source import ByteSource
+from ckptfix.io.source import ByteSource, descriptor
 from ckptfix.plan.align import (
     Alignment,
     Run,
@@ -52,12 +52,12 @@ def find_cloning(labels: Iterable[str], sources: Sources, folder: str) -> Clonin
     by_device: dict[int, int | None] = {}
     found: dict[str, int] = {}
     for label in labels:
-        fd = sources(label).fileno()
-        if fd is None:
-            continue  # a remote source: copied
-        device = os.fstat(fd).st_dev
-        if device not in by_device:
-            by_device[device] = clone_block(fd, folder)
+        with descriptor(sources(label)) as fd:
+            if fd is None:
+                continue  # a remote source: copied
+            device = os.fstat(fd).st_dev
+            if device not in by_device:
+                by_device[device] = clone_block(fd, folder)
         block = by_device[device]
         if block is not None:
             found[label] = block
@@ -238,16 +238,17 @@ class RunCheck:
 
     def equal(self, source: ByteSource, run: Run) -> bool:
         """Whether the output bytes at `run.at` (an offset in the file) equal the source's."""
-        fd, head, body = source.fileno(), run.length, 0
-        if fd is not None and self.cloning.block and run.source in self.cloning.sources:
-            head, body = aligned_split(run.offset, run.at, run.length, self.cloning.block)
         parts = [(run.offset, run.at, run.length)]
-        if body and fd is not None:
-            middle = (run.offset + head, run.at + head)
-            if same_blocks(fd, middle[0], self.dst, middle[1], body):
-                self.tally.add("extents", body)
-                rest = run.length - head - body
-                parts = [(run.offset, run.at, head), (middle[0] + body, middle[1] + body, rest)]
+        with descriptor(source) as fd:
+            head, body = run.length, 0
+            if fd is not None and self.cloning.block and run.source in self.cloning.sources:
+                head, body = aligned_split(run.offset, run.at, run.length, self.cloning.block)
+            if body and fd is not None:
+                middle = (run.offset + head, run.at + head)
+                if same_blocks(fd, middle[0], self.dst, middle[1], body):
+                    self.tally.add("extents", body)
+                    rest = run.length - head - body
+                    parts = [(run.offset, run.at, head), (middle[0] + body, middle[1] + body, rest)]
         for offset, at, length in parts:
             if length and not source_equal(source, offset, self.dst, at, length, self.cancel):
                 return False
