@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from operator import attrgetter
+from operator import attrgetter, methodcaller
 from typing import Any
 
 from ckptfix.checks import values
@@ -56,10 +56,10 @@ def tied_config_findings(
     `same_bytes(a, b)` says whether two tensors hold equal bytes, or None when not compared.
     """
     names = list(map(attrgetter("name"), tensors))
-    embedding = min((n for n in names if n.endswith(_EMBEDDING_SUFFIXES)), default=None)
+    embedding = min(filter(methodcaller("endswith", _EMBEDDING_SUFFIXES), names), default=None)
     if embedding is None:
         return []
-    head = min((n for n in names if n.endswith(_HEAD_NAMES)), default=None)
+    head = min(filter(methodcaller("endswith", _HEAD_NAMES), names), default=None)
     tie, explicit, model_type = _tie_setting(config)
     said = (
         "sets tie_word_embeddings=" + ("true" if tie else "false")

@@ -19,7 +19,7 @@ from ckptfix.layouts.diffusers import no_weights_message
 from ckptfix.layouts.huggingface import family_key
 from ckptfix.layouts.names import Family, parse_weight_name
 
-_NAME = attrgetter("name")
+_NAME, _NBYTES, _STORAGE = attrgetter("name"), attrgetter("nbytes"), attrgetter("storage")
 
 
 def tensor_names(files: Iterable[FileRead]) -> list[str]:
@@ -93,12 +93,14 @@ def index_diff(
     for shard, names in by_shard.items():
         if shard in read:  # an unreadable shard: its own finding already says why
             held = set(map(_NAME, read[shard].tensors))
-            absent = [name for name in names if name not in held]
-            if absent:
-                missing_tensors[shard] = absent
+            if not held.issuperset(names):  # (the usual answer, found in C)
+                missing_tensors[shard] = [name for name in names if name not in held]
     twice = repeated(tensor_names(read.values()))
     unlisted = {}
     for shard, weight_file in read.items():
+        mapped = list(map(index.weight_map.get, map(_NAME, weight_file.tensors)))
+        if mapped.count(shard) == len(mapped):
+            continue  # every tensor mapped to its shard (the usual answer, found in C)
         names = [
             tensor.name
             for tensor in weight_file.tensors
@@ -133,7 +135,13 @@ def _indexed_bytes(
             continue
         wanted, seen = set(names), set()
         sizes = getattr(read[shard], "storages", {})
-        for tensor in read[shard].tensors:
+        tensors = read[shard].tensors
+        storages = list(map(_STORAGE, tensors))
+        if storages.count(None) == len(tensors) and wanted.issuperset(map(_NAME, tensors)):
+            total = sum(map(_NBYTES, tensors))  # each counted as the loop below counts it
+            present, shared = present + total, shared + total
+            continue
+        for tensor in tensors:
             if tensor.name not in wanted:
                 continue
             present += tensor.nbytes

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import struct
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import itemgetter
+from itertools import islice
+from operator import itemgetter, le
 from typing import Any
 
 import orjson
@@ -92,17 +94,30 @@ def _entries_size(
     else:
         quoted = sum(len(_json_text(name)) for name in names)
     dims = {shape: len(",".join(map(str, shape))) for shape in set(shapes)}
-    digits = list(map(len, map(str, offsets)))
     return (
         quoted
         + sum(map(len, dtypes))
         + sum(map(dims.__getitem__, shapes))
-        + 2 * sum(digits)  # every offset ends one entry and begins the next
-        - digits[0]
-        - digits[-1]
+        + 2 * _digits(offsets)  # every offset ends one entry and begins the next
+        - len(str(offsets[0]))
+        - len(str(offsets[-1]))
         + _ENTRY_FRAME * len(names)
         - 1
     )
+
+
+def _digits(numbers: Sequence[int]) -> int:
+    """The decimal digits of `numbers` together. Offsets only grow: each power of ten then
+    adds a digit to the numbers from the first one that reaches it, found by bisection
+    (twenty steps for 1,000,000 numbers, not a string for each)."""
+    rising = numbers[0] >= 0 and all(map(le, numbers, islice(numbers, 1, None)))
+    if not rising:
+        return sum(map(len, map(str, numbers)))
+    total, power = len(numbers), 10
+    while numbers[-1] >= power:
+        total += len(numbers) - bisect_left(numbers, power)
+        power *= 10
+    return total
 
 
 def _json_text(value: str) -> bytes:

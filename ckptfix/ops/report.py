@@ -5,18 +5,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from ckptfix.core.findings import Finding, Severity, error_line
 from ckptfix.core.memory import paused_gc
-from ckptfix.core.tensor import TensorInfo, bytes_by_dtype
+from ckptfix.core.tensor import TensorInfo, bytes_by_dtype, parameter_count
 
 if TYPE_CHECKING:
     from ckptfix.ops.manifest import ManifestCheck
 
 SCHEMA_VERSION = 1
-_NUMEL = attrgetter("numel")
 FAIL_ON_LEVELS = ("error", "warning", "info", "never")
 
 
@@ -80,7 +78,7 @@ class Report:
         """Parameters, bytes, and bytes by dtype (largest first), in one pass over the
         tensors, once: the summary, the JSON and the verdict each ask."""
         by_dtype = bytes_by_dtype(self.tensors)
-        parameters = sum(map(_NUMEL, self.tensors))
+        parameters = parameter_count(self.tensors)
         ordered = dict(sorted(by_dtype.items(), key=lambda item: (-item[1], item[0])))
         return parameters, sum(by_dtype.values()), ordered
 

@@ -35,7 +35,7 @@ from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
 from ckptfix.plan.coverage import missing_name
 from ckptfix.plan.expansion import check_expansion
-from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
+from ckptfix.plan.select import OutTensor, Selection, SelectOptions, out_sizes, select
 from ckptfix.plan.shards import (
     PlannedShard,
     ShardPlan,
@@ -56,7 +56,7 @@ from ckptfix.write.staging import MARKER, Claim, claim_output, staged
 from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
 from ckptfix.write.zerocopy import find_cloning, shareable_bytes, streamed_labels
 
-_NAME, _NBYTES = attrgetter("name"), attrgetter("nbytes")
+_NAME = attrgetter("name")
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,7 @@ def _claim(
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
     """Shards for a selection, and what happens to the folder's other entries."""
     ext = "bin" if options.to == "torch" else "safetensors"
-    sizes = list(zip(map(_NAME, selection.tensors), map(_NBYTES, selection.tensors), strict=True))
+    sizes = list(zip(map(_NAME, selection.tensors), out_sizes(selection.tensors), strict=True))
     name = output_name(source.stem, source.variant, ext)
     plan = plan_shards(sizes, options.max_shard, name)
     outputs = {shard.file for shard in plan.shards} | (

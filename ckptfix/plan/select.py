@@ -85,6 +85,18 @@ class OutTensor:
         return tuple(map(cls, names, sources, dtypes))
 
 
+_DTYPE, _STORED = attrgetter("dtype"), attrgetter("source.dtype")
+_STORED_NBYTES = attrgetter("source.nbytes")
+
+
+def out_sizes(tensors: Sequence[OutTensor]) -> list[int]:
+    """The `nbytes` of each tensor: in one pass in C when none changes dtype (a reshard,
+    most conversions), where each is its source's."""
+    if list(map(_DTYPE, tensors)) == list(map(_STORED, tensors)):
+        return list(map(_STORED_NBYTES, tensors))
+    return [tensor.nbytes for tensor in tensors]
+
+
 @dataclass(frozen=True)
 class Selection:
     """The tensors to write (output names, source order) and every name decision made."""

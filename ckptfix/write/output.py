@@ -25,7 +25,8 @@ from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import write_all
 
-_NAME = attrgetter("name")
+_NAME, _DTYPE, _STORED = attrgetter("name"), attrgetter("dtype"), attrgetter("source.dtype")
+_QUANTIZED = frozenset(name for name, dtype in DTYPES.items() if dtype.quantized)
 
 
 def create_file(path: str) -> int:
@@ -70,14 +71,14 @@ def check_quantized(tensors: Iterable[OutTensor], out: str) -> None:
     neither safetensors nor torch has its dtype, and its values exist only decoded; and
     one to be decoded that the gguf package cannot decode."""
     tensors = list(tensors)
-    kept = [tensor for tensor in tensors if DTYPES[tensor.dtype].quantized]
-    if not kept:
-        decoded = [t.source for t in tensors if DTYPES[t.source.dtype].quantized]
-        if decoded:
+    if _QUANTIZED.isdisjoint(map(_DTYPE, tensors)):  # each dtype looked up in one pass in C
+        if not _QUANTIZED.isdisjoint(map(_STORED, tensors)):
+            decoded = [t.source for t in tensors if t.source.dtype in _QUANTIZED]
             from ckptfix.write.dequantize import check_dequantizable
 
             check_dequantizable({t.dtype for t in decoded}, decoded[0].file)
         return
+    kept = [tensor for tensor in tensors if tensor.dtype in _QUANTIZED]
     dtypes = ", ".join(sorted({tensor.dtype for tensor in kept}))
     raise PlanError(
         kept[0].source.file,

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, chain
 from operator import attrgetter
 from typing import Any
 
@@ -31,7 +31,7 @@ from ckptfix.formats.safetensors import (
 )
 from ckptfix.io.gather import CHUNK, Sources, tensor_chunks
 from ckptfix.plan.align import Run
-from ckptfix.plan.select import OutTensor
+from ckptfix.plan.select import OutTensor, out_sizes
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.cast import cast_bytes
 from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, Target, copy_from, write_all
@@ -51,7 +51,7 @@ from ckptfix.write.zerocopy import (
 )
 
 FLUSH_EVERY = 256 * 2**20
-_DTYPE, _SHAPE, _NBYTES = attrgetter("dtype"), attrgetter("shape"), attrgetter("nbytes")
+_DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("source.shape")  # OutTensor.shape
 DECODED = 4 * 2**20  # F32 bytes a chunk of a block-quantized tensor decodes to, at most
 
 
@@ -105,7 +105,8 @@ def checked_headers(
     metadata, or "format" added to a header already at the limit), or that would hold a
     tensor under the key the format keeps for its metadata (a GGUF or torch name)."""
     sizes = []
-    for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
+    each = zip(plan.shards, _by_shard(plan, tensors), metadata, strict=True)
+    for shard, outs, shard_metadata in each:
         if METADATA_KEY in shard.tensors:
             raise PlanError(
                 os.path.join(out, shard.file),
@@ -115,8 +116,7 @@ def checked_headers(
                 "files (`--to torch`)",
                 rule="metadata-as-tensor",
             )
-        outs = list(map(tensors.__getitem__, shard.tensors))
-        offsets = list(accumulate(map(_NBYTES, outs), initial=0))
+        offsets = list(accumulate(out_sizes(outs), initial=0))
         dtypes, shapes = list(map(_DTYPE, outs)), list(map(_SHAPE, outs))
         size = header_size(shard.tensors, dtypes, shapes, offsets, shard_metadata) - 8
         if size > MAX_HEADER_SIZE:
@@ -129,6 +129,19 @@ def checked_headers(
             )
         sizes.append(size + 8)
     return sizes
+
+
+def _by_shard(plan: ShardPlan, tensors: Mapping[str, OutTensor]) -> Iterator[list[OutTensor]]:
+    """The tensors of each shard: runs of `tensors` (in its order) when the shards list them
+    in that order, as a plan does, without a look-up per name; else looked up by name."""
+    if list(chain.from_iterable(shard.tensors for shard in plan.shards)) != list(tensors):
+        for shard in plan.shards:
+            yield list(map(tensors.__getitem__, shard.tensors))
+        return
+    values, start = list(tensors.values()), 0
+    for shard in plan.shards:
+        yield values[start : start + len(shard.tensors)]
+        start += len(shard.tensors)
 
 
 def verify_header(
