@@ -129,8 +129,8 @@ def _row(label: str, samples: list[Sample], target: float | None) -> str:
     return f"| {label} | {cells} |{ratio} {_load()} | {goal} |"
 
 
-def _head(trees: list[str]) -> list[str]:
-    names = [f"{os.path.basename(tree)}: wall / CPU / peak RSS (exit)" for tree in trees]
+def _head(trees: list[str], labels: list[str] | None = None) -> list[str]:
+    names = labels or [f"{os.path.basename(tree)}: wall / CPU / peak RSS (exit)" for tree in trees]
     ratio = ["CPU after / before"] if len(trees) > 1 else []
     columns = ["job", *names, *ratio, "load after", "target (wall, peak)"]
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -165,7 +165,7 @@ def bench_expansion(trees: list[str], write: bool) -> Iterator[str]:
     written)."""
     source, out = str(expansion_file()), CACHE / "scale-expansion-out"
     yield "\nconvert of a stride-0 expansion, 16 GiB from 4 bytes; one run each\n"
-    yield from _head(["wall / CPU / peak RSS (exit)"])
+    yield from _head(["-"], ["wall / CPU / peak RSS (exit)"])
     jobs = [(tree, ["convert", source, "-o", str(out)]) for tree in trees]
     if write:
         jobs.append((trees[-1], [*jobs[-1][1], "--allow-expansion"]))
