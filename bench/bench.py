@@ -127,6 +127,16 @@ def many_tensors() -> Path:
     return many
 
 
+def million_tensors() -> Path:
+    """1,000,000 one-byte tensors in one header (70 MB)."""
+    CACHE.mkdir(exist_ok=True)
+    million = CACHE / "million-tensors.safetensors"
+    if not million.exists():
+        print(f"building {million} ...", flush=True)
+        write_safetensors(million, [(f"t.{i}", (1,)) for i in range(1_000_000)], "U8", 1)
+    return million
+
+
 def many_shards(count: int = 1100) -> Path:
     """1,100 shards of one 64 KiB tensor each: more files than the common soft limit of
     1,024 descriptors."""
@@ -175,10 +185,7 @@ def ensure_inputs() -> dict[str, Path]:
     if not four.exists():
         print(f"building {four} ...", flush=True)
         write_safetensors(four, llama_tensors(layers=44))
-    million = CACHE / "million-tensors.safetensors"
-    if not million.exists():
-        print(f"building {million} ...", flush=True)
-        write_safetensors(million, [(f"t.{i}", (1,)) for i in range(1_000_000)], "U8", 1)
+    million = million_tensors()
     return {
         "single": single,
         "five": five,
@@ -660,6 +667,14 @@ def bench_zero_copy(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_scale(repeat: int) -> None:
+    """1,000,000 tensors (inspect, reshard --dry-run) and a 16 GiB expansion: bench/scale.py."""
+    import scale
+
+    for row in scale.bench_scale(max(1, repeat // 2)):
+        print(row, flush=True)
+
+
 def bench_gguf(repeat: int) -> None:
     """GGUF inspect, split and merge: bench/gguf_bench.py."""
     import gguf_bench
@@ -699,6 +714,7 @@ def main() -> None:
         "remote",
         "reflink",
         "library",
+        "scale",
         "gguf",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
@@ -727,6 +743,7 @@ def main() -> None:
         "remote": lambda: bench_remote(args.repeat),
         "reflink": lambda: bench_zero_copy(writes),
         "library": lambda: bench_library(writes),
+        "scale": lambda: bench_scale(args.repeat),
         "gguf": lambda: bench_gguf(writes),
     }
     for job in [args.only] if args.only else jobs:

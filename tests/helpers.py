@@ -146,6 +146,7 @@ class Measured:
     stderr: str
     peak_rss: int  # bytes: the child's maximum resident set, mapped file pages included
     seconds: float
+    cpu: float = 0.0  # the child's CPU seconds (user + system): less sensitive to other load
 
     @property
     def error_lines(self) -> list[str]:
@@ -155,15 +156,16 @@ class Measured:
 # VmHWM, not getrusage's ru_maxrss: that one keeps the parent's size across fork and exec.
 _MEASURE = """
 import os, sys
-from ckptfix.cli.app import main
+from ckptfix.cli.{module} import main
 sys.argv = ["ckptfix", *sys.argv[2:]]
 try:
     main()
 finally:
     with open("/proc/self/status") as status:
         peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    times = os.times()
     with open(os.environ["CKPTFIX_RSS_REPORT"], "w") as report:
-        report.write(str(int(peak) * 1024))
+        report.write(f"{{int(peak) * 1024}} {{times.user + times.system}}")
 """
 
 
@@ -179,11 +181,15 @@ def limit_open_files(count: int) -> Callable[[], None]:
 
 
 def measured(
-    *args: str | os.PathLike[str], timeout: float = 120, open_files: int | None = None
+    *args: str | os.PathLike[str],
+    timeout: float = 120,
+    open_files: int | None = None,
+    console: bool = False,
 ) -> Measured:
-    """Run the CLI in a fresh process; report its exit code, output, peak RSS and time. A
-    run past `timeout` seconds fails the test (a hang is a bug). `open_files`: run it with
-    at most that many descriptors."""
+    """Run the CLI in a fresh process; report its exit code, output, peak RSS, time and CPU
+    time. A run past `timeout` seconds fails the test (a hang is a bug). `open_files`: run
+    it with at most that many descriptors. `console`: as the console script runs it
+    (cli.entry: signal handlers, the collector's freezing), not the bare app."""
     import subprocess
     import sys
     import tempfile
@@ -193,7 +199,13 @@ def measured(
         env = {**os.environ, "CKPTFIX_RSS_REPORT": report.name}
         start = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-c", _MEASURE, "ckptfix", *map(os.fspath, args)],
+            [
+                sys.executable,
+                "-c",
+                _MEASURE.format(module="entry" if console else "app"),
+                "ckptfix",
+                *map(os.fspath, args),
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -202,8 +214,8 @@ def measured(
             preexec_fn=None if open_files is None else limit_open_files(open_files),
         )
         seconds = time.perf_counter() - start
-        peak = int(report.read() or 0)
-    return Measured(done.returncode, done.stdout, done.stderr, peak, seconds)
+        peak, cpu = (report.read() or "0 0").split()
+    return Measured(done.returncode, done.stdout, done.stderr, int(peak), seconds, float(cpu))
 
 
 def read_weights(path: str | os.PathLike[str]) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter, methodcaller
 from typing import Any
 
 from ckptfix.checks import values
@@ -88,10 +89,11 @@ def tied_config_findings(
 
     `same_bytes(a, b)` says whether two tensors hold equal bytes, or None when not compared.
     """
-    embedding = min((t.name for t in tensors if t.name.endswith(_EMBEDDING_SUFFIXES)), default=None)
-    head = min((t.name for t in tensors if t.name.endswith(_HEAD_NAMES)), default=None)
+    names = list(map(attrgetter("name"), tensors))
+    embedding = min(filter(methodcaller("endswith", _EMBEDDING_SUFFIXES), names), default=None)
     if embedding is None:
         return []
+    head = min(filter(methodcaller("endswith", _HEAD_NAMES), names), default=None)
     tie, explicit, model_type = _tie_setting(config)
     said = (
         "sets tie_word_embeddings=" + ("true" if tie else "false")
@@ -136,10 +138,12 @@ def config_findings(checkpoint: Checkpoint, *, hashed: bool) -> list[Finding]:
     """`tie_word_embeddings` against the stored names (and, with --hash, their bytes)."""
     assert checkpoint.config is not None and checkpoint.config.config is not None
     tensors = checkpoint.model_tensors
-    by_name = {tensor.name: tensor for tensor in tensors}
 
     def same_bytes(first: str, second: str) -> bool | None:
-        a, b = by_name[first], by_name[second]
+        # Asked at most once: two scans, not a dict of every name (the last of a name wins,
+        # as in a loader's state dict).
+        a = next(tensor for tensor in reversed(tensors) if tensor.name == first)
+        b = next(tensor for tensor in reversed(tensors) if tensor.name == second)
         if a.storage is not None and (a.file, a.storage, a.byte_range, a.strides) == (
             b.file,
             b.storage,

@@ -303,6 +303,13 @@ CloneOption = Annotated[
     bool, typer.Option("--clone", help="Write every alias as its own copy instead.")
 ]
 NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Skip reading the output back.")]
+AllowExpansionOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-expansion",
+        help="Write expanded (stride-0) tensors over 1,024x what they store and 1 GB in full.",
+    ),
+]
 DequantizeOption = Annotated[
     DecodeChoice | None,
     typer.Option("--dequantize", help="GGUF: decode block-quantized tensors to this dtype."),
@@ -348,6 +355,7 @@ def convert(
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
+    allow_expansion: AllowExpansionOption = False,
     dequantize: DequantizeOption = None,
     to_hf: ToHfOption = None,
 ) -> None:
@@ -376,6 +384,7 @@ def convert(
             clone=clone,
             verify=not no_verify,
             zero_weights=zero_weights.value,
+            allow_expansion=allow_expansion,
             dequantize=dequantize.value if dequantize is not None else None,
             to_hf=to_hf,
         )
@@ -397,6 +406,7 @@ def dedupe(
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
+    allow_expansion: AllowExpansionOption = False,
 ) -> None:
     """Write shared (and, with --by-content, identical) tensors once, as safetensors.
 
@@ -417,6 +427,7 @@ def dedupe(
             by_content=by_content,
             clone=clone,
             keep=keep,
+            allow_expansion=allow_expansion,
         )
         result = run_dedupe(input_path(src), out, options)
     _show(result, json_output)

@@ -44,9 +44,11 @@ def main() -> None:
 
     raise_open_files_limit()  # a folder of 1,100 shards under a soft limit of 1,024
     from ckptfix.cli.app import app
+    from ckptfix.core.memory import freeze_what_pauses_build
     from ckptfix.core.signals import keep_command_signals
 
     keep_command_signals()
+    freeze_what_pauses_build()
     try:
         app(prog_name="ckptfix")  # exits with the command's code
     finally:

@@ -9,6 +9,7 @@ from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding
 from ckptfix.core.fixes import Annotated
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD, shard_size
 from ckptfix.formats.base import ReadOptions
 from ckptfix.layouts.diffusers import components
@@ -36,7 +37,9 @@ def inspect(
     if parts and manifest is None:
         return _pipeline_report(os.fspath(path), parts, options, read)
     with load(path, read) as checkpoint:
-        report = report_of(checkpoint, checks.run(checkpoint, options), max_shard=limit)
+        with paused_gc():  # the checks and the report: passes over every tensor
+            found = checks.run(checkpoint, options)
+            report = report_of(checkpoint, found, max_shard=limit)
         if manifest is not None:
             from ckptfix.ops.manifest import read_manifest, verified_report
 

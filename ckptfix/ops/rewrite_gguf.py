@@ -22,13 +22,8 @@ from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT
 from ckptfix.formats.safetensors import MAX_HEADER_SIZE
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import with_remote
-from ckptfix.ops.rewrite import (
-    RewriteResult,
-    WriteOptions,
-    carry_over,
-    nearest_folder,
-    stage_and_commit,
-)
+from ckptfix.ops.rewrite import RewriteResult, carry_over, nearest_folder, stage_and_commit
+from ckptfix.ops.rewrite_options import WriteOptions
 from ckptfix.plan.gguf_parts import MAX_PARTS, PartEntry, PartKeys, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan

@@ -11,6 +11,20 @@ from ckptfix.write.results import Progress
 
 
 @dataclass(frozen=True)
+class WriteOptions:
+    """What the writing of a rewrite's plan takes (internal; made from the options below)."""
+
+    max_shard: int
+    to: str = "safetensors"
+    in_place: bool = False
+    dry_run: bool = False
+    verify: bool = True
+    progress: Progress | None = None
+    config_dtype: str | None = None  # a cast's torch name, set in config.json (config_dtype.py)
+    allow_expansion: bool = False  # write expanded tensors past plan.expansion's limits
+
+
+@dataclass(frozen=True)
 class RewriteOptions:
     """What every rewrite takes."""
 
@@ -40,6 +54,7 @@ class ConvertOptions(RewriteOptions):
     clone: bool = False  # write every alias as its own copy
     verify: bool = True
     zero_weights: ZeroWeights = "master"  # DeepSpeed: master, module or universal weights
+    allow_expansion: bool = False  # see plan.expansion
     dequantize: DecodeDtype | None = None  # GGUF: decode block-quantized tensors to this dtype
     to_hf: str | None = None  # Megatron: the Hugging Face config.json (or model type) to map to
 
@@ -49,6 +64,7 @@ class DedupeOptions(RewriteOptions):
     by_content: bool = False
     clone: bool = False
     keep: str = "first"
+    allow_expansion: bool = False  # see plan.expansion
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from ckptfix import checks
@@ -67,7 +68,7 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
     chosen = choose_source(checkpoint, report, torch=True)
     if alias_record:
         chosen = recorded(chosen, _RECORD_FIX)
-    stored = {tensor.name: tensor for tensor in chosen.tensors}
+    stored = dict(zip(map(attrgetter("name"), chosen.tensors), chosen.tensors, strict=True))
     cast_sources = _as_written(stored, chosen.dtypes, checkpoint)
     aliases = chosen.aliases
     tensors = dict(stored)

@@ -10,6 +10,7 @@ from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UNREADABLE, CkptfixError, UnsupportedFormatError, UsageError
 from ckptfix.core.findings import Severity, split_message
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
@@ -76,6 +77,8 @@ class RewriteSource:
     def declared(self) -> tuple[TensorInfo, ...]:
         """Every name the checkpoint declares, in source order: each stored tensor, then
         the names its record dropped for it (each the kept tensor under its own name)."""
+        if not self.aliases:
+            return self.tensors  # no record: the stored tensors (1,000,000 occur), not a copy
         dropped_for: dict[str, list[str]] = {}
         for dropped, kept in self.aliases.items():
             dropped_for.setdefault(kept, []).append(dropped)
@@ -94,7 +97,8 @@ def recorded(source: RewriteSource, fix: str = FIX) -> RewriteSource:
     out of its metadata: a rewrite records the names it drops itself."""
     path = source.checkpoint.path
     aliases = read_record(source.metadata, source.index_metadata, path, fix)
-    check_record(aliases, {tensor.name: tensor for tensor in source.tensors}, path, fix)
+    if aliases:  # (no record: nothing to check against the stored names)
+        check_record(aliases, {tensor.name: tensor for tensor in source.tensors}, path, fix)
     return replace(
         source,
         aliases=aliases,
@@ -164,9 +168,10 @@ def open_checkpoint(
     """Load a checkpoint file or model folder once, check it, and refuse it if it has
     errors. Only safetensors is accepted unless `torch` allows every other input too
     (PyTorch files, training checkpoint folders, GGUF), or `gguf` allows GGUF."""
-    checkpoint = load(path, read)
-    report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
-    return choose_source(checkpoint, report, torch=torch, gguf=gguf)
+    with paused_gc():  # load, checks and choice: several passes over every tensor
+        checkpoint = load(path, read)
+        report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
+        return choose_source(checkpoint, report, torch=torch, gguf=gguf)
 
 
 def choose_source(

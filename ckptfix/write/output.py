@@ -7,6 +7,7 @@ import errno
 import json
 import os
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
@@ -24,6 +25,9 @@ from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import write_all
+
+_NAME, _DTYPE, _STORED = attrgetter("name"), attrgetter("dtype"), attrgetter("source.dtype")
+_QUANTIZED = frozenset(name for name, dtype in DTYPES.items() if dtype.quantized)
 
 
 def create_file(path: str) -> int:
@@ -45,6 +49,9 @@ def open_output(path: str) -> tuple[int, int]:
 def check_names(tensors: Iterable[OutTensor]) -> None:
     """Refuse, before anything is written, a tensor name that is not Unicode text (a lone
     surrogate, which a pickle can carry): no safetensors header or JSON index can hold it."""
+    tensors = list(tensors)
+    if "".join(map(_NAME, tensors)).isascii():
+        return  # every name (the usual case, checked in one pass)
     for tensor in tensors:
         if tensor.name.isascii():
             continue
@@ -65,14 +72,14 @@ def check_quantized(tensors: Iterable[OutTensor], out: str) -> None:
     neither safetensors nor torch has its dtype, and its values exist only decoded; and
     one to be decoded that the gguf package cannot decode."""
     tensors = list(tensors)
-    kept = [tensor for tensor in tensors if DTYPES[tensor.dtype].quantized]
-    if not kept:
-        decoded = [t.source for t in tensors if DTYPES[t.source.dtype].quantized]
-        if decoded:
+    if _QUANTIZED.isdisjoint(map(_DTYPE, tensors)):  # each dtype looked up in one pass in C
+        if not _QUANTIZED.isdisjoint(map(_STORED, tensors)):
+            decoded = [t.source for t in tensors if t.source.dtype in _QUANTIZED]
             from ckptfix.write.dequantize import check_dequantizable
 
             check_dequantizable({t.dtype for t in decoded}, decoded[0].file)
         return
+    kept = [tensor for tensor in tensors if tensor.dtype in _QUANTIZED]
     dtypes = ", ".join(sorted({tensor.dtype for tensor in kept}))
     raise PlanError(
         kept[0].source.file,

@@ -19,7 +19,8 @@ from typing import Any, Protocol
 
 from ckptfix.core.errors import PlanError, VerificationError
 from ckptfix.core.signals import Signals
-from ckptfix.formats.safetensors import MAX_HEADER_SIZE, HeaderEntry, encode_header
+from ckptfix.formats.safetensors import MAX_HEADER_SIZE
+from ckptfix.formats.safetensors_encode import Fields, encode_fields
 from ckptfix.io.source import ByteSource
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.copy import Cancelled, copy_from, source_equal, write_all
@@ -66,13 +67,13 @@ class ShardHeader:
     """A safetensors shard's encoded header, with what it lists (checked after writing)."""
 
     data: bytes
-    entries: tuple[HeaderEntry, ...]
+    entries: tuple[Fields, ...]  # (name, dtype, shape, begin, end)
     metadata: Mapping[str, str]
 
     @property
     def nbytes(self) -> int:
         """The data section's size."""
-        return self.entries[-1].end if self.entries else 0
+        return self.entries[-1][4] if self.entries else 0
 
 
 def shard_header(
@@ -82,11 +83,12 @@ def shard_header(
 ) -> ShardHeader:
     """The header of a shard holding (name, dtype, shape, bytes) in that order; refused
     before anything is written when over the format's limit."""
-    entries, offset = [], 0
+    entries: list[Fields] = []
+    offset = 0
     for name, dtype, shape, nbytes in tensors:
-        entries.append(HeaderEntry(name, dtype, shape, offset, offset + nbytes))
+        entries.append((name, dtype, shape, offset, offset + nbytes))
         offset += nbytes
-    data = encode_header(entries, metadata)
+    data = encode_fields(entries, metadata)
     if len(data) - 8 > MAX_HEADER_SIZE:
         raise PlanError(
             display,
