@@ -5,14 +5,17 @@ torch is imported inside the helpers that need it, never at import time."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import typer.main
 from typer.testing import CliRunner
 
 from ckptfix.cli.app import app
@@ -37,12 +40,30 @@ class Run:
         return [line for line in self.stderr.splitlines() if line]
 
 
+# The click command typer builds from `app`, built once: `CliRunner.invoke` rebuilds it from
+# every command's annotations at each call (~20 ms, most of a typical test's time).
+_command = functools.cache(functools.partial(typer.main.get_command, app))
+
+
 def cli(*args: str | os.PathLike[str]) -> Run:
-    """`ckptfix ARGS` in this process; an exception escaping the CLI fails the test."""
-    result = CliRunner().invoke(
-        app, [os.fspath(arg) for arg in args], catch_exceptions=False, prog_name="ckptfix"
-    )
-    return Run(result.exit_code, result.stdout, result.stderr)
+    """`ckptfix ARGS` in this process, its output captured as `CliRunner.invoke` captures
+    it; an exception escaping the CLI fails the test."""
+    code: object = 0
+    with CliRunner().isolation() as (stdout, stderr, _):
+        try:
+            _command().main([os.fspath(arg) for arg in args], prog_name="ckptfix")
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            out, err = (_text(stream.getvalue()) for stream in (stdout, stderr))
+    assert isinstance(code, int), code  # the CLI always exits with a number (cli/exits.py)
+    return Run(code, out, err)
+
+
+def _text(output: bytes) -> str:
+    return output.decode("utf-8", "replace").replace("\r\n", "\n")
 
 
 def local_fixes(document: Any, local: str | os.PathLike[str]) -> Any:

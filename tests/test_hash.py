@@ -367,6 +367,7 @@ def test_small_tensors_read_in_batches_hash_alike(factory: Factory, tmp_path: Pa
     assert hash_checkpoint(tmp_path / "views.pt").digest == oracle.digest(state)
 
 
+@pytest.mark.slow  # three CLI runs in fresh processes: about a second
 def test_no_torch_and_no_numpy_unless_values(factory: Factory) -> None:
     """hash and diff of safetensors import neither torch nor numpy; diff --values needs
     numpy only (bf16 and fp8 are decoded from their bits)."""
