@@ -25,6 +25,7 @@ from ckptfix.core.errors import WriteError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.ops.rewrite import ReshardOptions, reshard
 from ckptfix.plan.select import SelectOptions, select
+from ckptfix.platform import linux
 from ckptfix.write import staging
 from tests.builders import Factory, Spec
 from tests.helpers import as_another_user, cli, flat, give_away, tensor_names, tree_snapshot
@@ -193,7 +194,7 @@ def test_without_renameat2_the_same_promises_hold(
 ) -> None:
     """A kernel or file system without renameat2: the old OUT is moved aside, checked, and
     only then replaced by a plain rename."""
-    monkeypatch.setattr(staging, "_renameat2", lambda *args: False)
+    monkeypatch.setattr(linux, "renameat2", lambda *args: False)
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.safetensors").write_bytes(b"old")

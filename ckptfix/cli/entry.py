@@ -27,7 +27,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
 
-_NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
+# The signals that stop a command: Platform.stop_signals(), which this module may not import
+# yet (it imports modules Python has not loaded); Ctrl-Break's SIGBREAK exists on Windows
+# only. tests/test_platform.py checks that the two agree.
+_NAMES = {
+    number: name
+    for name in ("SIGINT", "SIGTERM", "SIGBREAK")
+    if (number := getattr(_signal, name, None)) is not None
+}
 
 
 def _quit(signum: int, frame: "FrameType | None") -> None:

@@ -1,5 +1,6 @@
-"""SIGINT and SIGTERM while ckptfix runs a command: they stop it, leave any output as it
-was, and never report a completed output as interrupted (see Signals)."""
+"""SIGINT and SIGTERM (and on Windows Ctrl-Break's SIGBREAK: `Platform.stop_signals`) while
+ckptfix runs a command: they stop it, leave any output as it was, and never report a
+completed output as interrupted (see Signals)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from types import FrameType
 from typing import Any
 
 from ckptfix.core.errors import Interrupted
+from ckptfix.platform import system
 
 # The package root: every frame of ckptfix code, whichever layer it is in.
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -76,7 +78,7 @@ class Signals:
         except a signal the caller ignores (nohup, a background job's SIGINT)."""
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            for held in (signal.SIGINT, signal.SIGTERM):
+            for held in system().stop_signals():
                 if signal.getsignal(held) is not signal.SIG_IGN:
                     previous[held] = signal.signal(held, self.handle)
         return previous
