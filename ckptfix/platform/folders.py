@@ -245,7 +245,12 @@ class PathFolder(_Closing):
         if self.host.is_link(before):
             raise not_followed(path)
         os.link(path, self.host.native(target))
-        if identity(os.lstat(self.host.native(target))) != identity(before):
+        after = os.lstat(self.host.native(target))
+        # the type too: a number freed by a removed file may be the link's that replaced it
+        if (identity(after), stat.S_IFMT(after.st_mode)) != (
+            identity(before),
+            stat.S_IFMT(before.st_mode),
+        ):
             os.unlink(self.host.native(target))
             raise replaced_meanwhile(path)
 

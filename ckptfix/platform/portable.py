@@ -43,6 +43,7 @@ from ckptfix.platform.folders import FolderHandle, PathFolder
 from ckptfix.platform.locks import FolderLock, LockFile, remove_locked
 
 _STRIPES = 64
+_NR_OPEN = 1 << 20  # Linux's default ceiling (fs.nr_open) for an unlimited hard limit
 COPY_BUFFER = 2**20
 # (offset from the start of the range, physical address, length) of a file's blocks
 Extents = list[tuple[int, int, int]]
@@ -55,6 +56,7 @@ class Platform:
 
     def __init__(self) -> None:
         self._offsets = [threading.Lock() for _ in range(_STRIPES)]
+        self._raised = False
 
     # -- paths -----------------------------------------------------------------------------
 
@@ -159,17 +161,13 @@ class Platform:
         return LockFile.take(self, path)
 
     def byte_lock(self, fd: int) -> None:
-        """Lock the first byte of an open lock file, without waiting: BlockingIOError when
-        another process holds it. The portable mode runs on a POSIX host (the tests), and
-        uses its record locks (Windows has its own)."""
+        """Lock an open lock file for this descriptor alone, without waiting:
+        BlockingIOError when another descriptor holds it, in this process or another.
+        The portable mode runs on a POSIX host (the tests) and uses its flock here, which
+        holds per open file as Windows' LockFileEx holds per handle."""
         import fcntl
 
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EAGAIN):
-                raise BlockingIOError(errno.EAGAIN, "locked by another process") from exc
-            raise
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
     def open_lock_file(self, path: str) -> int:
         """An existing lock file, opened for reading and writing (a link is not followed)."""
@@ -261,6 +259,9 @@ class Platform:
         """The signals that stop a command (and are held while an output is swapped in)."""
         return (signal.SIGINT, signal.SIGTERM)
 
+    # Facts about the process (its descriptor limit, its user, the locks it holds) are the
+    # host's own: the portable mode runs on a POSIX host, and Windows overrides them.
+
     def open_files_limit(self) -> int | None:
         """The soft limit on descriptors, None where there is none to respect."""
         try:
@@ -271,16 +272,33 @@ class Platform:
         return None if soft == resource.RLIM_INFINITY else soft
 
     def raise_open_files_limit(self) -> int | None:
-        """Raise the soft limit to the hard one where allowed; the limit then in force."""
-        return self.open_files_limit()
+        """Raise the soft limit to the hard one where allowed (once per process); the limit
+        then in force."""
+        try:
+            import resource
+        except ImportError:
+            return None
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if not self._raised:
+            self._raised = True
+            target = hard if hard != resource.RLIM_INFINITY else max(soft, _NR_OPEN)
+            if soft != resource.RLIM_INFINITY and soft < target:
+                try:
+                    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+                    soft = target
+                except (ValueError, OSError):
+                    pass  # a container's ceiling below the hard limit: keep the soft one
+        return soft if soft != resource.RLIM_INFINITY else _NR_OPEN
 
     def effective_user(self) -> int | None:
-        """The user files are owned by for this process, None where ownership is not a
-        number (folders are then judged by whether they are writable alone)."""
-        return None
+        """The user this process acts as, None where ownership is not a number (folders
+        are then judged by whether they are writable alone)."""
+        geteuid = getattr(os, "geteuid", None)
+        return None if geteuid is None else int(geteuid())
 
     def may_own_anything(self) -> bool:
-        """Whether this process may remove another user's entries of a sticky folder."""
+        """Whether this process may remove another user's entries of a sticky folder: here
+        never assumed (a sticky folder holding one is refused, never half removed)."""
         return False
 
     def disk_space(self, folder: str) -> tuple[int, bool]:

@@ -1,6 +1,5 @@
 """POSIX systems (Linux, macOS, the BSDs): pread and pwrite, descriptors of folders (O_NOFOLLOW,
-the `*at` calls), flock on the output folder, holes found with SEEK_DATA, descriptor limits
-raised to the hard limit, owners and the sticky bit."""
+the `*at` calls), flock on the output folder itself, holes found with SEEK_DATA, statvfs."""
 
 from __future__ import annotations
 
@@ -16,15 +15,10 @@ from ckptfix.platform.locks import FolderFlock, FolderLock
 from ckptfix.platform.portable import Platform
 
 _OWNER_ALL = stat.S_IRWXU
-_NR_OPEN = 1 << 20  # Linux's default ceiling (fs.nr_open) for an unlimited hard limit
 
 
 class Posix(Platform):
     name = "posix"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._raised = False
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
         return os.pread(fd, size, offset)
@@ -100,31 +94,6 @@ class Posix(Platform):
 
     def lock_folder(self, path: str) -> FolderLock:
         return FolderFlock.take(path)
-
-    def open_files_limit(self) -> int | None:
-        import resource
-
-        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        return None if soft == resource.RLIM_INFINITY else soft
-
-    def raise_open_files_limit(self) -> int | None:
-        """Raise the soft RLIMIT_NOFILE to the hard limit where allowed (once per process)."""
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if not self._raised:
-            self._raised = True
-            target = hard if hard != resource.RLIM_INFINITY else max(soft, _NR_OPEN)
-            if soft != resource.RLIM_INFINITY and soft < target:
-                try:
-                    resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-                    soft = target
-                except (ValueError, OSError):
-                    pass  # a container's ceiling below the hard limit: keep the soft one
-        return soft if soft != resource.RLIM_INFINITY else _NR_OPEN
-
-    def effective_user(self) -> int | None:
-        return os.geteuid()
 
     def may_own_anything(self) -> bool:
         return os.geteuid() == 0

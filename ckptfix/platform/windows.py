@@ -231,3 +231,6 @@ class Windows(Platform):
 
     def raise_open_files_limit(self) -> int | None:
         return _UCRT_DESCRIPTORS
+
+    def effective_user(self) -> int | None:
+        return None  # owners are security identifiers, and access is by ACLs
