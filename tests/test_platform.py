@@ -26,6 +26,7 @@ from ckptfix.platform.folders import FdFolder, PathFolder
 from ckptfix.platform.locks import MAGIC, LockFile, NotOurLockFile, lock_file_path
 from ckptfix.platform.portable import Platform
 from ckptfix.platform.posix import Posix
+from tests.helpers import python_as_another_user
 
 PACKAGE = Path(ckptfix.platform.__file__).resolve().parent.parent
 PORTABLE = Platform()
@@ -394,3 +395,21 @@ def test_portable_copies_go_through_a_bounded_buffer(tmp_path: Path) -> None:
     assert list(PORTABLE.data_segments(0, 5, 2**40)) == [(5, 2**40)]  # holes read as zeros
     with pytest.raises(FileExistsError):
         PORTABLE.copy_to_new(0, str(tmp_path / "copy"))  # never over an existing file
+
+
+def test_a_lock_file_that_cannot_be_made_leaves_the_error_to_the_write(tmp_path: Path) -> None:
+    """Beside an OUT whose parent may not be written to, the staging folder cannot be made
+    either: that is the error the run gives (`cannot write`), not one about listing OUT."""
+    parent = tmp_path / "parent"
+    (parent / "out").mkdir(parents=True)
+    parent.chmod(0o555)
+    code = (
+        "import sys; from ckptfix.platform.portable import Platform; "
+        "lock = Platform().lock_folder(sys.argv[1]); print(type(lock).__name__); lock.release()"
+    )
+    try:
+        run = python_as_another_user("-c", code, str(parent / "out"))
+    finally:
+        parent.chmod(0o755)
+    assert (run.code, run.stdout.strip()) == (0, "Unlocked"), run.stderr
+    assert os.listdir(parent) == ["out"]

@@ -91,7 +91,10 @@ class LockFile:
     def take(cls, host: Platform, folder: str) -> FolderLock:
         path = lock_file_path(folder)
         for _ in range(_ATTEMPTS):
-            fd = _open_or_create(host, path)
+            try:
+                fd = _open_or_create(host, path)
+            except PermissionError:  # a parent we may not write to: the write fails there
+                return Unlocked()  # anyway, with its own error; the record catches others
             if fd is None:
                 continue  # removed between the two looks: again
             try:
