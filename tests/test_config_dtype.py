@@ -185,3 +185,22 @@ def test_a_cache_snapshot_config_is_copied_and_set(tmp_path: Path) -> None:
     assert not (out / "config.json").is_symlink()
     assert (out / "config.json").read_text() == retype(ORIGINAL, "bfloat16")[0]
     assert (blobs / "config.json").read_text() == ORIGINAL
+
+
+@pytest.mark.parametrize("target", ["relative", "absolute"])
+def test_a_config_linked_inside_the_folder_is_copied_and_set(tmp_path: Path, target: str) -> None:
+    """config.json a link to a file inside the model folder: OUT holds an edited copy (the
+    link's target is the user's own file); the source, link and target, stays as it was."""
+    source = _folder(tmp_path)
+    (source / "configs").mkdir()
+    (source / "config.json").rename(source / "configs" / "base.json")
+    real = source / "configs" / "base.json"
+    os.symlink(str(real) if target == "absolute" else "configs/base.json", source / "config.json")
+    out = tmp_path / "out"
+    run = cli("convert", source, "-o", out, "--dtype", "bf16", "--json")
+    assert run.code == 0, run.stderr
+    edits = [edit.to_dict() for edit in retype(ORIGINAL, "bfloat16")[1]]
+    assert run.json()["plan"]["config_edits"] == edits and edits
+    assert not (out / "config.json").is_symlink()
+    assert (out / "config.json").read_text() == retype(ORIGINAL, "bfloat16")[0]
+    assert real.read_text() == ORIGINAL and (source / "config.json").is_symlink()

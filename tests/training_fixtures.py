@@ -72,15 +72,14 @@ def zero_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _written_by("zero", tmp_path_factory)
 
 
-def _to_universal(folder: Path) -> None:
-    """DeepSpeed's own conversion, on CPU: `global_step2_universal/` and `latest_universal`
-    beside the tag folder. `--inject_missing_state` adds the `universal_checkpoint_info` a
-    Megatron-DeepSpeed client records (a plain DeepSpeed engine records none)."""
+def ds_to_universal(tag: Path, output: Path) -> subprocess.CompletedProcess[str]:
+    """DeepSpeed's own conversion of the tag folder `tag` into `output`, on CPU.
+    `--inject_missing_state` adds the `universal_checkpoint_info` a Megatron-DeepSpeed client
+    records (a plain DeepSpeed engine records none)."""
     command = [sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal"]
-    command += ["--input_folder", str(folder / "global_step2")]
-    command += ["--output_folder", str(folder / "global_step2_universal")]
+    command += ["--input_folder", str(tag), "--output_folder", str(output)]
     command += ["--num_extract_workers", "1", "--num_merge_workers", "1", "--inject_missing_state"]
-    done = subprocess.run(
+    return subprocess.run(
         command,
         env={**os.environ, "DS_BUILD_OPS": "0", "PYTHONWARNINGS": "ignore"},
         capture_output=True,
@@ -88,6 +87,11 @@ def _to_universal(folder: Path) -> None:
         timeout=600,
         check=False,
     )
+
+
+def _to_universal(folder: Path) -> None:
+    """`global_step2_universal/` and `latest_universal` beside the tag folder."""
+    done = ds_to_universal(folder / "global_step2", folder / "global_step2_universal")
     assert done.returncode == 0, done.stderr[-4000:]
 
 

@@ -129,6 +129,22 @@ def zero_folder(root: Path, spec: ZeroSpec) -> Path:
     return root
 
 
+def universal_zero(tag: Path, values: dict[str, Any]) -> Path:
+    """`zero/` as ds_to_universal writes it for stages 1-2, in the folder `tag`: each
+    parameter's folder with its fp32 weight (`{"param": tensor}`, the `values`) and Adam
+    moments, and the optimizer's global state. Returns `tag`."""
+    import torch
+
+    zero = tag / "zero"
+    for name, tensor in values.items():
+        (zero / name).mkdir(parents=True)
+        torch.save({"param": tensor.float()}, zero / name / "fp32.pt")
+        for moment in ("exp_avg.pt", "exp_avg_sq.pt"):
+            torch.save({"param": torch.zeros_like(tensor)}, zero / name / moment)
+    torch.save({"param_groups": [{"lr": 0.1}]}, zero / "optimizer_state.pt")
+    return tag
+
+
 def _case(spec: ZeroSpec) -> Callable[[Factory], Path]:
     return lambda factory: zero_folder(factory.root / "ds", spec)
 

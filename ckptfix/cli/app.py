@@ -56,14 +56,15 @@ class FailOn(str, Enum):
 class ZeroWeights(str, Enum):
     master = "master"
     module = "module"
+    universal = "universal"
 
 
 ZeroWeightsOption = Annotated[
     ZeroWeights,
     typer.Option(
         "--zero-weights",
-        help="DeepSpeed: fp32 master weights from the optimizer partitions, or the "
-        "training-dtype module copy (stages 0-2).",
+        help="DeepSpeed: fp32 master weights from the optimizer partitions, the "
+        "training-dtype module copy (stages 0-2), or a universal checkpoint's fp32 weights.",
     ),
 ]
 

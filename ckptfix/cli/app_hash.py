@@ -71,6 +71,8 @@ def hash_command(
             document["manifest"] = {"path": os.fspath(manifest), "replaced": replaced}
         if result.remote is not None:
             document["remote"] = result.remote
+        if result.weights_note is not None:
+            document["weights_note"] = result.weights_note
         _write_json(document)
     else:
         from ckptfix.cli import render_hash

@@ -25,6 +25,7 @@ from rich.text import Text
 from ckptfix.core.findings import Severity
 from ckptfix.core.sizes import format_size
 from ckptfix.core.text import inert_lines, shown
+from ckptfix.core.training import weights_note
 from ckptfix.ops.report import Report
 
 if TYPE_CHECKING:
@@ -165,13 +166,20 @@ def _layout(layout: dict[str, object]) -> str:
         parts.append(f"step {layout['step']}")
     if layout.get("model_key"):
         parts.append(f"model part {layout['model_key']!r}")
-    if layout.get("weights"):
-        parts.append(f"{layout['weights']} weights")
+    return " · ".join(parts + _weights(layout))
+
+
+def _weights(layout: dict[str, object]) -> list[str]:
+    """The weights read, those not read (a DeepSpeed folder's other copy), what is left out."""
+    parts = [f"{layout['weights']} weights"] if layout.get("weights") else []
+    others = layout.get("other_weights")
+    for kind, where in others.items() if isinstance(others, dict) else ():
+        parts.append(f"{kind} weights in {where} not read")
     left = layout.get("left_out")
     if isinstance(left, dict) and (left.get("tensor_bytes") or left.get("other_bytes")):
         total = int(left.get("tensor_bytes", 0)) + int(left.get("other_bytes", 0))
         parts.append(f"{format_size(total)} of training state left out")
-    return " · ".join(parts)
+    return parts
 
 
 def _tensor_table(result: Report) -> Table:
@@ -263,6 +271,9 @@ def rewrite(result: RewriteResult) -> None:
     console.print(_plan_table(plan))
     for line in _plan_notes(plan) + _names_notes(plan) + _files_notes(plan):
         console.print(line)
+    note = weights_note(result.report.layout)
+    if note is not None:
+        console.print(text(note, style="yellow"), soft_wrap=True)
     if result.written is None:
         console.print(text("dry run: nothing was written", style="bold"))
         return

@@ -45,6 +45,8 @@ def hash_result(
         if replaced:
             details += " (it replaced the file of that name)"
     console.print(text(details, style="dim"), soft_wrap=True)
+    if result.weights_note is not None:
+        console.print(text(result.weights_note, style="yellow"), soft_wrap=True)
     if show_tensors:
         for tensor in result.tensors:
             layout = f"{tensor.dtype} {list(tensor.shape)}  "
@@ -68,6 +70,8 @@ def _name(name: str) -> str:
 
 def diff_result(result: DiffResult, *, fail_on: str) -> None:
     console = _console()
+    for side, note in result.weights_notes.items():
+        console.print(text(f"{side.upper()}: {note}", style="yellow"), soft_wrap=True)
     if result.identical:
         console.print(
             text(

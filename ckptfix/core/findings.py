@@ -65,6 +65,8 @@ CODES: dict[str, Severity] = {
     # One rank's file of a per-rank save read alone: pieces of larger tensors, not a model.
     "tensor-piece": Severity.ERROR,
     "training-state": Severity.INFO,
+    # DeepSpeed: the fp32 weights held twice (partitions and a universal checkpoint); one read.
+    "other-weights": Severity.INFO,
     # GGUF: a llama.cpp split set whose parts do not make one model; tensor data that is
     # all zeros where a download should have written it.
     "split-set": Severity.ERROR,

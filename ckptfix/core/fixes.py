@@ -84,6 +84,7 @@ FIXES: dict[str, str] = {
     "tag-missing": "none: point `latest` at a tag folder that exists",
     "tensor-piece": "none: the file is one rank's part; pass the folder that holds every rank's files",
     "training-state": f"{_CONVERT} (leaves it out)",
+    "other-weights": f"{_CONVERT} --zero-weights universal (or master: reads the other copy)",
     "split-set": "none: the parts do not make one model as they are; download the missing or "
     "mismatched part(s) again, every part from one upload",
     "zero-filled": "none: the bytes were never written; download the file again",

@@ -3,6 +3,7 @@ its tensors: the facts inspect shows, what was left out, and the problems found 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ckptfix.core.findings import Finding
@@ -18,7 +19,7 @@ class TrainingLayout:
     tag: str | None = None  # DeepSpeed: the tag folder, e.g. "global_step1000"
     step: int | None = None
     stage: int | None = None  # DeepSpeed: the ZeRO stage
-    weights: str | None = None  # DeepSpeed: "master" (fp32 partitions) or "module"
+    weights: str | None = None  # DeepSpeed: "master" (fp32 partitions), "module" or "universal"
     model_key: str | None = None  # DCP: the part of the app state taken as the model
     # Who saved it, when the folder says: "accelerate", "transformers Trainer", "lightning".
     saved_by: str | None = None
@@ -35,6 +36,9 @@ class TrainingLayout:
     # Output dtype a tensor is written in unless --dtype says otherwise (DeepSpeed master
     # weights: floating buffers in fp32, as zero_to_fp32.py writes them).
     dtypes: dict[str, str] = field(default_factory=dict, compare=False)
+    # DeepSpeed: the other copy of the weights the folder holds, not read (a universal
+    # checkpoint beside the partitions, or the reverse): --zero-weights choice -> where.
+    other_weights: dict[str, str] = field(default_factory=dict)
     # A framework's own facts for the report (Megatron: its backends, iteration, the
     # architecture its training arguments give), JSON values only.
     extra: dict[str, object] = field(default_factory=dict)
@@ -58,6 +62,8 @@ class TrainingLayout:
         document.update({key: value for key, value in optional.items() if value is not None})
         if self.separate:
             document["separate"] = list(self.separate)
+        if self.other_weights:
+            document["other_weights"] = dict(self.other_weights)
         document.update(self.extra)
         document["left_out"] = {
             "tensors": self.left_out_tensors,
@@ -67,3 +73,18 @@ class TrainingLayout:
             "other_bytes": self.other_bytes,
         }
         return document
+
+
+def weights_note(layout: Mapping[str, object] | None) -> str | None:
+    """One line saying which copy of a DeepSpeed folder's weights was read, when the folder
+    holds another (the `"layout"` object's `other_weights`); None otherwise."""
+    others = layout.get("other_weights") if layout is not None else None
+    if not isinstance(others, dict) or not others or layout is None:
+        return None
+    unread = "; ".join(
+        f"the {kind} weights in {where} (what --zero-weights {kind} reads)"
+        for kind, where in others.items()
+    )
+    return (
+        f"read: the {layout.get('weights')} weights of tag {layout.get('tag')}; not read: {unread}"
+    )

@@ -60,10 +60,16 @@ def refuse_zero_folder(root: str, names: list[str]) -> None:
 
 
 def load_universal(
-    root: str, tag_dir: str, models: dict[int | None, str], reader: Reader, weights: str
+    root: str,
+    tag_dir: str,
+    models: dict[int | None, str],
+    reader: Reader,
+    weights: str,
+    partitions: bool = False,
 ) -> Assembled:
     """The fp32 weights of a universal checkpoint, or with weights="module" the training-dtype
-    copy its (stage 0-2) model states hold."""
+    copy its (stage 0-2) model states hold. `partitions`: the folder holds the ZeRO
+    partitions too (the fix of a missing weight says they can be read instead)."""
     zero = os.path.join(tag_dir, ZERO)
     if weights == "module" and models:  # without model states: reported as missing below
         found = module(tag_dir, models, {}, reader)
@@ -73,7 +79,15 @@ def load_universal(
     ranks = [rank for rank in models if rank is not None]
     if ranks and None not in models:  # ZeRO-3: every rank's model states
         found.stage, found.world = 3, max(ranks) + 1
-    return from_states(tag_dir, models, reader, found, _Params(root, zero, reader, found))
+    params = _Params(root, zero, reader, found, partitions)
+    return from_states(tag_dir, models, reader, found, params)
+
+
+def unread(tag_dir: str) -> tuple[int, int]:
+    """(bytes, tensor files) of a universal checkpoint's `zero/` (its weights and optimizer
+    state), for a tag folder whose partitions are read instead; nothing through a link."""
+    zero = os.path.join(tag_dir, ZERO)
+    return (0, 0) if os.path.islink(zero) else _left_out(zero, None)
 
 
 def _files_in(folder: str) -> dict[str, int]:
@@ -93,16 +107,16 @@ def _files_in(folder: str) -> dict[str, int]:
 
 
 def _left_out(zero: str, names: set[str] | None) -> tuple[int, int]:
-    """(bytes, moment files) of what the model leaves out: the files in `zero/` and in the
-    folders of the parameters `names`, but their fp32.pt (with names None: every folder's
-    files, fp32.pt included)."""
+    """(bytes, tensor files) of what the model leaves out: the files in `zero/` and in the
+    folders of the parameters `names`, but their fp32.pt, and their moments (with names
+    None: every folder's files, and its fp32.pt counted with the moments)."""
     total, moments = sum(_files_in(zero).values()), 0
     for name in sorted(names) if names is not None else _folders(zero):
         if not plain_file_name(name):
             continue
         files = _files_in(os.path.join(zero, name))
         total += sum(size for file, size in files.items() if names is None or file != WEIGHT)
-        moments += sum(moment in files for moment in _MOMENTS)
+        moments += sum(moment in files for moment in _MOMENTS) + (names is None and WEIGHT in files)
     return total, moments
 
 
@@ -125,8 +139,11 @@ class _Entry:
 class _Params:
     """The trainable parameters of a universal checkpoint, given its model states."""
 
-    def __init__(self, root: str, zero: str, reader: Reader, found: Assembled) -> None:
+    def __init__(
+        self, root: str, zero: str, reader: Reader, found: Assembled, partitions: bool
+    ) -> None:
         self.root, self.zero, self.reader, self.out = root, zero, reader, found
+        self.partitions = partitions  # the ZeRO partitions are there too, never mixed in
         self.vocab_rows: int | None = None  # what the model states say a vocabulary keeps
 
     def __call__(self, states: list[ModelStates]) -> list[TensorInfo] | None:
@@ -171,6 +188,16 @@ class _Params:
             )
             return None
 
+    def _missing(self, name: str, weight: str) -> None:
+        how = f"copy zero/{name}/ again, or {_AGAIN}"
+        if self.partitions:
+            how = (
+                f"copy zero/{name}/ again, {_AGAIN}, or read the partitions: --zero-weights master"
+            )
+        fix = "ckptfix convert SRC -o OUT --zero-weights master" if self.partitions else None
+        what = f"the fp32 weight of {name!r} is missing ({how})"
+        self.out.findings.append(finding("missing-rank-file", what, file=weight, fix=fix))
+
     def _unknown(self, first: ModelStates, entries: dict[str, _Entry]) -> None:
         known = {name for group in first.param_shapes for name in group}
         known |= set(first.module) | set(first.frozen_shapes) | set(first.buffer_names)
@@ -197,8 +224,7 @@ class _Params:
             return None
         weight = os.path.join(folder, WEIGHT)
         if entry is None:
-            what = f"the fp32 weight of {name!r} is missing (copy zero/{name}/ again, or {_AGAIN})"
-            self.out.findings.append(finding("missing-rank-file", what, file=weight))
+            self._missing(name, weight)
             return None
         if not entry.folder:
             what = f"zero/{name} is {'a link' if entry.link else 'not a folder'}; a parameter's folder must be a real folder"
@@ -215,8 +241,7 @@ class _Params:
         try:
             mode = os.lstat(weight).st_mode
         except FileNotFoundError:
-            what = f"the fp32 weight of {name!r} is missing (copy zero/{name}/ again, or {_AGAIN})"
-            self.out.findings.append(finding("missing-rank-file", what, file=weight))
+            self._missing(name, weight)
             return False
         except OSError as exc:
             self._problem(

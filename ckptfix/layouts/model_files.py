@@ -35,9 +35,10 @@ from ckptfix.io.folder import LOCAL, Folder
 
 # Written by trainers to resume training, never part of a model folder.
 TRAINING_STATE = re.compile(
-    r"^(?:trainer_state\.json|training_args\.bin|latest|zero_to_fp32\.py|zero_to_torch\.py"
+    r"^(?:trainer_state\.json|training_args\.bin|latest(?:_universal)?|zero_to_fp32\.py"
+    r"|zero_to_torch\.py"
     r"|(?:optimizer|scheduler|sampler|scaler)(?:_\d+)?\.(?:pt|bin)|rng_state(?:_\d+)?\.pth"
-    r"|random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl|global_step\d+|optimizer_\d+"
+    r"|random_states_\d+\.pkl|custom_checkpoint_\d+\.pkl|global_step\d+(?:_universal)?|optimizer_\d+"
     r"|pytorch_model_fsdp(?:_\d+)?(?:_rank\d+)?(?:\.bin)?|meta\.pt)$"
 )
 _MODEL_FILE = re.compile(
@@ -69,8 +70,16 @@ def is_model_entry(name: str, is_dir: bool, code: set[str]) -> bool:
     return name in code or (_MODEL_FILE.match(name) is not None and not TRAINING_STATE.match(name))
 
 
+# In a DeepSpeed tag folder, beside the files read: the other copy of the weights (the
+# optimizer partitions, or a universal checkpoint's zero/). Not a sign of a training folder.
+_TAG_FOLDER_STATE = re.compile(
+    r"^(?:zero|(?:bf16_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt)$"
+)
+
+
 def left_out_reason(name: str) -> str:
-    return TRAINING if TRAINING_STATE.match(name) else NOT_MODEL
+    training = TRAINING_STATE.match(name) or _TAG_FOLDER_STATE.match(name)
+    return TRAINING if training else NOT_MODEL
 
 
 def code_modules(root: str, names: Iterable[str], folder: Folder = LOCAL) -> set[str]:

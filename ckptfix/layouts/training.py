@@ -17,7 +17,7 @@ from ckptfix.formats.base import ReadOptions
 from ckptfix.formats.dcp import RANK_SUFFIX
 from ckptfix.io.folder import LOCAL, Folder
 
-ZERO_WEIGHTS = ("master", "module")
+ZERO_WEIGHTS = ("master", "module", "universal")
 
 
 def load_training(
@@ -26,7 +26,7 @@ def load_training(
     """The Checkpoint of a training folder, or None when the folder is not one."""
     if zero_weights not in ZERO_WEIGHTS:
         raise UsageError(
-            "--zero-weights", f"unknown choice {zero_weights!r}", "use master or module"
+            "--zero-weights", f"unknown choice {zero_weights!r}", "use master, module or universal"
         )
     try:
         names = folder.listdir(root)

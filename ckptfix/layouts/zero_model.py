@@ -42,21 +42,25 @@ class Assembled:
     lightning: bool = False  # saved by Lightning's DeepSpeedStrategy
 
 
-# What a DeepSpeed folder whose master weights are lost can still give: stages 0-2 keep the
-# weights in the training dtype in `module`.
-MODULE_FIX = (
-    "convert with --zero-weights module to take the training-dtype weights the model states hold"
-)
+# What a DeepSpeed folder whose master weights are lost can still give (the --zero-weights
+# choice): a universal checkpoint beside them keeps them in fp32; stages 0-2 keep the weights
+# in the training dtype in `module`.
+INSTEAD = {
+    "universal": "convert with --zero-weights universal to take the fp32 weights the universal "
+    "checkpoint beside it holds",
+    "module": "convert with --zero-weights module to take the training-dtype weights the model "
+    "states hold",
+}
 
 
-def _missing(path: str, what: str, verb: str = "is", module_weights: bool = False) -> Finding:
+def _missing(path: str, what: str, verb: str = "is", instead: str | None = None) -> Finding:
     it = "them" if verb == "are" else "it"
-    how = f"{MODULE_FIX}, or copy {it} from" if module_weights else f"copy {it} from"
+    how = f"{INSTEAD[instead]}, or copy {it} from" if instead else f"copy {it} from"
     return finding(
         "missing-rank-file",
         f"{what} {verb} missing ({how} the training run's output)",
         file=path,
-        fix="ckptfix convert SRC -o OUT --zero-weights module" if module_weights else None,
+        fix=f"ckptfix convert SRC -o OUT --zero-weights {instead}" if instead else None,
     )
 
 
@@ -69,10 +73,10 @@ class _Master:
     """Builds the master weights of one tag folder."""
 
     def __init__(
-        self, tag_dir: str, reader: Reader, found: Assembled, module_weights: bool = False
+        self, tag_dir: str, reader: Reader, found: Assembled, instead: str | None = None
     ) -> None:
         self.tag_dir, self.reader, self.out = tag_dir, reader, found
-        self.module_weights = module_weights  # `module` holds the weights (stages 0-2)
+        self.instead = instead  # the --zero-weights choice that still gives weights, if any
         self.tensors: dict[str, TensorInfo] = {}
         self.present: dict[int, OptimStates] = {}  # the readable optimizer files, by rank
         self.contradicted = False
@@ -94,7 +98,7 @@ class _Master:
         elif not optims:
             path = os.path.join(self.tag_dir, _optim_name(optims, 0))
             what = "the optimizer states (fp32 master weights) file"
-            self.out.findings.append(_missing(path, what, module_weights=self.module_weights))
+            self.out.findings.append(_missing(path, what, instead=self.instead))
 
     def claims(self, models: dict[int | None, str], shapes: ParamShapes | None) -> None:
         """The world size the files claim, checked against their sizes (each file's own
@@ -116,24 +120,24 @@ class _Master:
         if world is None:
             return None
         name = _optim_name(optims, 0).replace("_rank_0_", "_rank_{rank}_", 1)
-        if not self.all_there(optims, world, name, "optimizer partition", self.module_weights):
+        if not self.all_there(optims, world, name, "optimizer partition", self.instead):
             return None
         ranks = [self.present.get(rank) for rank in range(world)]  # world <= files present
         complete = [states for states in ranks if states is not None]
         return complete if len(complete) == len(ranks) else None
 
     def all_there(
-        self, ranks: Iterable[int], world: int, name: str, what: str, module: bool = False
+        self, ranks: Iterable[int], world: int, name: str, what: str, instead: str | None = None
     ) -> bool:
         """Whether every rank below `world` has its file (`name`, formatted with the rank);
         the missing ones reported, the first few by name and the rest counted."""
         listed, count = missing_ranks(ranks, world)
         for rank in listed:
             path = os.path.join(self.tag_dir, name.format(rank=rank))
-            self.out.findings.append(_missing(path, f"rank {rank}'s {what}", module_weights=module))
+            self.out.findings.append(_missing(path, f"rank {rank}'s {what}", instead=instead))
         if count > len(listed):
             more = f"the {what} files of {count - len(listed)} more of the {world} ranks"
-            self.out.findings.append(_missing(self.tag_dir, more, "are", module))
+            self.out.findings.append(_missing(self.tag_dir, more, "are", instead))
         return not count
 
     def model_files(self, models: dict[int | None, str]) -> dict[int | None, ModelStates | None]:
@@ -245,14 +249,21 @@ class _Master:
 
 
 def master(
-    tag_dir: str, models: dict[int | None, str], optims: dict[int, str], reader: Reader
+    tag_dir: str,
+    models: dict[int | None, str],
+    optims: dict[int, str],
+    reader: Reader,
+    universal: bool = False,
 ) -> Assembled:
+    """The fp32 master weights of a tag folder's partitions. `universal`: a universal
+    checkpoint is there too (missing partitions then say it can be read instead)."""
     if not optims and None in models:  # stage 0 keeps no partitions: `module` is the weights
         saved = reader.read(models[None], read_model_states)
         if saved is not None and not saved.stage:
             return _from_module(saved, optims)
     found = Assembled()
-    build = _Master(tag_dir, reader, found, module_weights=None in models)
+    instead = "universal" if universal else ("module" if None in models else None)
+    build = _Master(tag_dir, reader, found, instead)
     build.optimizer(optims)
     read = build.model_files(models)
     first = next((states for _, states in sorted(read.items(), key=_rank_order) if states), None)
@@ -331,11 +342,11 @@ def _from_module(states: ModelStates, optims: dict[int, str]) -> Assembled:
     found = Assembled(weights="module", lightning=states.lightning)
     found.stage, found.world, found.step = states.stage, states.dp_world_size, states.global_steps
     found.tensors = [view_tensor(name, view, states.label) for name, view in states.module.items()]
-    found.left_out_bytes = sum(_size(path) for path in optims.values())
+    found.left_out_bytes = sum(size_of(path) for path in optims.values())
     return found
 
 
-def _size(path: str) -> int:
+def size_of(path: str) -> int:
     """A file's size; nothing for one that is gone (a dangling link): it holds nothing."""
     try:
         return os.path.getsize(path)

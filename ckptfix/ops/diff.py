@@ -81,6 +81,8 @@ class DiffResult:
     digest: str | None = None  # the model digest both share, when identical
     stripped: dict[str, list[str]] = field(default_factory=dict)  # side -> prefixes removed
     algorithm: str = ALGORITHM
+    # Side -> which copy of a DeepSpeed folder's weights was read, when it holds two.
+    weights_notes: dict[str, str] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
@@ -119,6 +121,7 @@ class DiffResult:
             "only_in_b": list(self.only_in_b),
             "layout_changed": [change.to_dict() for change in self.layout_changed],
             "bytes_changed": [change.to_dict() for change in self.bytes_changed],
+            **({"weights_notes": dict(self.weights_notes)} if self.weights_notes else {}),
         }
 
 
@@ -219,6 +222,11 @@ def _diff(a: TensorSet, b: TensorSet, options: DiffOptions) -> DiffResult:
         layout_changed=tuple(layout),
         bytes_changed=differ,
         stripped=stripped,
+        weights_notes={
+            label: side.tensors.weights_note
+            for label, side in (("a", left), ("b", right))
+            if side.tensors.weights_note is not None
+        },
     )
     if result.identical:
         digests = {name: tensor_digest(name, outcomes[name].content) for name in common}

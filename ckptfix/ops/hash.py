@@ -59,6 +59,9 @@ class HashResult:
     # Read from a URL: requests made and bytes fetched. Not part of the manifest (the same
     # model hashed from a local copy has the same manifest).
     remote: dict[str, int] | None = field(default=None, compare=False)
+    # Which copy of a DeepSpeed folder's weights was hashed, when it holds two: not part of
+    # the manifest either (it describes the folder, not the model).
+    weights_note: str | None = field(default=None, compare=False)
 
     @property
     def tensor_count(self) -> int:
@@ -102,7 +105,7 @@ def hash_checkpoint(path: str | os.PathLike[str], options: HashOptions | None = 
         remote = tensors.checkpoint.remote if tensors.checkpoint is not None else None
         if remote is not None:
             result = replace(result, remote=remote.session.stats())
-        return result
+        return replace(result, weights_note=tensors.weights_note)
 
 
 def hash_tensor_set(

@@ -20,6 +20,7 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.core.training import weights_note
 from ckptfix.formats.base import ReadOptions
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import report_of
@@ -41,6 +42,8 @@ class TensorSet:
     checkpoint: Checkpoint | None = field(default=None, repr=False, compare=False)
     # The tensors a training layout casts on the way out, as written (ops.cast_source).
     cast_sources: dict[str, ByteSource] = field(default_factory=dict, repr=False, compare=False)
+    # Which copy of a DeepSpeed folder's weights was read, when it holds two (core.training).
+    weights_note: str | None = None
 
     def source(self, label: str) -> ByteSource:
         cast = self.cast_sources.get(label)
@@ -65,6 +68,7 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
     aliases = chosen.aliases
     tensors = dict(stored)
     tensors.update({dropped: stored[kept] for dropped, kept in aliases.items()})
+    layout = checkpoint.training.to_dict() if checkpoint.training is not None else None
     return TensorSet(
         checkpoint.path,
         tensors,
@@ -72,6 +76,7 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
         chosen.training_checkpoint,
         checkpoint=checkpoint,
         cast_sources=cast_sources,
+        weights_note=weights_note(layout),
     )
 
 

@@ -54,6 +54,12 @@ _TEXTS: dict[str, tuple[str, str]] = {
         "A training checkpoint holds optimizer or training state besides the model.",
         "Nothing to fix: `ckptfix convert` writes the model only and reports what it left out.",
     ),
+    "other-weights": (
+        "A DeepSpeed folder holds the fp32 weights twice (ZeRO partitions and a universal "
+        "checkpoint): one is read, never a mix of both.",
+        "Nothing to fix: the message says which copy was read (the partitions by default); "
+        "`--zero-weights universal` or `master` reads the other.",
+    ),
     "split-set": (
         "A llama.cpp GGUF split set whose parts do not make one model: a part missing, "
         "split.* keys disagreeing with the file names or each other, a part renamed.",

@@ -3,11 +3,13 @@ holds), carried into the output entry by entry.
 
 Nothing here walks into a link or opens anything but a regular file:
 - a folder is recreated and its entries carried by the same rules;
-- a link is recreated with the same target text, except (for -o) in a Hugging Face cache
-  snapshot (`.../snapshots/<revision>/`, or a folder in it), whose files are links into
-  the repository's `blobs/` folder: a link to a regular file there is copied, since it is
-  what a loader would read. A link to any other file outside the folder is never followed
-  (a downloaded folder may link to ~/.ssh/id_rsa);
+- a link is recreated with the same target text, except (for -o) a link to a regular file
+  inside the model folder, or in a Hugging Face cache snapshot (`.../snapshots/<revision>/`,
+  or a folder in it) a link into the repository's `blobs/` folder: that file is copied,
+  since it is what a loader would read, and OUT must not lean on the source (an absolute
+  link would point back into it; a cast's config.json is edited on the copy). A link to
+  any other file outside the folder is never followed (a downloaded folder may link to
+  ~/.ssh/id_rsa);
 - a regular file is copied (and fsynced), or for --in-place hard-linked; on a filesystem
   that clones files the copy shares the source's blocks instead of duplicating them
   (`Platform.copy_to_new`: FICLONE, APFS clones, ReFS block cloning);
@@ -120,18 +122,19 @@ def _copy_file(
 
 
 def _blob(root: str, relative: str) -> str | None:
-    """The cache blob a link of a Hugging Face cache snapshot points to (a regular file in
-    the repository's blobs/), or None: every other link is never followed."""
-    blobs = blobs_of(root)
-    if blobs is None:
-        return None
+    """The regular file a link of the folder points to, when it is one a loader of the folder
+    reads and the folder owns: a file inside the model folder itself, or the cache blob of a
+    Hugging Face cache snapshot (in the repository's blobs/). None: every other link is never
+    followed."""
     source = os.path.join(root, relative)
     try:
         pointed = os.stat(source)
     except OSError:  # dangling, or a loop
         return None
     resolved = os.path.realpath(source)
-    return resolved if stat.S_ISREG(pointed.st_mode) and _inside(resolved, blobs) else None
+    blobs = blobs_of(root)
+    owned = _inside(resolved, root) or (blobs is not None and _inside(resolved, blobs))
+    return resolved if stat.S_ISREG(pointed.st_mode) and owned else None
 
 
 def carried_as_file(source_root: str, name: str, *, link: bool = False) -> bool:
