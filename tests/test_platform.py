@@ -155,7 +155,8 @@ def test_every_stop_signal_stops_a_write(monkeypatch: pytest.MonkeyPatch) -> Non
     signals = Signals()
     previous = signals.install()
     try:
-        assert set(previous) == {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
+        # all three, but one the caller ignores (xdist's workers ignore SIGINT)
+        assert {signal.SIGTERM, signal.SIGUSR1} <= set(previous)
         signals.writing = True
         signal.raise_signal(signal.SIGUSR1)  # outside ckptfix's code: kept for a safe point
         with pytest.raises(Interrupted) as caught:
