@@ -14,6 +14,7 @@ from typing import Any
 
 from ckptfix.core.errors import Interrupted
 from ckptfix.platform import system
+from ckptfix.platform.locks import release_held
 
 # The package root: every frame of ckptfix code, whichever layer it is in.
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -50,8 +51,10 @@ class Signals:
         error = Interrupted(self.out, signal.Signals(signum).name, 128 + signum)
         if self.exit_outside_writes and not self.writing:
             # The console script, with nothing to undo: exit at once, which an exception
-            # raised in the middle of an import or of a thread pool's locking may not do.
+            # raised in the middle of an import or of a thread pool's locking may not do
+            # (a lock file beside OUT, where the system has one, goes first).
             os.write(2, (error.line() + "\n").encode())
+            release_held()
             os._exit(error.exit_code)
         if self.holding or not _ours(frame):
             self.deferred = self.deferred or error

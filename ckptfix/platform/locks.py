@@ -81,11 +81,23 @@ def lock_file_path(folder: str) -> str:
     return os.path.join(parent, PREFIX + digest)
 
 
+# The lock files this process holds: a process that must exit at once (the console
+# script's answer to a signal outside a write) removes them first (`release_held`).
+_HELD: dict[int, LockFile] = {}
+
+
+def release_held() -> None:
+    """Release every lock file this process holds."""
+    for lock in list(_HELD.values()):
+        lock.release()
+
+
 class LockFile:
     """A lock file beside the folder (see the module's docstring)."""
 
     def __init__(self, host: Platform, fd: int, path: str) -> None:
         self.host, self.fd, self.path = host, fd, path
+        _HELD[id(self)] = self
 
     @classmethod
     def take(cls, host: Platform, folder: str) -> FolderLock:
@@ -112,6 +124,7 @@ class LockFile:
         if self.fd < 0:
             return
         fd, self.fd = self.fd, -1
+        _HELD.pop(id(self), None)
         self.host.drop_lock_file(fd, self.path)
 
 
