@@ -1,10 +1,17 @@
 """Fixtures: a Factory writing into tmp_path, tmpfs mounts. The builders themselves live in
-tests/builders.py and the CLI runner and readers in tests/helpers.py."""
+tests/builders.py and the CLI runner and readers in tests/helpers.py.
+
+`--platform portable` (or CKPTFIX_TEST_PLATFORM=portable) runs the tests on ckptfix's
+portable primitives (ckptfix.platform.portable: no pread, O_NOFOLLOW, dir_fd, renameat2,
+copy_file_range, flock; the fallbacks Windows and other systems build on) instead of the
+system's own, in this process and in those the tests start (tests/platform_site). `make
+test` runs the fast suite a second time so."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -16,6 +23,57 @@ from tests.loop_mounts import loop_mount
 from tests.optional import OPTIONAL, installed, reason
 
 TESTS = Path(__file__).parent
+
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform_site")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--platform",
+        choices=("native", "portable"),
+        default=os.environ.get("CKPTFIX_TEST_PLATFORM", "native"),
+        help="run on the system's own primitives (native) or ckptfix's portable ones",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Switch the platform before any test runs (each xdist worker does too)."""
+    from ckptfix.platform import _use_for_tests
+
+    name = config.getoption("--platform")
+    _use_for_tests(name)
+    if name == "portable":
+        os.environ["CKPTFIX_TEST_PLATFORM"] = "portable"
+        path = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = _SITE + (os.pathsep + path if path else "")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from ckptfix.platform import system
+
+    return f"ckptfix platform: {system().name} (--platform {config.getoption('--platform')})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of one system's own primitives (marked `native`) skip in the portable mode."""
+    if config.getoption("--platform") != "portable":
+        return
+    skip = pytest.mark.skip(reason="tests the system's own primitives; --platform portable")
+    for item in items:
+        if item.get_closest_marker("native") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=["native", "portable"])
+def each_platform(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run the test on the system's own primitives, then on the portable ones (whatever
+    --platform says): for what must hold on both in every run of the suite."""
+    import ckptfix.platform
+
+    monkeypatch.setattr(ckptfix.platform, "_chosen", ckptfix.platform._choose(sys.platform))
+    if request.param == "portable":
+        monkeypatch.setattr(ckptfix.platform, "_chosen", ckptfix.platform.Platform())
+    yield request.param
 
 
 @pytest.fixture

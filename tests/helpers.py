@@ -239,6 +239,22 @@ def measured(
     return Measured(done.returncode, done.stdout, done.stderr, int(peak), seconds, float(cpu))
 
 
+def fail_nth(monkeypatch: Any, owner: object, name: str, nth: int, error: int) -> None:
+    """Make the `nth` call of `owner.name` (a module's function, or the platform's
+    primitive: `system()`) fail with OSError `error`; the others run as they did."""
+    real = getattr(owner, name)
+    calls = 0
+
+    def failing(*args: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == nth:
+            raise OSError(error, os.strerror(error))
+        return real(*args)
+
+    monkeypatch.setattr(owner, name, failing)
+
+
 def read_weights(path: str | os.PathLike[str]) -> Any:
     """One weight file read into descriptors (a FileRead), by ckptfix's own readers."""
     from ckptfix.formats import read_file

@@ -27,6 +27,7 @@ from ckptfix.core.errors import UsageError, VerificationError
 from ckptfix.core.sizes import shard_size
 from ckptfix.io.source import LocalFile
 from ckptfix.plan.shards import OutputName, PlannedShard, ShardPlan
+from ckptfix.platform import system
 from ckptfix.write.copy import write_all
 from ckptfix.write.output import index_bytes
 from ckptfix.write.sink import FilePart, file_holds, shard_header
@@ -46,7 +47,7 @@ class _Spool:
 
     def __init__(self, folder: str, number: int) -> None:
         self.path = os.path.join(folder, f".ckptfix-spool-{number:05d}")
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)  # read back too
+        self.fd = system().create_rw(self.path)  # read back too
         self.entries: list[_Entry] = []
         self.size = 0
 

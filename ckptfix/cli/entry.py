@@ -27,7 +27,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
 
+# The signals that stop a command: Platform.stop_signals(), which this module may not import
+# yet (it imports modules Python has not loaded); Ctrl-Break's SIGBREAK exists on Windows
+# only. tests/test_platform.py checks that the two agree. Statements, not a comprehension:
+# a comprehension is a function's frame, where a Ctrl-C would be a traceback in ckptfix.
 _NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
+if hasattr(_signal, "SIGBREAK"):
+    _NAMES[_signal.SIGBREAK] = "SIGBREAK"
 
 
 def _quit(signum: int, frame: "FrameType | None") -> None:

@@ -10,7 +10,6 @@ read for it ever reaches an output.
 from __future__ import annotations
 
 import itertools
-import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -18,6 +17,7 @@ from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.core.tensor import Piece, TensorInfo
 from ckptfix.io.source import ByteSource, descriptor, past_end
+from ckptfix.platform import system
 
 CHUNK = 16 * 2**20
 
@@ -91,7 +91,7 @@ def _read_into(source: ByteSource, fd: int | None, offset: int, target: memoryvi
         raise past_end(source.label, offset + len(target), source.size)
     done = 0
     while done < len(target):  # one call reads at most about 2 GiB on Linux
-        count = os.preadv(fd, [target[done : done + 2**30]], offset + done)
+        count = system().read_into(fd, target[done : done + 2**30], offset + done)
         if count == 0:
             raise SourceChangedError(source.label)  # shorter than it was: it changed
         done += count

@@ -2,23 +2,22 @@
 
 A ByteSource is a file's bytes: its size, `read_at(offset, size)`, and a change token that
 tells whether it is still the file that was read. Local files also lend a descriptor
-(`descriptor`), so the writer can use `copy_file_range` and reflinks. Remote sources
+(`descriptor`), so the writer can use kernel copies and clones. Remote sources
 (fsspec) implement the same interface with ranged requests; nothing else in ckptfix needs to
 know the difference.
 """
 
 from __future__ import annotations
 
-import errno
 import io
 import os
-import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, POOL, out_of_descriptors, with_room
+from ckptfix.platform import system
 
 
 @runtime_checkable
@@ -51,28 +50,17 @@ def past_end(label: str, needed: int, size: int) -> CorruptFileError:
 
 
 def pread_exact(fd: int, offset: int, size: int, label: str | None = None) -> bytes:
-    """pread in a loop (one call returns at most about 2 GiB on Linux); a file that ends
-    early changed under us or was truncated."""
+    """Reads at an offset in a loop (one call returns at most about 2 GiB on Linux, 1 GiB
+    asked here); a file that ends early changed under us or was truncated."""
     parts = []
     while size:
-        part = os.pread(fd, min(size, 1 << 30), offset)
+        part = system().pread(fd, min(size, 1 << 30), offset)
         if not part:
             raise SourceChangedError(label)
         parts.append(part)
         offset += len(part)
         size -= len(part)
     return b"".join(parts)
-
-
-def _open_regular(path: str) -> int:
-    """A read-only descriptor of a regular file. O_NONBLOCK: a FIFO put in the file's place
-    after it was checked must be refused, not waited on for ever (it means nothing for
-    reading a regular file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    return fd
 
 
 def unreadable_file(label: str, exc: OSError) -> CorruptFileError:
@@ -193,14 +181,15 @@ class LocalFile:
 
 
 def _open_with_room(path: str) -> int:
-    """_open_regular; when the process is out of descriptors, the pool's idle ones are
-    closed (lock held) and the open tried once more."""
+    """A read-only descriptor of the regular file at `path` (a FIFO put in its place after it
+    was checked is refused, not waited on for ever); when the process is out of descriptors,
+    the pool's idle ones are closed (lock held) and the open tried once more."""
     try:
-        return _open_regular(path)
+        return system().open_regular(path)
     except OSError as exc:
         if exc.errno not in OUT_OF_DESCRIPTORS or not POOL.shed(len(POOL)):
             raise
-    return _open_regular(path)
+    return system().open_regular(path)
 
 
 @contextmanager
@@ -215,7 +204,7 @@ def descriptor(source: ByteSource) -> Iterator[int | None]:
 
 
 def is_local(source: ByteSource) -> bool:
-    """Whether `source` is a local file (read with pread, not over the network)."""
+    """Whether `source` is a local file (read at offsets, not over the network)."""
     return isinstance(source, LocalFile)
 
 
@@ -252,13 +241,17 @@ class _SourceReader(io.RawIOBase):
 
 
 def open_stream(source: ByteSource) -> BinaryIO:
-    """A file object reading `source`: the file itself when it is local."""
+    """A file object reading `source`: the file itself when it is local and the system's
+    reads at an offset leave the file's offset alone (a stream of its own moves it), else
+    reads at offsets through a buffer."""
     if isinstance(source, LocalFile):
         with source.held() as fd:
             try:
-                return os.fdopen(with_room(lambda: os.dup(fd)), "rb")
+                stream = with_room(lambda: system().stream(fd))
             except OSError as exc:
                 if exc.errno not in OUT_OF_DESCRIPTORS:
                     raise
                 raise out_of_descriptors(source.label) from exc
+            if stream is not None:
+                return stream
     return io.BufferedReader(_SourceReader(source), buffer_size=2**16)

@@ -24,6 +24,7 @@ from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, out_of_descriptors, with_
 from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
+from ckptfix.platform import system
 from ckptfix.write.copy import write_all
 
 _NAME, _DTYPE, _STORED = attrgetter("name"), attrgetter("dtype"), attrgetter("source.dtype")
@@ -32,7 +33,7 @@ _QUANTIZED = frozenset(name for name, dtype in DTYPES.items() if dtype.quantized
 
 def create_file(path: str) -> int:
     # 0o666 and the process umask: the permissions any ordinary tool would give the file.
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    return system().create(path, 0o666)
 
 
 def open_output(path: str) -> tuple[int, int]:
@@ -40,7 +41,7 @@ def open_output(path: str) -> tuple[int, int]:
     one to write it; room is made for them among the sources' idle descriptors if need be."""
     fd = with_room(lambda: create_file(path))
     try:
-        return with_room(lambda: os.open(path, os.O_RDONLY)), fd
+        return with_room(lambda: system().open_read(path)), fd
     except BaseException:
         os.close(fd)
         raise
@@ -93,12 +94,11 @@ def check_quantized(tensors: Iterable[OutTensor], out: str) -> None:
 
 def check_free_space(folder: str, needed: int, out: str) -> None:
     """Refuse up front a read-only or too-full file system, before anything is created."""
-    stats = os.statvfs(folder)
-    if stats.f_flag & os.ST_RDONLY:
+    available, read_only = system().disk_space(folder)
+    if read_only:
         raise WriteError(
             out, f"cannot write: {os.strerror(errno.EROFS)}", "check the folder's permissions"
         )
-    available = stats.f_bavail * stats.f_frsize
     margin = max(64 * 2**20, needed // 100)
     if needed + margin > available:
         raise WriteError(
@@ -142,7 +142,7 @@ def write_whole(path: str, data: bytes) -> int:
     fd = create_file(path)
     try:
         write_all(fd, data, 0)
-        os.fsync(fd)
+        system().sync(fd)
     finally:
         os.close(fd)
     return len(data)

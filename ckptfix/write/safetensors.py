@@ -33,6 +33,7 @@ from ckptfix.io.gather import CHUNK, Sources, tensor_chunks
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor, out_sizes
 from ckptfix.plan.shards import PlannedShard, ShardPlan
+from ckptfix.platform import system
 from ckptfix.write.cast import cast_bytes
 from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, Target, copy_from, write_all
 from ckptfix.write.filejobs import FileJobs
@@ -172,7 +173,7 @@ def range_digest(fd: int, byte_range: tuple[int, int]) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
     begin, end = byte_range
     while begin < end:
-        chunk = os.pread(fd, min(COMPARE_CHUNK, end - begin), begin)
+        chunk = system().pread(fd, min(COMPARE_CHUNK, end - begin), begin)
         if not chunk:
             break
         hasher.update(chunk)
@@ -274,7 +275,7 @@ class ShardWriter:
                 unflushed += self.job.tensors[name].nbytes
             if unflushed >= FLUSH_EVERY:  # start writeback and verification early
                 held.write()
-                self.submit(os.fdatasync, fd)
+                self.submit(system().sync_data, fd)
                 self.verify_later(reader, display, done)
                 done, unflushed = [], 0
         held.write()
@@ -283,7 +284,7 @@ class ShardWriter:
     def close_file(self) -> None:
         """fsync the file last opened (behind the copy); it is closed once its jobs are
         done (a failure seen so far is raised early)."""
-        self.submit(os.fsync, self.fd)
+        self.submit(system().sync, self.fd)
         self.files.ended(self.reader)
 
     def target(self, fd: int, cloning: Cloning | None) -> Target:
@@ -330,7 +331,7 @@ def _equal_gathered(dst: int, offset: int, tensor: OutTensor, job: ShardJob) -> 
     for chunk in tensor_chunks(job.sources, tensor.source):
         if job.cancel.is_set():
             raise Cancelled
-        if os.pread(dst, len(chunk), offset) != chunk:
+        if system().pread(dst, len(chunk), offset) != chunk:
             return False
         offset += len(chunk)
     job.tally.add("compared", tensor.nbytes)

@@ -23,6 +23,7 @@ from ckptfix.formats.safetensors import MAX_HEADER_SIZE
 from ckptfix.formats.safetensors_encode import Fields, encode_fields
 from ckptfix.io.source import ByteSource
 from ckptfix.plan.shards import ShardPlan
+from ckptfix.platform import system
 from ckptfix.write.copy import Cancelled, copy_from, source_equal, write_all
 from ckptfix.write.output import index_bytes, open_output, write_whole
 from ckptfix.write.results import WrittenFile
@@ -197,7 +198,9 @@ def file_holds(
         if cancel is not None and cancel.is_set():
             raise Cancelled
         buffer = _buffer(len(chunk), buffers)
-        if os.preadv(fd, [buffer], at) != len(chunk) or not _equal(buffer, chunk):
+        if system().read_into(fd, memoryview(buffer), at) != len(chunk) or not _equal(
+            buffer, chunk
+        ):
             return False
         at += len(chunk)
     return True
@@ -256,7 +259,7 @@ class LocalSink:
                     placed, pending = [], 0
                     unsynced += VERIFY_BATCH
                 if unsynced >= SYNC_EVERY:  # the disk writes back while copying goes on
-                    self.verifier.submit(os.fdatasync, fd, sync=True)
+                    self.verifier.submit(system().sync_data, fd, sync=True)
                     unsynced = 0
             self.verifier.submit(self._verify, reader, display, placed)
             self.verifier.wait()
