@@ -127,6 +127,16 @@ def many_tensors() -> Path:
     return many
 
 
+def million_tensors() -> Path:
+    """1,000,000 one-byte tensors in one header (70 MB)."""
+    CACHE.mkdir(exist_ok=True)
+    million = CACHE / "million-tensors.safetensors"
+    if not million.exists():
+        print(f"building {million} ...", flush=True)
+        write_safetensors(million, [(f"t.{i}", (1,)) for i in range(1_000_000)], "U8", 1)
+    return million
+
+
 def many_shards(count: int = 1100) -> Path:
     """1,100 shards of one 64 KiB tensor each: more files than the common soft limit of
     1,024 descriptors."""
@@ -175,10 +185,7 @@ def ensure_inputs() -> dict[str, Path]:
     if not four.exists():
         print(f"building {four} ...", flush=True)
         write_safetensors(four, llama_tensors(layers=44))
-    million = CACHE / "million-tensors.safetensors"
-    if not million.exists():
-        print(f"building {million} ...", flush=True)
-        write_safetensors(million, [(f"t.{i}", (1,)) for i in range(1_000_000)], "U8", 1)
+    million = million_tensors()
     return {
         "single": single,
         "five": five,
@@ -636,6 +643,14 @@ def bench_remote(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_library(repeat: int) -> None:
+    """ckptfix.save against huggingface_hub and safetensors, open().get(): bench/library.py."""
+    import library
+
+    for row in library.bench_library(repeat):
+        print(row, flush=True)
+
+
 def bench_startup(repeat: int) -> None:
     """Start-up time (`ckptfix inspect --help` and others): bench/startup.py."""
     import startup
@@ -649,6 +664,14 @@ def bench_zero_copy(repeat: int) -> None:
     import reflink
 
     for row in reflink.bench_reflink(ensure_single(), CACHE, repeat):
+        print(row, flush=True)
+
+
+def bench_scale(repeat: int) -> None:
+    """1,000,000 tensors (inspect, reshard --dry-run) and a 16 GiB expansion: bench/scale.py."""
+    import scale
+
+    for row in scale.bench_scale(max(1, repeat // 2)):
         print(row, flush=True)
 
 
@@ -690,6 +713,8 @@ def main() -> None:
         "inspect",
         "remote",
         "reflink",
+        "library",
+        "scale",
         "gguf",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
@@ -717,6 +742,8 @@ def main() -> None:
         "inspect": lambda: print_inspect(ensure_inputs(), args.repeat),
         "remote": lambda: bench_remote(args.repeat),
         "reflink": lambda: bench_zero_copy(writes),
+        "library": lambda: bench_library(writes),
+        "scale": lambda: bench_scale(args.repeat),
         "gguf": lambda: bench_gguf(writes),
     }
     for job in [args.only] if args.only else jobs:

@@ -1,17 +1,79 @@
 """Fixtures: a Factory writing into tmp_path, tmpfs mounts. The builders themselves live in
-tests/builders.py and the CLI runner and readers in tests/helpers.py."""
+tests/builders.py and the CLI runner and readers in tests/helpers.py.
+
+`--platform portable` (or CKPTFIX_TEST_PLATFORM=portable) runs the tests on ckptfix's
+portable primitives (ckptfix.platform.portable: no pread, O_NOFOLLOW, dir_fd, renameat2,
+copy_file_range, flock; the fallbacks Windows and other systems build on) instead of the
+system's own, in this process and in those the tests start (tests/platform_site). `make
+test` runs the fast suite a second time so."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import TracebackType
 
 import pytest
 
 from tests.builders import Factory
 from tests.loop_mounts import loop_mount
+from tests.optional import OPTIONAL, installed, reason
+
+TESTS = Path(__file__).parent
+
+_SITE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "platform_site")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--platform",
+        choices=("native", "portable"),
+        default=os.environ.get("CKPTFIX_TEST_PLATFORM", "native"),
+        help="run on the system's own primitives (native) or ckptfix's portable ones",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Switch the platform before any test runs (each xdist worker does too)."""
+    from ckptfix.platform import _use_for_tests
+
+    name = config.getoption("--platform")
+    _use_for_tests(name)
+    if name == "portable":
+        os.environ["CKPTFIX_TEST_PLATFORM"] = "portable"
+        path = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = _SITE + (os.pathsep + path if path else "")
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    from ckptfix.platform import system
+
+    return f"ckptfix platform: {system().name} (--platform {config.getoption('--platform')})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests of one system's own primitives (marked `native`) skip in the portable mode."""
+    if config.getoption("--platform") != "portable":
+        return
+    skip = pytest.mark.skip(reason="tests the system's own primitives; --platform portable")
+    for item in items:
+        if item.get_closest_marker("native") is not None:
+            item.add_marker(skip)
+
+
+@pytest.fixture(params=["native", "portable"])
+def each_platform(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run the test on the system's own primitives, then on the portable ones (whatever
+    --platform says): for what must hold on both in every run of the suite."""
+    import ckptfix.platform
+
+    monkeypatch.setattr(ckptfix.platform, "_chosen", ckptfix.platform._choose(sys.platform))
+    if request.param == "portable":
+        monkeypatch.setattr(ckptfix.platform, "_chosen", ckptfix.platform.Platform())
+    yield request.param
 
 
 @pytest.fixture
@@ -57,3 +119,42 @@ os.environ.setdefault("NO_COLOR", "1")
 # The machine is offline but for package registries: no test may reach the Hub (a lookup
 # would only time out). Set before anything imports huggingface_hub, which reads it once.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Iterator[None]:  # the generator form of a wrapper hook
+    """A test (or fixture) whose own code imports an optional package that is not installed
+    is skipped, the reason naming the package, instead of failing. Only an import written in
+    tests/ counts: ckptfix importing a missing package is a bug the test must show."""
+    report: pytest.TestReport = yield  # type: ignore[misc]
+    missing = _missing_optional(call.excinfo)
+    if report.failed and missing is not None:
+        path, line = item.reportinfo()[:2]
+        report.outcome = "skipped"
+        report.longrepr = (os.fspath(path), (line or 0) + 1, f"Skipped: {reason([missing])}")
+    return report  # type: ignore[return-value]
+
+
+def _missing_optional(excinfo: pytest.ExceptionInfo[BaseException] | None) -> str | None:
+    """The optional package (tests/optional.py) that `excinfo` failed to import in a file of
+    tests/, if it is not installed."""
+    error = None if excinfo is None else excinfo.value
+    if not isinstance(error, ModuleNotFoundError) or error.name is None:
+        return None
+    top = error.name.partition(".")[0]
+    wanted = [name for name in OPTIONAL if name.partition(".")[0] == top]
+    if not wanted or installed(wanted[0]) or not _imported_in_tests(error.__traceback__):
+        return None
+    return wanted[0]
+
+
+def _imported_in_tests(traceback: TracebackType | None) -> bool:
+    """Whether the innermost frame outside the import machinery is in tests/."""
+    files = []
+    while traceback is not None:
+        files.append(traceback.tb_frame.f_code.co_filename)
+        traceback = traceback.tb_next
+    own = [name for name in files if not name.startswith("<frozen ")]
+    return bool(own) and Path(own[-1]).is_relative_to(TESTS)

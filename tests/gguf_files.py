@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.optional import need
+
 # --- real files, by gguf-py ---------------------------------------------------------------
 
 
@@ -81,6 +83,7 @@ def _qwen2(writer: Any) -> None:
 
 def _every_type(writer: Any) -> None:
     """Every metadata value type of the format, scalars and arrays."""
+    need("gguf")
     from gguf import GGUFValueType as V
 
     writer.add_block_count(1)
@@ -115,6 +118,7 @@ ARCHITECTURES: dict[str, Callable[[Any], None]] = {
 def tensor_data(tensor: Tensor, seed: object = 0) -> Any:
     """The array GGUFWriter takes for a tensor: values for F32/F16/F64/I8/I32, bytes in the
     ggml byte shape for BF16 and block types (random, seeded: the same on every run)."""
+    need("gguf")
     import numpy as np
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
@@ -145,6 +149,7 @@ def write_gguf(
     seed: object = 0,
 ) -> Path:
     """A GGUF file (or, with `split_max_tensors`, a split set) as gguf-py writes it."""
+    need("gguf")
     from gguf import GGMLQuantizationType, GGUFWriter
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +170,7 @@ def write_gguf(
 
 def gguf_py_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
     """name -> (ggml type, row-major shape, bytes) as gguf-py's GGUFReader reads a file."""
+    need("gguf")
     from gguf import GGUFReader
 
     reader = GGUFReader(path)
@@ -176,6 +182,7 @@ def gguf_py_tensors(path: Path) -> dict[str, tuple[str, tuple[int, ...], bytes]]
 
 def gguf_py_fields(path: Path) -> dict[str, Any]:
     """key -> value of every metadata field as gguf-py reads it (GGUF.* fields left out)."""
+    need("gguf")
     from gguf import GGUFReader
 
     reader = GGUFReader(path)

@@ -5,14 +5,17 @@ torch is imported inside the helpers that need it, never at import time."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import typer.main
 from typer.testing import CliRunner
 
 from ckptfix.cli.app import app
@@ -55,12 +58,30 @@ class Run:
         return [line for line in self.stderr.splitlines() if line]
 
 
+# The click command typer builds from `app`, built once: `CliRunner.invoke` rebuilds it from
+# every command's annotations at each call (~20 ms, most of a typical test's time).
+_command = functools.cache(functools.partial(typer.main.get_command, app))
+
+
 def cli(*args: str | os.PathLike[str]) -> Run:
-    """`ckptfix ARGS` in this process; an exception escaping the CLI fails the test."""
-    result = CliRunner().invoke(
-        app, [os.fspath(arg) for arg in args], catch_exceptions=False, prog_name="ckptfix"
-    )
-    return Run(result.exit_code, result.stdout, result.stderr)
+    """`ckptfix ARGS` in this process, its output captured as `CliRunner.invoke` captures
+    it; an exception escaping the CLI fails the test."""
+    code: object = 0
+    with CliRunner().isolation() as (stdout, stderr, _):
+        try:
+            _command().main([os.fspath(arg) for arg in args], prog_name="ckptfix")
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            out, err = (_text(stream.getvalue()) for stream in (stdout, stderr))
+    assert isinstance(code, int), code  # the CLI always exits with a number (cli/exits.py)
+    return Run(code, out, err)
+
+
+def _text(output: bytes) -> str:
+    return output.decode("utf-8", "replace").replace("\r\n", "\n")
 
 
 def local_fixes(document: Any, local: str | os.PathLike[str]) -> Any:
@@ -164,6 +185,7 @@ class Measured:
     stderr: str
     peak_rss: int  # bytes: the child's maximum resident set, mapped file pages included
     seconds: float
+    cpu: float = 0.0  # the child's CPU seconds (user + system): less sensitive to other load
 
     @property
     def error_lines(self) -> list[str]:
@@ -173,15 +195,16 @@ class Measured:
 # VmHWM, not getrusage's ru_maxrss: that one keeps the parent's size across fork and exec.
 _MEASURE = """
 import os, sys
-from ckptfix.cli.app import main
+from ckptfix.cli.{module} import main
 sys.argv = ["ckptfix", *sys.argv[2:]]
 try:
     main()
 finally:
     with open("/proc/self/status") as status:
         peak = next(line.split()[1] for line in status if line.startswith("VmHWM:"))
+    times = os.times()
     with open(os.environ["CKPTFIX_RSS_REPORT"], "w") as report:
-        report.write(str(int(peak) * 1024))
+        report.write(f"{{int(peak) * 1024}} {{times.user + times.system}}")
 """
 
 
@@ -197,11 +220,15 @@ def limit_open_files(count: int) -> Callable[[], None]:
 
 
 def measured(
-    *args: str | os.PathLike[str], timeout: float = 120, open_files: int | None = None
+    *args: str | os.PathLike[str],
+    timeout: float = 120,
+    open_files: int | None = None,
+    console: bool = False,
 ) -> Measured:
-    """Run the CLI in a fresh process; report its exit code, output, peak RSS and time. A
-    run past `timeout` seconds fails the test (a hang is a bug). `open_files`: run it with
-    at most that many descriptors."""
+    """Run the CLI in a fresh process; report its exit code, output, peak RSS, time and CPU
+    time. A run past `timeout` seconds fails the test (a hang is a bug). `open_files`: run
+    it with at most that many descriptors. `console`: as the console script runs it
+    (cli.entry: signal handlers, the collector's freezing), not the bare app."""
     import subprocess
     import sys
     import tempfile
@@ -211,7 +238,13 @@ def measured(
         env = {**os.environ, "CKPTFIX_RSS_REPORT": report.name}
         start = time.perf_counter()
         done = subprocess.run(
-            [sys.executable, "-c", _MEASURE, "ckptfix", *map(os.fspath, args)],
+            [
+                sys.executable,
+                "-c",
+                _MEASURE.format(module="entry" if console else "app"),
+                "ckptfix",
+                *map(os.fspath, args),
+            ],
             capture_output=True,
             text=True,
             env=env,
@@ -220,8 +253,24 @@ def measured(
             preexec_fn=None if open_files is None else limit_open_files(open_files),
         )
         seconds = time.perf_counter() - start
-        peak = int(report.read() or 0)
-    return Measured(done.returncode, done.stdout, done.stderr, peak, seconds)
+        peak, cpu = (report.read() or "0 0").split()
+    return Measured(done.returncode, done.stdout, done.stderr, int(peak), seconds, float(cpu))
+
+
+def fail_nth(monkeypatch: Any, owner: object, name: str, nth: int, error: int) -> None:
+    """Make the `nth` call of `owner.name` (a module's function, or the platform's
+    primitive: `system()`) fail with OSError `error`; the others run as they did."""
+    real = getattr(owner, name)
+    calls = 0
+
+    def failing(*args: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == nth:
+            raise OSError(error, os.strerror(error))
+        return real(*args)
+
+    monkeypatch.setattr(owner, name, failing)
 
 
 def read_weights(path: str | os.PathLike[str]) -> Any:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from tests.optional import need
+
 LAYERS, HIDDEN, HEADS, GROUPS, HEAD_DIM, FFN, VOCAB, PADDED = 2, 8, 4, 2, 2, 12, 10, 16
 CONFIG = {
     "architectures": ["LlamaForCausalLM"],
@@ -190,6 +192,7 @@ def _megatron_metadata(folder: Path) -> None:
 
 def build(folder: Path) -> Path:
     """Write the tiny checkpoint into `folder` (created)."""
+    need("megatron.core")  # the arguments in common.pt hold megatron-core's own enums
     import torch
     import torch.distributed.checkpoint as dcp
 

@@ -258,11 +258,9 @@ def _name_values(
     assigned)."""
     found: set[Origin] = set()
     if name in function.positional + function.keywords:
-        for call, caller, klass in source.calls:
-            callee = _callee(call, klass)
-            if callee is not None and function in _targets(source, callee):
-                for passed in _passed(call, function, name):
-                    found |= _values(source, passed, caller, callee, seen)
+        for call, caller, callee in _calls_of().get(id(function), []):
+            for passed in _passed(call, function, name):
+                found |= _values(source, passed, caller, callee, seen)
         return found
     for node in ast.walk(function.node):
         if isinstance(node, ast.Assign) and any(
@@ -270,6 +268,19 @@ def _name_values(
         ):
             found |= _values(source, node.value, function, called, seen)
     return found
+
+
+@cache
+def _calls_of() -> dict[int, list[tuple[ast.Call, _Function | None, str]]]:
+    """id of a package function -> the calls that run it, each with the function it sits in
+    and the name it calls: found once, not by a scan of every call per parameter."""
+    source = _package_source()
+    calls: dict[int, list[tuple[ast.Call, _Function | None, str]]] = {}
+    for call, caller, klass in source.calls:
+        callee = _callee(call, klass)
+        for target in [] if callee is None else _targets(source, callee):
+            calls.setdefault(id(target), []).append((call, caller, callee))
+    return calls
 
 
 @cache

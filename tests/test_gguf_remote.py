@@ -14,9 +14,10 @@ import pytest
 
 from tests.gguf_files import Info, RawGguf, gstr, kv, write_gguf
 from tests.helpers import cli, read_weights
+from tests.optional import needs
 from tests.remote_servers import HttpServer, http_server
 
-pytest.importorskip("aiohttp", reason="the remote extra is not installed")
+pytestmark = needs("aiohttp")
 
 BOUND = 128 * 2**10
 

@@ -285,6 +285,21 @@ def test_an_empty_folder_is_one_line_naming_its_rule(tmp_path: Path, command: st
     ]
 
 
+@pytest.mark.parametrize("command", ["hash", "reshard", "convert", "dedupe"])
+def test_an_empty_folder_refused_names_the_finding_code_in_json(
+    tmp_path: Path, command: str
+) -> None:
+    """A refusal for a finding carries the finding's code (README, Exit codes), in the JSON
+    error document and on the library's error: it was `input-refused`."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    extra = [] if command == "hash" else ["-o", tmp_path / "out"]
+    run = cli(command, empty, *extra, "--json")
+    assert run.code == 1
+    error = json.loads(run.stdout)["error"]
+    assert (error["code"], error["rule"]) == ("no-weights", "no-weights")
+
+
 @pytest.mark.parametrize("form", ["safetensors", "zip"])
 def test_a_single_flipped_bit_is_found(tmp_path: Path, form: str) -> None:
     """One bit flipped in the file's tensor data changes the digest to the one torch's
@@ -352,6 +367,7 @@ def test_small_tensors_read_in_batches_hash_alike(factory: Factory, tmp_path: Pa
     assert hash_checkpoint(tmp_path / "views.pt").digest == oracle.digest(state)
 
 
+@pytest.mark.slow  # three CLI runs in fresh processes: about a second
 def test_no_torch_and_no_numpy_unless_values(factory: Factory) -> None:
     """hash and diff of safetensors import neither torch nor numpy; diff --values needs
     numpy only (bf16 and fp8 are decoded from their bits)."""

@@ -7,18 +7,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from huggingface_hub import save_torch_state_dict
 
 from ckptfix.ops.diff import diff
 from ckptfix.ops.hash import hash_checkpoint
 from tests import hash_oracle as oracle
 from tests.builders import tiny_models
 from tests.helpers import cli
+from tests.optional import needs
 
 if TYPE_CHECKING:
     import torch
 
-pytestmark = pytest.mark.slow
+pytestmark = [needs("huggingface_hub", "transformers"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,7 @@ def saved(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> dict[str, tuple[dict[str, torch.Tensor], dict[str, Path]]]:
     import torch
+    from huggingface_hub import save_torch_state_dict
 
     result = {}
     for name, model in tiny_models().items():

@@ -96,8 +96,11 @@ def test_expansion_at_the_cap_is_described_without_reading(factory: Factory) -> 
     run = cli("inspect", path, "--json")
     assert run.code == 0, run.stderr
     assert run.json()["tensors"][0]["nbytes"] == 2**34
-    plan = cli("convert", path, "-o", factory.root / "out", "--dry-run", "--json")
+    out = factory.root / "out"
+    plan = cli("convert", path, "-o", out, "--dry-run", "--json", "--allow-expansion")
     assert plan.code == 0 and plan.json()["plan"]["total_size"] == 2**34
+    unasked = cli("convert", path, "-o", out, "--dry-run")
+    assert "(rule large-expansion;" in unasked.error_lines[0]
     over = _expanded(factory, 2**32 + 1)
     refused = cli("inspect", over)
     assert "(rule expansion-bomb;" in refused.error_lines[0]
@@ -105,10 +108,11 @@ def test_expansion_at_the_cap_is_described_without_reading(factory: Factory) -> 
 
 @pytest.mark.slow
 def test_expansion_streams_in_bounded_memory(factory: Factory, tmp_path: Path) -> None:
-    """1 GiB written from 4 bytes: gathered and written a chunk at a time."""
+    """1 GiB written from 4 bytes (asked for: past the ratio and size a rewrite writes
+    unasked): gathered and written a chunk at a time."""
     path = _expanded(factory, 2**28)
     out = tmp_path / "out"
-    run = measured("convert", path, "-o", out)
+    run = measured("convert", path, "-o", out, "--allow-expansion")
     assert run.code == 0, run.stderr
     assert run.peak_rss < 250 * MB, run.peak_rss
     data = (out / "model.safetensors").read_bytes()
@@ -265,6 +269,24 @@ def test_an_unreadable_side_file_is_named_by_a_write(factory: Factory, command: 
         factory,
         [command, folder, "-o", "OUT"],
         f"error: {folder / 'tokenizer.json'}: cannot read the file: Permission denied (rule "
+        "unreadable; check its permissions)",
+    )
+
+
+def test_an_unreadable_side_file_is_named_by_a_gguf_reshard(factory: Factory) -> None:
+    """As for safetensors: the file that could not be read is named, not OUT (an unreadable
+    file's error is a PermissionError too, which the write's OSError handler took for the
+    output's)."""
+    from tests.gguf_files import write_gguf
+
+    folder = factory.root / "g"
+    write_gguf(folder / "llama-Q4_K.gguf")
+    (folder / "README.md").write_text("notes")
+    os.chmod(folder / "README.md", 0)
+    _one_line_as_another_user(
+        factory,
+        ["reshard", folder, "-o", "OUT", "--max-shard", "3000"],
+        f"error: {folder / 'README.md'}: cannot read the file: Permission denied (rule "
         "unreadable; check its permissions)",
     )
 

@@ -109,6 +109,7 @@ def test_collecting_the_suite_does_not_import_torch() -> None:
     assert not torch_imported
 
 
+@pytest.mark.slow  # two pytest runs in fresh processes: over a second
 def test_the_collection_probe_sees_a_torch_import(tmp_path: Path) -> None:
     """The check above can fail: a test module importing torch at its top is caught. (A
     stand-in module named torch, found first on the path, and no plugins keep this fast.)"""

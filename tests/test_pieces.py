@@ -7,16 +7,19 @@ from __future__ import annotations
 import itertools
 import os
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.core.tensor import Piece, TensorInfo, tiling_problem
 from ckptfix.formats.safetensors import read_header
-from ckptfix.io.gather import tensor_bytes
-from ckptfix.io.source import LocalFile
+from ckptfix.io import gather
+from ckptfix.io.gather import tensor_bytes, tensor_into
+from ckptfix.io.source import ByteSource, LocalFile
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import plan_shards
 from ckptfix.write.safetensors import ShardJob, write_shards
@@ -86,6 +89,14 @@ def test_pieces_read_and_write_back_in_row_major_order(
     assert tiling_problem(tensor) is None
     sources = {piece.source: LocalFile(piece.source) for piece in pieces}
     assert tensor_bytes(sources.__getitem__, tensor) == matrix.tobytes()
+    # straight into memory (the library's get), from the files and through read_at, run by
+    # run and (runs this short) gathered in windows
+    for source_of in (sources.__getitem__, lambda label: _NoFd(sources[label])):
+        for below in (0, gather.GATHER_BELOW):
+            into = bytearray(matrix.nbytes)
+            with mock.patch.object(gather, "GATHER_BELOW", below):
+                tensor_into(source_of, tensor, memoryview(into))
+            assert bytes(into) == matrix.tobytes()
     # through the writer, with a chunk-sized window smaller than the tensor
     out = root / "out"
     out.mkdir()
@@ -104,6 +115,50 @@ def test_pieces_read_and_write_back_in_row_major_order(
     assert (out / "model.safetensors").read_bytes()[begin:end] == matrix.tobytes()
     for source in sources.values():
         source.close()
+
+
+class _NoFd:
+    """A source without a descriptor (as a remote file is), reading through `read_at`."""
+
+    def __init__(self, source: ByteSource) -> None:
+        self.source, self.label, self.size = source, source.label, source.size
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return self.source.read_at(offset, size)
+
+
+def test_a_file_that_shrinks_under_tensor_into_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "part.bin"
+    path.write_bytes(bytes(range(64)))
+    tensor = TensorInfo("t", "U8", (64,), 64, str(path), (0, 64), spread=(Piece(str(path), 0, 64),))
+    with LocalFile(str(path)) as source:
+        assert source.size == 64
+        os.truncate(path, 40)  # after its size was taken: it changed under us
+        with pytest.raises(SourceChangedError):
+            tensor_into(source, tensor, memoryview(bytearray(64)))
+        longer = TensorInfo(
+            "t", "U8", (80,), 80, str(path), (0, 80), spread=(Piece(str(path), 0, 80),)
+        )
+        with pytest.raises(CorruptFileError, match="points to byte 80 but the file has 64"):
+            tensor_into(source, longer, memoryview(bytearray(80)))
+
+
+def test_a_local_file_closes_its_descriptor_once(tmp_path: Path) -> None:
+    """A second close() (an owner's, after the file was closed once) must not close the
+    number again, by then maybe another file's."""
+    (tmp_path / "a").write_bytes(b"a")
+    (tmp_path / "b").write_bytes(b"b")
+    source = LocalFile(str(tmp_path / "a"))
+    with source.held() as number:
+        pass
+    source.close()
+    other = os.open(tmp_path / "b", os.O_RDONLY)  # the lowest free number: the same one
+    try:
+        assert other == number
+        source.close()
+        assert os.pread(other, 1, 0) == b"b"  # still open
+    finally:
+        os.close(other)
 
 
 def test_window_assembly_across_chunks(tmp_path: Path) -> None:

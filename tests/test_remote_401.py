@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import one_error_line
+from tests.optional import needs
 from tests.remote_servers import Served, http_server, served_model, serving
 
-pytest.importorskip("aiohttp", reason="the remote extra is not installed")
-pytest.importorskip("huggingface_hub", reason="the remote extra is not installed")
+pytestmark = needs("aiohttp", "huggingface_hub")
 
 SHARD = "model-00001-of-00002.safetensors"
 

@@ -17,9 +17,10 @@ import pytest
 
 from tests.builders import Factory, Spec
 from tests.helpers import cli, local_fixes, one_error_line, retried_inspect, tensor_digests
+from tests.optional import needs
 from tests.remote_servers import HttpServer, gcs_server, generation_of
 
-pytest.importorskip("gcsfs", reason="the remote extra is not installed")
+pytestmark = needs("gcsfs")
 
 BUCKET = "weights"
 

@@ -20,11 +20,10 @@ import pytest
 from tests.answer_mutations import Mutation, replacing
 from tests.helpers import Measured, cli, measured, one_error_line
 from tests.hostile_answers import KINDS, SERVER_CAP, applies, expected_rule
+from tests.optional import needs
 from tests.remote_servers import BACKENDS, Served, served_model, serving
 
-pytest.importorskip("aiohttp", reason="the remote extra is not installed")
-pytest.importorskip("gcsfs", reason="the remote extra is not installed")
-pytest.importorskip("botocore", reason="the remote extra is not installed")
+pytestmark = needs("aiohttp", "gcsfs", "botocore")
 
 TIMEOUT = 2.0  # CKPTFIX_REMOTE_TIMEOUT in these tests: a listing may take 10 times that
 MIB = 2**20

@@ -16,9 +16,10 @@ import pytest
 from tests.builders import Factory, Spec, legacy_checkpoint, state_dict_pickle, zip_checkpoint
 from tests.cases import INDEX_CASES, PICKLE_CASES, SAFETENSORS_CASES, Case
 from tests.helpers import cli, local_fixes, tree_digests
+from tests.optional import needs
 from tests.remote_servers import HttpServer, http_server
 
-pytest.importorskip("aiohttp", reason="the remote extra is not installed")
+pytestmark = needs("aiohttp")
 
 # Quick failures: one retry, short waits.
 FAST = {

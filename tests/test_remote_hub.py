@@ -13,9 +13,10 @@ import pytest
 
 from tests.builders import Factory, Spec
 from tests.helpers import cli, local_fixes, one_error_line, retried_inspect
+from tests.optional import needs
 from tests.remote_servers import REPO, REVISION_SHA, HttpServer, hub_server
 
-pytest.importorskip("huggingface_hub", reason="the remote extra is not installed")
+pytestmark = needs("huggingface_hub")
 
 
 @pytest.fixture

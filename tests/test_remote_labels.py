@@ -16,10 +16,11 @@ import pytest
 
 from tests.builders import Factory, Spec
 from tests.helpers import cli
+from tests.optional import needs
 from tests.output_checks import is_uri_reference, workflow_commands
 from tests.remote_servers import HttpServer, http_server
 
-pytest.importorskip("aiohttp", reason="the remote extra is not installed")
+pytestmark = needs("aiohttp")
 
 FAST = {"CKPTFIX_REMOTE_TIMEOUT": "5", "CKPTFIX_REMOTE_RETRIES": "1", "CKPTFIX_REMOTE_BACKOFF": "0"}
 SECRET = "s3cr3t-pw"

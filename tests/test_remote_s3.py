@@ -14,11 +14,13 @@ import pytest
 
 from tests.builders import Factory, Spec, hostile_checkpoint, hostile_pickles
 from tests.helpers import cli, local_fixes
+from tests.optional import needs
 from tests.remote_servers import S3_ENV, moto_server, upload_tree
 
-pytest.importorskip("botocore", reason="the remote extra is not installed")
-pytest.importorskip("moto", reason="moto[server] is not installed")
-pytestmark = pytest.mark.slow  # moto's server takes a second or two to start
+pytestmark = [
+    needs("botocore", "moto"),
+    pytest.mark.slow,
+]  # moto's server takes a second or two to start
 
 FAST = {"CKPTFIX_REMOTE_RETRIES": "1", "CKPTFIX_REMOTE_BACKOFF": "0.01"}
 # Never ask the EC2 instance metadata service (a link-local address) for credentials.

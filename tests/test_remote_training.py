@@ -10,10 +10,10 @@ import pytest
 
 from tests import training_fixtures as fixtures
 from tests.helpers import cli, tree_digests
+from tests.optional import needs
 from tests.remote_servers import copy_tree, http_server
 
-pytest.importorskip("aiohttp", reason="the remote extra is not installed")
-pytestmark = pytest.mark.slow
+pytestmark = [needs("aiohttp"), pytest.mark.slow]
 dcp_saved = fixtures.dcp_saved
 
 

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 def entries_of(state: OrderedDict[str, torch.Tensor]) -> tuple[list[TensorEntry], dict[str, bytes]]:
     """The state dict as ckptfix describes it (keys numbered as torch numbers them), and each
     storage's bytes."""
+    import torch
+
     keys: dict[object, str] = {}
     entries, storages = [], {}
     for name, tensor in state.items():
@@ -34,7 +36,9 @@ def entries_of(state: OrderedDict[str, torch.Tensor]) -> tuple[list[TensorEntry]
         key = keys.setdefault(storage._cdata, str(len(keys)))
         dtype = TORCH_DTYPES[str(tensor.dtype).removeprefix("torch.")]
         entries.append(TensorEntry(name, key, dtype, storage.nbytes(), tuple(tensor.shape)))
-        storages[key] = bytes(storage)
+        # a byte view of the whole storage: bytes(storage) reads it one element at a time
+        whole = torch.empty(0, dtype=torch.uint8).set_(storage)
+        storages[key] = whole.numpy().tobytes()
     return entries, storages
 
 

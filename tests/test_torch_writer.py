@@ -30,10 +30,18 @@ from ckptfix.core.errors import VerificationError, WriteError
 from ckptfix.formats.safetensors import HeaderEntry, encode_header
 from ckptfix.ops.rewrite import DROPPED_KEY, ConvertOptions, convert
 from ckptfix.plan.shards import PlannedShard, with_shared
+from ckptfix.platform import system
 from ckptfix.write import copy as copying
 from tests import training_fixtures as fixtures
 from tests.builders import Factory, Spec, random_tensor, tiny_gpt2
-from tests.helpers import cli, loads_with_same_logits, measured, read_tensors, torch_bytes
+from tests.helpers import (
+    cli,
+    fail_nth,
+    loads_with_same_logits,
+    measured,
+    read_tensors,
+    torch_bytes,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -452,25 +460,11 @@ def to_torch(source: Path, out: Path, max_shard: int = 3 * 10**6) -> object:
     return convert(source, out, ConvertOptions(max_shard, to="torch"))
 
 
-def fail_nth(monkeypatch: pytest.MonkeyPatch, name: str, nth: int, error: int) -> None:
-    real = getattr(os, name)
-    calls = 0
-
-    def failing(*args: object) -> object:
-        nonlocal calls
-        calls += 1
-        if calls == nth:
-            raise OSError(error, os.strerror(error))
-        return real(*args)
-
-    monkeypatch.setattr(os, name, failing)
-
-
-@pytest.mark.parametrize(("call", "nth"), [("copy_file_range", 3), ("pwrite", 9)])
+@pytest.mark.parametrize(("call", "nth"), [("copy_range", 3), ("pwrite", 9)])
 def test_injected_enospc_leaves_nothing(
     torch_source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, call: str, nth: int
 ) -> None:
-    fail_nth(monkeypatch, call, nth, errno.ENOSPC)
+    fail_nth(monkeypatch, system(), call, nth, errno.ENOSPC)
     out = tmp_path / "out"
     with pytest.raises(WriteError) as caught:
         to_torch(torch_source, out)

@@ -315,8 +315,8 @@ def test_extent_identity_proves_only_shared_blocks(on_xfs: Path, tmp_path: Path)
     compared instead, and a difference is found."""
     from ckptfix.io.source import LocalFile
     from ckptfix.plan.align import Run
+    from ckptfix.platform.linux_ioctl import clone_range
     from ckptfix.write.extents import same_blocks
-    from ckptfix.write.reflink import clone_range
     from ckptfix.write.zerocopy import Cloning, RunCheck, Tally
 
     block = _block(on_xfs)

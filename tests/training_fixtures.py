@@ -5,7 +5,6 @@ checkpoints), helpers to damage copies of them, and what a refusal of one must l
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from tests.helpers import cli
+from tests.optional import need
 
 if TYPE_CHECKING:
     import torch
@@ -31,9 +31,23 @@ UNIVERSAL = ["zero1_fp32", "zero1_bf16", "zero2_fp32", "zero2_bf16", "zero3_fp32
 
 
 _WRITTEN: dict[str, Path] = {}  # each kind once per session, whichever module asks first
+# The optional packages each writer runs (in a fresh process, where a missing one would
+# fail the fixture instead of skipping it): tests/training_frameworks.py, training_writers.py
+# and megatron_writer.py.
+_NEEDS = {
+    "dcp": (),
+    "hf_writer": (),
+    "zero": ("deepspeed",),
+    "accelerate": ("accelerate", "transformers"),
+    "trainer": ("transformers", "accelerate", "deepspeed"),
+    "lightning": ("pytorch_lightning", "deepspeed"),
+    # psutil: megatron-core imports it without declaring it, and its save hangs without it
+    "megatron": ("megatron.core", "psutil", "transformers"),
+}
 
 
 def _written_by(kind: str, factory: pytest.TempPathFactory) -> Path:
+    need(*_NEEDS[kind])
     if kind in _WRITTEN:
         return _WRITTEN[kind]
     out = factory.mktemp(kind) / "saved"
@@ -142,20 +156,7 @@ def megatron_saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One folder per case of tests/megatron_writer.py (llama, mistral, qwen2, qwen3, mixtral,
     qwen3_moe, gpt), each with ckpt/ (written by megatron-core, 2 gloo ranks), hf/ (the
     transformers model it started from), logits.pt and oracle.pt (Megatron's own load)."""
-    _require("megatron.core", "megatron-core is not installed (the test extra)")
-    _require("psutil", "psutil is not installed (megatron-core's save hangs without it)")
     return _written_by("megatron", tmp_path_factory)
-
-
-def _require(module: str, reason: str) -> None:
-    """Skip unless `module` can be imported. Looked up, not imported: importing megatron.core
-    costs seconds and prints Transformer Engine warnings, and only the writer needs it."""
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a parent that is not a package, or blocked
-        found = False
-    if not found:
-        pytest.skip(reason)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from types import ModuleType
 from ckptfix.checks import config, folder, tensors, training, values
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, finding
+from ckptfix.core.memory import paused_gc
 from ckptfix.formats import FORMATS
 from ckptfix.formats.pickled import PickleFile
 
@@ -22,6 +23,11 @@ class CheckOptions:
 
 def run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
     """Every finding about a checkpoint, errors first."""
+    with paused_gc():  # passes over every tensor, which may be 1,000,000
+        return _run(checkpoint, options)
+
+
+def _run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
     found = _read_errors(checkpoint)
     for record in checkpoint.files:
         if record.read is not None:

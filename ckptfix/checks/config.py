@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter, methodcaller
 from typing import Any
 
 from ckptfix.checks import values
@@ -37,10 +38,44 @@ def _tie_setting(config: Mapping[str, Any]) -> tuple[bool, bool, str]:
 def declared_ties(config: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
     """{head: embedding} when config.json ties them (explicitly or by its model type's
     default) and both are stored: transformers fills the head from the embedding."""
+    return tie_decision(config, names)[0]
+
+
+def tie_decision(
+    config: Mapping[str, Any], names: Sequence[str]
+) -> tuple[dict[str, str], frozenset[str]]:
+    """What transformers makes of a head and an embedding both named: ({head: embedding})
+    when config.json ties them (the head need not be stored), or the head alone when it
+    does not (the head is read on its own, and must be stored)."""
     embedding = min((n for n in names if n.endswith(_EMBEDDING_SUFFIXES)), default=None)
     head = min((n for n in names if n.endswith(_HEAD_NAMES)), default=None)
-    if embedding is None or head is None or not _tie_setting(config)[0]:
+    if embedding is None or head is None:
+        return {}, frozenset()
+    if _tie_setting(config)[0]:
+        return {head: embedding}, frozenset()
+    return {}, frozenset({head})
+
+
+# The architectures whose head transformers names `lm_head.weight` (GPT-NeoX: embed_out).
+_HEADED = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def implied_head(config: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
+    """{head: embedding} for a head that is not stored because config.json ties it to the
+    stored embedding (what transformers' save_pretrained leaves out): the head a loader
+    fills from the embedding. Only for a language model's head (config.json's
+    `architectures`), under the name transformers gives it."""
+    embedding = min((n for n in names if n.endswith(_EMBEDDING_SUFFIXES)), default=None)
+    architectures = config.get("architectures")
+    if (
+        embedding is None
+        or any(n.endswith(_HEAD_NAMES) for n in names)
+        or not isinstance(architectures, list)
+        or not any(isinstance(a, str) and a.endswith(_HEADED) for a in architectures)
+        or not _tie_setting(config)[0]
+    ):
         return {}
+    head = "embed_out.weight" if embedding.endswith("embed_in.weight") else "lm_head.weight"
     return {head: embedding}
 
 
@@ -54,10 +89,11 @@ def tied_config_findings(
 
     `same_bytes(a, b)` says whether two tensors hold equal bytes, or None when not compared.
     """
-    embedding = min((t.name for t in tensors if t.name.endswith(_EMBEDDING_SUFFIXES)), default=None)
-    head = min((t.name for t in tensors if t.name.endswith(_HEAD_NAMES)), default=None)
+    names = list(map(attrgetter("name"), tensors))
+    embedding = min(filter(methodcaller("endswith", _EMBEDDING_SUFFIXES), names), default=None)
     if embedding is None:
         return []
+    head = min(filter(methodcaller("endswith", _HEAD_NAMES), names), default=None)
     tie, explicit, model_type = _tie_setting(config)
     said = (
         "sets tie_word_embeddings=" + ("true" if tie else "false")
@@ -102,10 +138,12 @@ def config_findings(checkpoint: Checkpoint, *, hashed: bool) -> list[Finding]:
     """`tie_word_embeddings` against the stored names (and, with --hash, their bytes)."""
     assert checkpoint.config is not None and checkpoint.config.config is not None
     tensors = checkpoint.model_tensors
-    by_name = {tensor.name: tensor for tensor in tensors}
 
     def same_bytes(first: str, second: str) -> bool | None:
-        a, b = by_name[first], by_name[second]
+        # Asked at most once: two scans, not a dict of every name (the last of a name wins,
+        # as in a loader's state dict).
+        a = next(tensor for tensor in reversed(tensors) if tensor.name == first)
+        b = next(tensor for tensor in reversed(tensors) if tensor.name == second)
         if a.storage is not None and (a.file, a.storage, a.byte_range, a.strides) == (
             b.file,
             b.storage,

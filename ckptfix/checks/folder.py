@@ -8,6 +8,7 @@ import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from operator import attrgetter
 
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, finding, name_list
@@ -18,17 +19,31 @@ from ckptfix.layouts.diffusers import no_weights_message
 from ckptfix.layouts.huggingface import family_key
 from ckptfix.layouts.names import Family, parse_weight_name
 
+_NAME, _NBYTES, _STORAGE = attrgetter("name"), attrgetter("nbytes"), attrgetter("storage")
+
+
+def tensor_names(files: Iterable[FileRead]) -> list[str]:
+    """The names of every tensor of `files`, in order (duplicates kept)."""
+    return list(map(_NAME, itertools.chain.from_iterable(item.tensors for item in files)))
+
+
+def repeated(names: Sequence[str]) -> set[str]:
+    """The names that occur more than once (no counting at all when none does)."""
+    if len(set(names)) == len(names):
+        return set()
+    return {name for name, count in Counter(names).items() if count > 1}
+
 
 def duplicate_name_findings(files: Iterable[FileRead]) -> list[Finding]:
     """The same tensor name stored in two files of one checkpoint."""
     files = list(files)
-    counts = Counter(tensor.name for weight_file in files for tensor in weight_file.tensors)
-    if not counts or max(counts.values()) == 1:
+    twice = repeated(tensor_names(files))
+    if not twice:
         return []
     holders: dict[str, list[str]] = defaultdict(list)
     for weight_file in files:
         for tensor in weight_file.tensors:
-            if counts[tensor.name] > 1:
+            if tensor.name in twice:
                 holders[tensor.name].append(weight_file.label)
     by_files: dict[tuple[str, ...], list[str]] = defaultdict(list)
     for name, paths in holders.items():
@@ -77,17 +92,19 @@ def index_diff(
     missing_tensors: dict[str, list[str]] = {}
     for shard, names in by_shard.items():
         if shard in read:  # an unreadable shard: its own finding already says why
-            held = {tensor.name for tensor in read[shard].tensors}
-            absent = [name for name in names if name not in held]
-            if absent:
-                missing_tensors[shard] = absent
-    stored_in = Counter(tensor.name for weight in read.values() for tensor in weight.tensors)
+            held = set(map(_NAME, read[shard].tensors))
+            if not held.issuperset(names):  # (the usual answer, found in C)
+                missing_tensors[shard] = [name for name in names if name not in held]
+    twice = repeated(tensor_names(read.values()))
     unlisted = {}
     for shard, weight_file in read.items():
+        mapped = list(map(index.weight_map.get, map(_NAME, weight_file.tensors)))
+        if mapped.count(shard) == len(mapped):
+            continue  # every tensor mapped to its shard (the usual answer, found in C)
         names = [
             tensor.name
             for tensor in weight_file.tensors
-            if index.weight_map.get(tensor.name) != shard and stored_in[tensor.name] == 1
+            if index.weight_map.get(tensor.name) != shard and tensor.name not in twice
         ]
         if names:
             unlisted[weight_file.label] = names
@@ -118,7 +135,13 @@ def _indexed_bytes(
             continue
         wanted, seen = set(names), set()
         sizes = getattr(read[shard], "storages", {})
-        for tensor in read[shard].tensors:
+        tensors = read[shard].tensors
+        storages = list(map(_STORAGE, tensors))
+        if storages.count(None) == len(tensors) and wanted.issuperset(map(_NAME, tensors)):
+            total = sum(map(_NBYTES, tensors))  # each counted as the loop below counts it
+            present, shared = present + total, shared + total
+            continue
+        for tensor in tensors:
             if tensor.name not in wanted:
                 continue
             present += tensor.nbytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from operator import attrgetter
 
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError
@@ -12,6 +13,7 @@ from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.safetensors import U64_MAX
 
 HUGE = 2**31
+_DTYPE = attrgetter("dtype")
 
 
 def tensor_findings(tensors: Sequence[TensorInfo], max_shard: int) -> list[Finding]:
@@ -19,10 +21,13 @@ def tensor_findings(tensors: Sequence[TensorInfo], max_shard: int) -> list[Findi
     huge: dict[str, list[TensorInfo]] = defaultdict(list)
     oversized: dict[str, list[TensorInfo]] = defaultdict(list)
     unwritable: dict[str, list[TensorInfo]] = defaultdict(list)
-    for tensor in tensors:
+    # numel >= 2^31 needs nbytes >= 2^30 even at 4 bits per element: only tensors at least
+    # that large or over the shard limit, and tensors of no bytes (whose shape may still be
+    # past 64 bits), are looked at again (one pass in C over the rest).
+    floor = min(HUGE // 2, max_shard + 1)
+    for tensor in [tensor for tensor in tensors if tensor.nbytes >= floor or not tensor.nbytes]:
         if not tensor.nbytes and any(dim > U64_MAX for dim in tensor.shape):
             unwritable[tensor.file].append(tensor)
-        # numel >= 2^31 needs nbytes >= 2^30 even at 4 bits per element: skip small ones fast.
         if tensor.nbytes >= HUGE // 2 and (tensor.numel >= HUGE or tensor.nbytes >= HUGE):
             huge[tensor.file].append(tensor)
         if tensor.nbytes > max_shard:
@@ -52,7 +57,7 @@ def tensor_findings(tensors: Sequence[TensorInfo], max_shard: int) -> list[Findi
                 tensors=[tensor.name for tensor in group],
             )
         )
-    floating = sorted({tensor.dtype for tensor in tensors if DTYPES[tensor.dtype].is_floating})
+    floating = sorted(name for name in set(map(_DTYPE, tensors)) if DTYPES[name].is_floating)
     if len(floating) > 1:
         found.append(
             finding(

@@ -259,8 +259,8 @@ def reshard(
     \b
     Example: ckptfix reshard ./my-model -o ./my-model-2gb --max-shard 2GB
     """
-    from ckptfix.ops.rewrite import ReshardOptions
     from ckptfix.ops.rewrite import reshard as run_reshard
+    from ckptfix.ops.rewrite_options import ReshardOptions
 
     limit = parse_size(max_shard)
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
@@ -303,6 +303,13 @@ CloneOption = Annotated[
     bool, typer.Option("--clone", help="Write every alias as its own copy instead.")
 ]
 NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Skip reading the output back.")]
+AllowExpansionOption = Annotated[
+    bool,
+    typer.Option(
+        "--allow-expansion",
+        help="Write expanded (stride-0) tensors over 1,024x what they store and 1 GB in full.",
+    ),
+]
 DequantizeOption = Annotated[
     DecodeChoice | None,
     typer.Option("--dequantize", help="GGUF: decode block-quantized tensors to this dtype."),
@@ -348,6 +355,7 @@ def convert(
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
+    allow_expansion: AllowExpansionOption = False,
     dequantize: DequantizeOption = None,
     to_hf: ToHfOption = None,
 ) -> None:
@@ -356,8 +364,8 @@ def convert(
     \b
     Example: ckptfix convert pytorch_model.bin -o ./model --dtype bf16 --strip-prefix auto
     """
-    from ckptfix.ops.rewrite import ConvertOptions
     from ckptfix.ops.rewrite import convert as run_convert
+    from ckptfix.ops.rewrite_options import ConvertOptions
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
@@ -376,6 +384,7 @@ def convert(
             clone=clone,
             verify=not no_verify,
             zero_weights=zero_weights.value,
+            allow_expansion=allow_expansion,
             dequantize=dequantize.value if dequantize is not None else None,
             to_hf=to_hf,
         )
@@ -397,14 +406,15 @@ def dedupe(
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
+    allow_expansion: AllowExpansionOption = False,
 ) -> None:
     """Write shared (and, with --by-content, identical) tensors once, as safetensors.
 
     \b
     Example: ckptfix dedupe ./model -o ./model-dedup --by-content
     """
-    from ckptfix.ops.rewrite import DedupeOptions
     from ckptfix.ops.rewrite import dedupe as run_dedupe
+    from ckptfix.ops.rewrite_options import DedupeOptions
 
     limit = parse_size(max_shard)
     with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
@@ -417,6 +427,7 @@ def dedupe(
             by_content=by_content,
             clone=clone,
             keep=keep,
+            allow_expansion=allow_expansion,
         )
         result = run_dedupe(input_path(src), out, options)
     _show(result, json_output)

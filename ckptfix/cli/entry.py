@@ -27,7 +27,13 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import FrameType
 
+# The signals that stop a command: Platform.stop_signals(), which this module may not import
+# yet (it imports modules Python has not loaded); Ctrl-Break's SIGBREAK exists on Windows
+# only. tests/test_platform.py checks that the two agree. Statements, not a comprehension:
+# a comprehension is a function's frame, where a Ctrl-C would be a traceback in ckptfix.
 _NAMES = {_signal.SIGINT: "SIGINT", _signal.SIGTERM: "SIGTERM"}
+if hasattr(_signal, "SIGBREAK"):
+    _NAMES[_signal.SIGBREAK] = "SIGBREAK"
 
 
 def _quit(signum: int, frame: "FrameType | None") -> None:
@@ -44,9 +50,11 @@ def main() -> None:
 
     raise_open_files_limit()  # a folder of 1,100 shards under a soft limit of 1,024
     from ckptfix.cli.app import app
+    from ckptfix.core.memory import freeze_what_pauses_build
     from ckptfix.core.signals import keep_command_signals
 
     keep_command_signals()
+    freeze_what_pauses_build()
     try:
         app(prog_name="ckptfix")  # exits with the command's code
     finally:

@@ -13,6 +13,7 @@ import typer
 from ckptfix.cli.help import WholeSummaries
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.signals import command_signals
+from ckptfix.core.signals import current as current_signals
 from ckptfix.core.text import json_bytes, redact, shown
 
 ERROR_SCHEMA_VERSION = 1
@@ -42,6 +43,11 @@ class Group(WholeSummaries):
         report = _Reporter(wants_json(args))
         try:
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            # The last safe point: a signal kept while other code ran (rich laying out the
+            # output) ends the command as interrupted; once an output is committed it is not.
+            signals = current_signals()
+            if signals is not None:
+                signals.raise_deferred()
             return result if isinstance(result, int) else 0
         except typer.TyperException as exc:  # usage errors and the like, from the parser
             return report.usage(exc)

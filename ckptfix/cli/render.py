@@ -9,6 +9,7 @@ import os
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import IO, TYPE_CHECKING, Any, cast
 
 from rich.console import Console
@@ -22,6 +23,7 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from ckptfix.cli.render_table import print_table
 from ckptfix.core.findings import Severity
 from ckptfix.core.sizes import format_size
 from ckptfix.core.text import inert_lines, shown
@@ -85,7 +87,7 @@ def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
     console = _console()
     console.print(_summary(result))
     if show_tensors and result.tensors:
-        console.print(_tensor_table(result))
+        print_table(console, _tensor_table(result), partial(_tensor_rows, result))
     for severity in (Severity.ERROR, Severity.WARNING, Severity.INFO):
         items = [item for item in result.findings if item.severity is severity]
         if not items:
@@ -183,23 +185,32 @@ def _weights(layout: dict[str, object]) -> list[str]:
 
 
 def _tensor_table(result: Report) -> Table:
+    """The columns of the tensor list (its rows: _tensor_rows)."""
     # In a folder, name each tensor's file relative to it; for one file, no file column.
     in_folder = result.format == "folder"
     table = Table(title="Tensors", title_justify="left")
     columns = ["name", "dtype", "shape", "bytes"] + (["file"] if in_folder else [])
     for column in columns:
         table.add_column(column, justify="right" if column == "bytes" else "left")
-    for tensor in result.tensors:
-        cells: list[Text | str] = [
-            text(tensor.name),
-            text(tensor.dtype),
-            text(str(list(tensor.shape))),
-            f"{tensor.nbytes:,}",
-        ]
-        if in_folder:
-            cells.append(text(os.path.relpath(tensor.file, result.path)))
-        table.add_row(*cells)
     return table
+
+
+def _tensor_rows(result: Report) -> Iterator[list[str]]:
+    """Each tensor's cells, as shown (text()); shapes and files are few, each shown once."""
+    in_folder = result.format == "folder"
+    shapes: dict[tuple[int, ...], str] = {}
+    files: dict[str, str] = {}
+    for tensor in result.tensors:
+        shape = shapes.get(tensor.shape)
+        if shape is None:
+            shape = shapes[tensor.shape] = shown(str(list(tensor.shape)))
+        cells = [shown(tensor.name), shown(tensor.dtype), shape, f"{tensor.nbytes:,}"]
+        if in_folder:
+            file = files.get(tensor.file)
+            if file is None:
+                file = files[tensor.file] = shown(os.path.relpath(tensor.file, result.path))
+            cells.append(file)
+        yield cells
 
 
 def _verdict(result: Report, fail_on: str) -> Text:
@@ -268,7 +279,7 @@ def rewrite(result: RewriteResult) -> None:
     """The plan as a table, then what was written (or that nothing was, for --dry-run)."""
     console = _console()
     plan = result.plan
-    console.print(_plan_table(plan))
+    print_table(console, _plan_table(plan), partial(_plan_rows, plan))
     for line in _plan_notes(plan) + _names_notes(plan) + _files_notes(plan):
         console.print(line)
     note = weights_note(result.report.layout)
@@ -290,10 +301,13 @@ def _plan_table(plan: ShardPlan) -> Table:
         ("first tensor", "left"),
     ):
         table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    return table
+
+
+def _plan_rows(plan: ShardPlan) -> Iterator[list[str]]:
     for shard in plan.shards:
         first = shard.tensors[0] if shard.tensors else "-"
-        table.add_row(text(shard.file), f"{len(shard.tensors):,}", f"{shard.nbytes:,}", text(first))
-    return table
+        yield [shown(shard.file), f"{len(shard.tensors):,}", f"{shard.nbytes:,}", shown(first)]
 
 
 def _plan_notes(plan: ShardPlan) -> list[Text]:

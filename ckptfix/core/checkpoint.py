@@ -13,7 +13,7 @@ from functools import cached_property
 from typing import Any
 
 from ckptfix.core.errors import CkptfixError
-from ckptfix.core.tensor import TensorInfo
+from ckptfix.core.tensor import TensorInfo, concatenated
 from ckptfix.core.training import TrainingLayout
 from ckptfix.formats.base import FileRead
 from ckptfix.formats.index import ShardIndex
@@ -88,7 +88,7 @@ class Checkpoint:
     @property
     def model_tensors(self) -> tuple[TensorInfo, ...]:
         """The tensors of the checkpoint a loader would load (see chosen_files)."""
-        return tuple(tensor for record in self.chosen_files for tensor in record.tensors)
+        return concatenated(record.tensors for record in self.chosen_files)
 
     # A checkpoint read from a URL: the folder it was read through (io.remote_folder.
     # RemoteFolder), which lists the rest of the folder and counts requests and bytes.
@@ -96,7 +96,7 @@ class Checkpoint:
 
     @property
     def tensors(self) -> tuple[TensorInfo, ...]:
-        return tuple(tensor for record in self.files for tensor in record.tensors)
+        return concatenated(record.tensors for record in self.files)
 
     def record(self, label: str) -> FileRecord | None:
         return self._by_label.get(label)

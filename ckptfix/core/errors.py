@@ -1,8 +1,28 @@
-"""The one exception tree of ckptfix. The CLI turns these into exit codes in one place."""
+"""The one exception tree of ckptfix. The CLI turns these into exit codes in one place.
+
+Each error is also the standard exception it means, so that a program catches it as it
+would catch Python's own: a bad argument or a bad file is a ValueError, a path that does not
+exist a FileNotFoundError (errno ENOENT), a file or an output the OS will not let ckptfix
+read or write a PermissionError (errno EACCES). The exit codes are the CLI's and do not
+depend on that.
+"""
 
 from __future__ import annotations
 
+import errno
+from typing import Any, TypeVar
+
 from ckptfix.core.text import redact
+
+_E = TypeVar("_E", bound="CkptfixError")
+
+
+def _of_kind(cls: type[_E], kind: type[Any], *args: Any) -> _E:
+    """A new error of `kind`, a subclass of `cls` chosen by the rule: the standard
+    exception the rule means (see CorruptFileError, RemoteError)."""
+    base = OSError if issubclass(kind, OSError) else Exception  # the layout's own __new__
+    error: _E = base.__new__(kind, *args)
+    return error
 
 
 class CkptfixError(Exception):
@@ -23,6 +43,12 @@ class CkptfixError(Exception):
         if rule is not None:
             self.rule = rule
         super().__init__(self.line())
+        if isinstance(self, OSError):
+            _os_fields(self, self.what, self.path)
+
+    def __str__(self) -> str:
+        # The error line, also for the OSError kinds, whose own str() would show errno.
+        return self.line()
 
     @property
     def label(self) -> str:
@@ -60,26 +86,52 @@ class CkptfixError(Exception):
         return f"error: {where}{self.message()}"
 
 
-class UsageError(CkptfixError):
+def _os_fields(error: OSError, what: str, path: str | None) -> None:
+    """errno, strerror and filename of an error that is an OSError too, as Python's own."""
+    error.errno = errno.ENOENT if isinstance(error, FileNotFoundError) else errno.EACCES
+    error.strerror, error.filename = what, path
+
+
+class UsageError(CkptfixError, ValueError):
     """The command line asks for something impossible (bad option value, bad combination)."""
 
     exit_code = 2
     kind = "usage"
 
 
-class InputNotFoundError(UsageError):
+class InputNotFoundError(UsageError, FileNotFoundError):
     """The path given on the command line does not exist."""
 
     kind = "input-not-found"
 
 
-class CorruptFileError(CkptfixError):
-    """A file cannot be parsed or breaks a validation rule; `rule` names the rule."""
+class UnknownTensorError(UsageError, KeyError):
+    """A tensor name the checkpoint does not hold (the library's `get`)."""
+
+    kind = "unknown-tensor"
+
+
+class CorruptFileError(CkptfixError, ValueError):
+    """A file cannot be parsed or breaks a validation rule; `rule` names the rule. Rule
+    `unreadable` (the OS refused to open or list it) makes an UnreadableFileError."""
 
     code = "corrupt-file"
 
+    def __new__(
+        cls: type[_E], path: str | None, rule: str, what: str, fix: str | None = None
+    ) -> _E:
+        kind = UnreadableFileError if cls is CorruptFileError and rule == UNREADABLE else cls
+        return _of_kind(cls, kind, path, rule, what, fix)
+
     def __init__(self, path: str | None, rule: str, what: str, fix: str | None = None) -> None:
         super().__init__(path, what, fix, rule=rule)
+
+
+UNREADABLE = "unreadable"  # the rule of a file or folder the OS will not let us read
+
+
+class UnreadableFileError(CorruptFileError, PermissionError):
+    """A file or folder could not be opened or listed (permissions, another user's)."""
 
 
 class LfsPointerError(CorruptFileError):
@@ -94,7 +146,7 @@ class DuplicateNameError(CorruptFileError):
     code = "duplicate-name"
 
 
-class UnsupportedFormatError(CkptfixError):
+class UnsupportedFormatError(CkptfixError, ValueError):
     """A file is of a kind ckptfix recognises but does not read (yet, or ever)."""
 
     code = "unsupported-format"
@@ -104,6 +156,10 @@ class WriteError(CkptfixError):
     """Writing the output failed (disk full, permissions, a source that changed)."""
 
     kind = "write-failed"
+
+
+class WritePermissionError(WriteError, PermissionError):
+    """The OS refused to let ckptfix write the output (EACCES, EPERM)."""
 
 
 class SourceChangedError(WriteError):
@@ -124,7 +180,7 @@ class OpenFilesError(WriteError):
     kind = "open-files-limit"
 
 
-class PlanError(CkptfixError):
+class PlanError(CkptfixError, ValueError):
     """The output cannot be written as asked (e.g. a header over the format's limit)."""
 
     kind = "cannot-plan"
@@ -172,7 +228,7 @@ class RepairRefusedError(CkptfixError):
         super().__init__(path, what, fix, rule=rule or code)
 
 
-class MappingError(CkptfixError):
+class MappingError(CkptfixError, ValueError):
     """A checkpoint and the model it is mapped to (`--to-hf`) do not correspond tensor for
     tensor: a tensor with no destination, a target with no source, a size that disagrees;
     `rule` names which."""
@@ -180,7 +236,7 @@ class MappingError(CkptfixError):
     kind = "mapping"
 
 
-class UnsafePickleError(CkptfixError):
+class UnsafePickleError(CkptfixError, ValueError):
     """A pickle names a global outside the allowlist; it was not loaded."""
 
     code = "unsafe-pickle"
@@ -188,12 +244,32 @@ class UnsafePickleError(CkptfixError):
 
 class RemoteError(CkptfixError):
     """A remote source (s3://, gs://, hf://, http(s)://) could not be read: no credentials,
-    refused, not found, no range requests, timed out; `rule` names which."""
+    refused, not found, no range requests, timed out; `rule` names which. Not found makes a
+    RemoteNotFoundError, refused or unsigned a RemoteAccessError."""
 
     kind = "remote-error"
 
+    def __new__(cls: type[_E], url: str, rule: str, what: str, fix: str | None = None) -> _E:
+        kind = _REMOTE_KINDS.get(rule, cls) if cls is RemoteError else cls
+        return _of_kind(cls, kind, url, rule, what, fix)
+
     def __init__(self, url: str, rule: str, what: str, fix: str | None = None) -> None:
         super().__init__(url, what, fix, rule=rule)
+
+
+class RemoteNotFoundError(RemoteError, FileNotFoundError):
+    """The URL names no object or folder (HTTP 404, NoSuchKey)."""
+
+
+class RemoteAccessError(RemoteError, PermissionError):
+    """The store refused the request: no credentials, or not allowed (HTTP 401, 403)."""
+
+
+_REMOTE_KINDS: dict[str, type[RemoteError]] = {
+    "remote-not-found": RemoteNotFoundError,
+    "remote-credentials": RemoteAccessError,
+    "remote-forbidden": RemoteAccessError,
+}
 
 
 class RemoteChangedError(SourceChangedError):

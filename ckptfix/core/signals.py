@@ -1,5 +1,6 @@
-"""SIGINT and SIGTERM while ckptfix runs a command: they stop it, leave any output as it
-was, and never report a completed output as interrupted (see Signals)."""
+"""SIGINT and SIGTERM (and on Windows Ctrl-Break's SIGBREAK: `Platform.stop_signals`) while
+ckptfix runs a command: they stop it, leave any output as it was, and never report a
+completed output as interrupted (see Signals)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ from types import FrameType
 from typing import Any
 
 from ckptfix.core.errors import Interrupted
+from ckptfix.platform import system
+from ckptfix.platform.locks import release_held
 
 # The package root: every frame of ckptfix code, whichever layer it is in.
 _OURS = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -48,8 +51,10 @@ class Signals:
         error = Interrupted(self.out, signal.Signals(signum).name, 128 + signum)
         if self.exit_outside_writes and not self.writing:
             # The console script, with nothing to undo: exit at once, which an exception
-            # raised in the middle of an import or of a thread pool's locking may not do.
+            # raised in the middle of an import or of a thread pool's locking may not do
+            # (a lock file beside OUT, where the system has one, goes first).
             os.write(2, (error.line() + "\n").encode())
+            release_held()
             os._exit(error.exit_code)
         if self.holding or not _ours(frame):
             self.deferred = self.deferred or error
@@ -76,7 +81,7 @@ class Signals:
         except a signal the caller ignores (nohup, a background job's SIGINT)."""
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
-            for held in (signal.SIGINT, signal.SIGTERM):
+            for held in system().stop_signals():
                 if signal.getsignal(held) is not signal.SIG_IGN:
                     previous[held] = signal.signal(held, self.handle)
         return previous

@@ -44,6 +44,18 @@ def parse_size(text: str, option: str = "--max-shard") -> int:
     return int(value)
 
 
+def shard_size(value: int | str, option: str = "max_shard") -> int:
+    """A size option of the library in bytes: an int, or text as `parse_size` takes it
+    ("5GB", "500MiB"); anything else is a UsageError (a ValueError) naming `option`."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise UsageError(option, f"{value!r} is not a size", 'pass bytes or a size such as "5GB"')
+    if isinstance(value, str):
+        return parse_size(value, option)
+    if value < 1:
+        raise UsageError(option, f"size {value} must be at least one byte", "pass a positive size")
+    return value
+
+
 def format_size(num_bytes: int) -> str:
     """`1234567` -> `1.23 MB`: SI units, as the Hub shows sizes."""
     if num_bytes < 1000:

@@ -8,8 +8,10 @@ gathered rather than copied.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain, compress, repeat
+from operator import attrgetter, eq, floordiv, mul
 
 from ckptfix.core.dtypes import DTYPES
 
@@ -117,3 +119,33 @@ def tiling_problem(tensor: TensorInfo) -> str | None:
         side = "past its end" if expected > tensor.nbytes else f"only up to byte {expected}"
         return f"the pieces of {tensor.name!r} ({tensor.nbytes} bytes) reach {side}"
     return None
+
+
+_DTYPE, _NBYTES = attrgetter("dtype"), attrgetter("nbytes")
+
+
+def bytes_by_dtype(tensors: Sequence[TensorInfo]) -> dict[str, int]:
+    """Total bytes of each dtype, in order of first appearance (a pass in C per dtype)."""
+    dtypes = list(map(_DTYPE, tensors))
+    kinds = list(dict.fromkeys(dtypes))
+    if len(kinds) == 1:  # the usual model
+        return {kinds[0]: sum(map(_NBYTES, tensors))}
+    sizes = list(map(_NBYTES, tensors))
+    return {kind: sum(compress(sizes, map(eq, dtypes, repeat(kind)))) for kind in kinds}
+
+
+def parameter_count(tensors: Sequence[TensorInfo]) -> int:
+    """The sum of every tensor's `numel`, each as that property computes it, in C."""
+    dtypes = list(map(_DTYPE, tensors))
+    kinds = {kind: DTYPES[kind] for kind in set(dtypes)}
+    if any(dtype.block_bytes for dtype in kinds.values()):  # block-quantized: rare
+        return sum(tensor.numel for tensor in tensors)
+    bits = {kind: dtype.bits for kind, dtype in kinds.items()}
+    eighths = map(mul, map(_NBYTES, tensors), repeat(8))
+    return sum(map(floordiv, eighths, map(bits.__getitem__, dtypes)))
+
+
+def concatenated(groups: Iterable[tuple[TensorInfo, ...]]) -> tuple[TensorInfo, ...]:
+    """The tensors of several files as one tuple; one file's own tuple, not a copy."""
+    groups = list(groups)
+    return groups[0] if len(groups) == 1 else tuple(chain.from_iterable(groups))

@@ -78,7 +78,8 @@ def read_index(
         raise CorruptFileError(
             display, "index-no-weight-map", 'index has no "weight_map" object', _FIX
         )
-    for tensor, shard in weight_map.items():
+    odd = set(map(type, weight_map.values())) - {str}  # (JSON values have exact types)
+    for tensor, shard in weight_map.items() if odd else ():
         if not isinstance(shard, str):
             raise CorruptFileError(
                 display,

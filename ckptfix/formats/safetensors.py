@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import chain
+from operator import attrgetter
 from typing import Any
 
 from ckptfix.core.dtypes import SAFETENSORS_DTYPES, DType
@@ -20,12 +21,20 @@ from ckptfix.core.findings import Finding, finding
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
-from ckptfix.formats.strict_json import parse_header_json
+from ckptfix.formats.safetensors_columns import read_columns
+from ckptfix.formats.safetensors_encode import (
+    METADATA_KEY,
+    Fields,
+    HeaderEntry,
+    encode_fields,
+    encode_header,
+    header_size,
+)
+from ckptfix.formats.strict_json import PART_SIZE, NotParts, object_parts, parse_header_json
 from ckptfix.io.source import ByteSource, LocalFile
 
 MAX_HEADER_SIZE = 100_000_000
 U64_MAX = 2**64 - 1
-METADATA_KEY = "__metadata__"
 _TENSOR_FIELDS = ("dtype", "shape", "data_offsets")
 _REEXPORT = "re-download or re-export the file"
 
@@ -186,25 +195,26 @@ def _check_size(
         )
 
 
-_BITS = {name: dtype.bits for name, dtype in SAFETENSORS_DTYPES.items()}
+# Each dtype's name as one shared string (not one per tensor) and its bits.
+_KNOWN = {name: (name, dtype.bits) for name, dtype in SAFETENSORS_DTYPES.items()}
+_NAME = attrgetter("name")
 
 
 def _fast_entry(entry: Any) -> tuple[str, tuple[int, ...], int, int] | None:
     """Accept a well-formed entry quickly, or return None to let _check_entry decide.
 
-    Headers of 100,000 tensors are common, so the common case is kept to a few
-    operations; anything unusual goes to the slow path, which is authoritative and
+    Headers of 1,000,000 tensors occur (mixtures of experts), so the common case is kept to
+    a few operations; anything unusual goes to the slow path, which is authoritative and
     names the broken rule. This must never accept what _check_entry rejects.
     """
     try:
-        dtype_name, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        bits = _BITS[dtype_name]
+        dtype_name, bits = _KNOWN[entry["dtype"]]
+        shape, offsets = entry["shape"], entry["data_offsets"]
         begin, end = offsets
     except Exception:
         return None
     if (
         type(entry) is not dict
-        or type(dtype_name) is not str
         or type(shape) is not list
         or type(offsets) is not list
         or type(begin) is not int
@@ -311,13 +321,14 @@ def _read_header(source: ByteSource) -> SafetensorsHeader:
 
 def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> SafetensorsHeader:
     """Validate header bytes already read; offsets are checked against `file_size`."""
+    data_start, data_size = 8 + header_size, file_size - 8 - header_size
     with paused_gc():
-        parsed = parse_header_json(raw, path)
-        metadata = _check_metadata(parsed.pop(METADATA_KEY, None), path)
-        empty_names = 1 if "" in parsed else 0
-        tensors = _tensor_infos(parsed, 8 + header_size, path)
-        tensors.sort(key=_byte_range)
-    _check_coverage(tensors, file_size - 8 - header_size, header_size, file_size, path)
+        read = read_columns(raw, data_start, data_size, path)  # in order, covering the data
+        if read is None:
+            read = _read_in_parts(raw, data_start, path) or _read_whole(raw, data_start, path)
+            read[2].sort(key=attrgetter("byte_range"))
+            _check_coverage(read[2], data_size, header_size, file_size, path)
+    metadata, empty_names, tensors = read
     return SafetensorsHeader(
         path=path,
         header_size=header_size,
@@ -328,52 +339,67 @@ def parse_header(raw: bytes, *, header_size: int, file_size: int, path: str) -> 
     )
 
 
-def _byte_range(tensor: TensorInfo) -> tuple[int, int]:
-    return tensor.byte_range
+_Read = tuple[dict[str, str] | None, int, list[TensorInfo]]  # metadata, empty names, tensors
+
+
+def _read_whole(raw: bytes, data_start: int, path: str) -> _Read:
+    parsed = parse_header_json(raw, path)
+    metadata = _check_metadata(parsed.pop(METADATA_KEY, None), path)
+    empty_names = 1 if "" in parsed else 0
+    return metadata, empty_names, _tensor_infos(parsed, data_start, path)
+
+
+def _read_in_parts(raw: bytes, data_start: int, path: str, size: int = PART_SIZE) -> _Read | None:
+    """_read_whole's result for a large header, parsed and converted a part at a time
+    (strict_json.Parts): its parsed JSON is never whole in memory. None when anything is
+    unusual (a part that does not parse, a name given twice, an error): the whole read then
+    decides, and names the rule as it always does."""
+    parts = object_parts(raw, size)
+    if parts is None:
+        return None
+    metadata: list[Any] = []
+    empty_names, batches = 0, []
+    try:
+        for part in parts:
+            if METADATA_KEY in part:
+                metadata.append(part.pop(METADATA_KEY))
+            empty_names += "" in part
+            batches.append(_tensor_infos(part, data_start, path))
+        tensors = list(chain.from_iterable(batches))
+        if (
+            not parts.complete()
+            or len(metadata) > 1
+            or len(set(map(_NAME, tensors))) < len(tensors)
+        ):
+            return None
+        return _check_metadata(metadata[0] if metadata else None, path), empty_names, tensors
+    except (NotParts, CorruptFileError):
+        return None
 
 
 def _tensor_infos(parsed: dict[str, Any], data_start: int, path: str) -> list[TensorInfo]:
     """Descriptors in header order. Entries are popped as they are converted, so the parsed
-    JSON and the descriptors are never both whole in memory."""
+    JSON and the descriptors are never both whole in memory; equal shapes share one tuple
+    (the experts of a mixture repeat a few shapes thousands of times)."""
     tensors: list[TensorInfo] = []
     add, fast = tensors.append, _fast_entry
+    shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
+    shared = shapes.setdefault
     while parsed:
         name, entry = parsed.popitem()  # last first: reversed below
         dtype_name, shape, begin, end = fast(entry) or _check_entry(name, entry, path)
         add(
             TensorInfo(
-                name, dtype_name, shape, end - begin, path, (data_start + begin, data_start + end)
+                name,
+                dtype_name,
+                shared(shape, shape),
+                end - begin,
+                path,
+                (data_start + begin, data_start + end),
             )
         )
     tensors.reverse()
     return tensors
-
-
-@dataclass(frozen=True)
-class HeaderEntry:
-    """What the encoder needs of a tensor: offsets are relative to the data section."""
-
-    name: str
-    dtype: str
-    shape: Sequence[int]
-    begin: int
-    end: int
-
-
-def encode_header(entries: Iterable[HeaderEntry], metadata: Mapping[str, str] | None) -> bytes:
-    """The 8-byte length plus the JSON header, space-padded so data starts 8-byte aligned."""
-    header: dict[str, Any] = {}
-    if metadata:
-        header[METADATA_KEY] = dict(metadata)
-    for entry in entries:
-        header[entry.name] = {
-            "dtype": entry.dtype,
-            "shape": list(entry.shape),
-            "data_offsets": [entry.begin, entry.end],
-        }
-    body = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-    body += b" " * (-len(body) % 8)
-    return struct.pack("<Q", len(body)) + body
 
 
 @dataclass(frozen=True)
@@ -435,3 +461,20 @@ class SafetensorsFormat:
 
 
 SAFETENSORS = FORMATS.register(SafetensorsFormat())
+
+# The encoder lives in safetensors_encode; its names are ckptfix.formats.safetensors's too.
+__all__ = [
+    "MAX_HEADER_SIZE",
+    "METADATA_KEY",
+    "SAFETENSORS",
+    "Fields",
+    "HeaderEntry",
+    "SafetensorsFile",
+    "SafetensorsFormat",
+    "SafetensorsHeader",
+    "encode_fields",
+    "encode_header",
+    "header_size",
+    "parse_header",
+    "read_header",
+]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -82,6 +83,18 @@ _LONG_DIGIT_RUN = b"0" * 20
 _SPACED_COLONS = (b" :", b"\t:", b"\n:", b"\r:")
 
 
+def _spaced_colon(raw: bytes) -> bool:
+    """Whether whitespace stands before a colon. Each pair is looked for only when its
+    blank occurs at all (a one-byte search runs at memory speed, a two-byte one several
+    times slower), and a space only when one occurs before the padding at the end."""
+    for pair in _SPACED_COLONS[1:]:
+        if pair[:1] in raw and pair in raw:
+            return True
+    first = raw.find(b" ")
+    padding = first != -1 and raw.count(b" ", first) == len(raw) - first
+    return first != -1 and not padding and b" :" in raw
+
+
 def _fast_json(raw: bytes) -> dict[str, Any] | None:
     """orjson's parse when it provably equals the strict parse below, else None.
 
@@ -91,12 +104,7 @@ def _fast_json(raw: bytes) -> dict[str, Any] | None:
     before a colon, each key ends in `":`; a count that differs from the keys parsed means
     a duplicate or something unusual, and the strict parser decides.
     """
-    if (
-        b"\\" in raw
-        or any(pair in raw for pair in _SPACED_COLONS)
-        or _NEGATIVE_ZERO_BYTES.search(raw)
-        or _LONG_DIGIT_RUN in raw.translate(_DIGITS_ONLY)
-    ):
+    if not _plain(raw):
         return None
     try:
         parsed = orjson.loads(raw)
@@ -104,8 +112,101 @@ def _fast_json(raw: bytes) -> dict[str, Any] | None:
         return None
     if type(parsed) is not dict:
         return None
-    keys = len(parsed) + sum(len(value) for value in parsed.values() if type(value) is dict)
-    return parsed if keys == raw.count(b'":') else None
+    keys = _keys(parsed)
+    return parsed if keys is not None and keys == raw.count(b'":') else None
+
+
+def _plain(raw: bytes) -> bool:
+    """No backslash, no whitespace before a colon, no `-0`, no integer past 64 bits: what
+    orjson's parse needs to be provably the strict one (see _fast_json)."""
+    return not (
+        b"\\" in raw
+        or _spaced_colon(raw)
+        or _NEGATIVE_ZERO_BYTES.search(raw)
+        or _LONG_DIGIT_RUN in raw.translate(_DIGITS_ONLY)
+    )
+
+
+def _keys(parsed: dict[str, Any]) -> int | None:
+    """The keys of an object of objects (its own and its values'), or None when a value
+    is no object (the strict parser then names the rule)."""
+    if set(map(type, parsed.values())) - {dict}:
+        return None
+    return len(parsed) + sum(map(len, parsed.values()))
+
+
+# A large object is parsed a part of about this many bytes at a time (see Parts).
+PART_SIZE = 2**20
+_MEMBER_END = b'},"'  # an object's member ending (in `{"a":{..},"b":..}`), or not: see Parts
+
+
+class NotParts(Exception):
+    """A part of an object did not parse as an object of objects: parse it whole."""
+
+
+class Parts:
+    """The members of a large JSON object of objects (a safetensors header), parsed a part
+    of about PART_SIZE bytes at a time, so that the parsed object is never whole in memory
+    (nor orjson's own copy of it, which takes more).
+
+    A part ends at a `},"` past PART_SIZE bytes outside any string: without a backslash
+    every quote delimits a string, so an even number of quotes before it says so. One inside
+    a nested object (which a valid header does not have) leaves the part unbalanced: it
+    does not parse, and iterating raises NotParts. When every part parses, the parts are
+    the object's members in order; `complete` then tells whether their keys account for
+    every key in the text (a key given twice within a part is counted once; across parts
+    the caller must look).
+    """
+
+    def __init__(self, raw: bytes, end: int, size: int = PART_SIZE) -> None:
+        self.raw, self.end, self.size, self.keys = raw, end, size, 0
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        raw, position = self.raw, 1
+        while position < self.end:
+            cut = self._cut(position)
+            stop = self.end if cut == -1 else cut + 1
+            try:
+                part = orjson.loads(b"{" + raw[position:stop] + b"}")
+            except orjson.JSONDecodeError:
+                raise NotParts from None
+            keys = _keys(part)
+            if keys is None:
+                raise NotParts
+            self.keys += keys
+            yield part
+            position = stop + 1
+
+    def _cut(self, position: int) -> int:
+        """Where the part from `position` ends: the first `},"` past `size` bytes with an
+        even number of quotes before it (outside any string), or -1 (the rest is one part)."""
+        raw, end = self.raw, self.end
+        cut = raw.find(_MEMBER_END, position + self.size, end)
+        quotes = raw.count(b'"', position, cut) if cut != -1 else 0
+        while cut != -1 and quotes % 2:  # inside a name: the next one
+            following = raw.find(_MEMBER_END, cut + 1, end)
+            if following != -1:
+                quotes += raw.count(b'"', cut, following)
+            cut = following
+        return cut
+
+    def complete(self) -> bool:
+        return self.keys == self.raw.count(b'":')
+
+
+def object_parts(raw: bytes, size: int = PART_SIZE) -> Parts | None:
+    """The Parts of an object of at least two parts of `size` bytes, when the fast path
+    applies to its text (see _fast_json) and it is `{...}` followed by nothing but spaces
+    (the padding); None otherwise."""
+    end = raw.rfind(b"}")
+    if (
+        len(raw) < 2 * size
+        or raw[:1] != b"{"
+        or raw.count(b" ", end + 1) != len(raw) - end - 1
+        or not _plain(raw)
+    ):
+        return None
+    return Parts(raw, end, size)
 
 
 def loads(text: str | bytes) -> Any:

@@ -14,7 +14,7 @@ import zlib
 from collections import Counter
 
 from ckptfix.core.dtypes import DTYPES
-from ckptfix.core.errors import CorruptFileError, UnsupportedFormatError
+from ckptfix.core.errors import CkptfixError, CorruptFileError, UnsupportedFormatError
 from ckptfix.core.findings import Finding
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.pickle_scan import MAX_PICKLE_BYTES
@@ -49,6 +49,8 @@ def _open_archive(source: ByteSource, display: str) -> list[zipfile.ZipInfo]:
     try:
         with open_stream(source) as stream, zipfile.ZipFile(stream) as archive:
             return archive.infolist()
+    except CkptfixError:  # a short read's own error line (a ValueError too), as it is
+        raise
     except _ZIP_ERRORS as exc:
         raise _bad(display, "bad-zip", f"zip archive cannot be read: {exc}") from exc
 

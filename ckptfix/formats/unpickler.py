@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptfix.core.dtypes import TORCH_DTYPES, TORCH_STORAGES
-from ckptfix.core.errors import CorruptFileError, UnsafePickleError, UnsupportedFormatError
+from ckptfix.core.errors import (
+    CkptfixError,
+    CorruptFileError,
+    UnsafePickleError,
+    UnsupportedFormatError,
+)
 from ckptfix.core.memory import paused_gc
 from ckptfix.formats.pickle_scan import PickleRejected, ScanResult, scan
 
@@ -359,6 +364,8 @@ def unpickle(
         ) from None
     except PickleRejected as exc:
         raise CorruptFileError(path, exc.rule, exc.what, REEXPORT) from exc
+    except CkptfixError:  # a storage's own error line (a ValueError too), as it is
+        raise
     except _UNPICKLE_ERRORS as exc:
         raise CorruptFileError(
             path, "bad-pickle", f"pickle cannot be read: {brief(str(exc))}", REEXPORT

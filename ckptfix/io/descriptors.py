@@ -23,10 +23,10 @@ from collections.abc import Callable
 from typing import Protocol, TypeVar
 
 from ckptfix.core.errors import OpenFilesError
+from ckptfix.platform import system
 
 MIN_OPEN = 16
 MAX_OPEN = 4096
-_LINUX_NR_OPEN = 1 << 20  # the kernel's default ceiling (fs.nr_open) for an unlimited hard limit
 
 
 class Member(Protocol):
@@ -41,28 +41,10 @@ class Member(Protocol):
         ...
 
 
-_raised = False
-
-
-def raise_open_files_limit() -> int:
-    """Raise the soft RLIMIT_NOFILE to the hard limit where allowed (once per process);
-    the soft limit in force."""
-    global _raised
-    try:
-        import resource
-    except ImportError:  # not a POSIX system: nothing to raise, and no limit to respect
-        return 4 * MAX_OPEN
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if not _raised:
-        _raised = True
-        target = hard if hard != resource.RLIM_INFINITY else max(soft, _LINUX_NR_OPEN)
-        if soft != resource.RLIM_INFINITY and soft < target:
-            try:
-                resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-                soft = target
-            except (ValueError, OSError):
-                pass  # a container's ceiling below the hard limit: keep the soft one
-    return soft if soft != resource.RLIM_INFINITY else _LINUX_NR_OPEN
+def raise_open_files_limit() -> int | None:
+    """Raise the soft limit on descriptors to the hard limit where the system allows it
+    (once per process); the limit in force, None where there is none."""
+    return system().raise_open_files_limit()
 
 
 class DescriptorPool:
@@ -77,7 +59,8 @@ class DescriptorPool:
     @property
     def capacity(self) -> int:
         if self._capacity is None:
-            self._capacity = max(MIN_OPEN, min(MAX_OPEN, raise_open_files_limit() // 4))
+            limit = raise_open_files_limit() or 4 * MAX_OPEN
+            self._capacity = max(MIN_OPEN, min(MAX_OPEN, limit // 4))
         return self._capacity
 
     def __len__(self) -> int:
@@ -133,13 +116,8 @@ def with_room(call: Callable[[], _T]) -> _T:
 
 
 def open_files_limit() -> int | None:
-    """The soft RLIMIT_NOFILE in force (None where there is none): for messages."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return None if soft == resource.RLIM_INFINITY else soft
+    """The soft limit on descriptors in force (None where there is none): for messages."""
+    return system().open_files_limit()
 
 
 def out_of_descriptors(path: str) -> OpenFilesError:

@@ -9,14 +9,13 @@ requests). Nothing outside `io/` needs to know which.
 
 from __future__ import annotations
 
-import errno
 import os
-import stat
 from collections.abc import Callable, Iterable
 from typing import Protocol, TypeVar
 
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.io.source import ByteSource, LocalFile
+from ckptfix.platform import system
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -93,11 +92,9 @@ class LocalFolder:
 
     def read_small(self, path: str, display: str, limit: int, what: str) -> bytes:
         try:
-            # O_NONBLOCK: a FIFO put in the file's place after the listing must not hang us.
-            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as handle:
+            # a FIFO put in the file's place after the listing is refused, never waited on
+            with open(system().open_regular(path), "rb") as handle:
                 info = os.fstat(handle.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise OSError(errno.EINVAL, "not a regular file")
                 if info.st_size > limit:
                     raise too_large(display, what, info.st_size, limit)
                 return handle.read(limit + 1)

@@ -10,13 +10,15 @@ read for it ever reaches an output.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
-from ckptfix.core.errors import CorruptFileError
+from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.core.tensor import Piece, TensorInfo
 from ckptfix.io.source import ByteSource, LocalFile, read_into
+from ckptfix.io.source import ByteSource, descriptor, past_end
+from ckptfix.platform import system
 
 CHUNK = 16 * 2**20
 
@@ -42,6 +44,58 @@ def tensor_chunks(
         yield from _read_chunks(source_of(pieces[0].source), pieces[0].offset, tensor.nbytes, chunk)
     else:
         yield from _assemble(source_of, tensor, chunk)
+
+
+# Pieces whose runs average less than this are gathered in memory (16 MiB windows, one read
+# per run) rather than copied run by run: each kernel copy costs several system calls, which
+# for the 2 KiB rows of a chunk cut along its last dimension (a tensor-parallel column shard,
+# Megatron's linear_proj and linear_fc2) took 5 times as long as `cp` of the whole folder.
+GATHER_BELOW = 64 * 2**10
+
+
+def fragmented(tensor: TensorInfo) -> bool:
+    """Whether a tensor's pieces average runs shorter than GATHER_BELOW bytes."""
+    if tensor.spread is None:
+        return False
+    runs = sum(piece.count for piece in tensor.spread)
+    return runs > 1 and tensor.nbytes < runs * GATHER_BELOW
+
+
+def tensor_into(sources: Sources | ByteSource, tensor: TensorInfo, out: memoryview) -> None:
+    """Fill `out` (writable, `tensor.nbytes` long) with the tensor's row-major bytes: each run
+    read straight into its place where the source is a local file (one copy, from the
+    kernel), through bounded chunks otherwise, for a strided view, and for runs too short to
+    read one by one (gathered in windows, as the writers gather them)."""
+    source_of = _source_of(sources)
+    if tensor.nbytes == 0:
+        return
+    if tensor.pieces[0].view is not None or fragmented(tensor):
+        at = 0
+        for chunk in tensor_chunks(source_of, tensor):
+            out[at : at + len(chunk)] = chunk
+            at += len(chunk)
+        return
+    for piece in tensor.pieces:
+        source = source_of(piece.source)
+        with descriptor(source) as fd:  # held for the piece's runs: the pool keeps it open
+            for offset, at, length in piece.runs():
+                _read_into(source, fd, offset, out[at : at + length])
+
+
+def _read_into(source: ByteSource, fd: int | None, offset: int, target: memoryview) -> None:
+    if fd is None:
+        for start in range(0, len(target), CHUNK):
+            size = min(CHUNK, len(target) - start)
+            target[start : start + size] = source.read_at(offset + start, size)
+        return
+    if offset + len(target) > source.size:
+        raise past_end(source.label, offset + len(target), source.size)
+    done = 0
+    while done < len(target):  # one call reads at most about 2 GiB on Linux
+        count = system().read_into(fd, target[done : done + 2**30], offset + done)
+        if count == 0:
+            raise SourceChangedError(source.label)  # shorter than it was: it changed
+        done += count
 
 
 def tensor_bytes(sources: Sources | ByteSource, tensor: TensorInfo) -> bytes:
@@ -180,7 +234,7 @@ def _rows_into(
 ) -> range:
     """Place the runs of `piece` that lie wholly in the window with one read, when they are
     consecutive in the source (a chunk's rows, cut along its last dimension: thousands of
-    short runs): of a local file, straight into their places (IOV_MAX runs per system call)
+    short runs): of a local file, straight into their places (up to 1,024 runs per system call)
     when they are long enough; else one read and one strided copy. The indices of the runs
     placed."""
     step, length = piece.tensor_step, piece.length
@@ -270,14 +324,24 @@ def _gather(source: ByteSource, tensor: TensorInfo, piece: Piece, chunk: int) ->
     yield from _blocks(view, shape, itemsize, chunk)
 
 
+def row_blocks(
+    shape: Sequence[int], itemsize: int, chunk: int = CHUNK
+) -> Iterator[tuple[int | slice, ...]]:
+    """Index keys that cut an array of `shape` into blocks of whole rows of at most `chunk`
+    bytes (at least one element), in row-major order: `array[key]` for each key, made
+    contiguous, gives its bytes a block at a time (numpy here; torch for a caller's tensor,
+    whose own copy kernels are faster at transposes)."""
+    k, rows = _row_blocks(list(shape), itemsize, chunk)
+    if k == 0:
+        yield ()
+        return
+    for index in itertools.product(*(range(dim) for dim in shape[: k - 1])):
+        for start in range(0, shape[k - 1], rows):
+            yield (*index, slice(start, start + rows))
+
+
 def _blocks(array: Any, shape: list[int], itemsize: int, chunk: int) -> Iterator[bytes]:
     import numpy as np
 
-    k, rows = _row_blocks(shape, itemsize, chunk)
-    if k == 0:
-        yield np.ascontiguousarray(array).tobytes()
-        return
-    for index in np.ndindex(*shape[: k - 1]):
-        outer = array[index]
-        for start in range(0, shape[k - 1], rows):
-            yield np.ascontiguousarray(outer[start : start + rows]).tobytes()
+    for key in row_blocks(shape, itemsize, chunk):
+        yield np.ascontiguousarray(array[key]).tobytes()

@@ -2,14 +2,13 @@
 
 A ByteSource is a file's bytes: its size, `read_at(offset, size)`, and a change token that
 tells whether it is still the file that was read. Local files also lend a descriptor
-(`descriptor`), so the writer can use `copy_file_range` and reflinks. Remote sources
+(`descriptor`), so the writer can use kernel copies and clones. Remote sources
 (fsspec) implement the same interface with ranged requests; nothing else in ckptfix needs to
 know the difference.
 """
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import stat
@@ -19,6 +18,7 @@ from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, POOL, out_of_descriptors, with_room
+from ckptfix.platform import system
 
 
 @runtime_checkable
@@ -40,11 +40,6 @@ class ByteSource(Protocol):
         """Equal before and after a run only if the file did not change in between."""
 
 
-PREADV = hasattr(os, "preadv")  # not on Windows: pread, one view at a time
-# The most views one preadv takes (Linux: 1,024).
-IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if PREADV else 1
-
-
 def past_end(label: str, needed: int, size: int) -> CorruptFileError:
     """A read that the file's own structure asked for, past its end."""
     return CorruptFileError(
@@ -56,11 +51,11 @@ def past_end(label: str, needed: int, size: int) -> CorruptFileError:
 
 
 def pread_exact(fd: int, offset: int, size: int, label: str | None = None) -> bytes:
-    """pread in a loop (one call returns at most about 2 GiB on Linux); a file that ends
-    early changed under us or was truncated."""
+    """Reads at an offset in a loop (one call returns at most about 2 GiB on Linux, 1 GiB
+    asked here); a file that ends early changed under us or was truncated."""
     parts = []
     while size:
-        part = os.pread(fd, min(size, 1 << 30), offset)
+        part = system().pread(fd, min(size, 1 << 30), offset)
         if not part:
             raise SourceChangedError(label)
         parts.append(part)
@@ -70,12 +65,13 @@ def pread_exact(fd: int, offset: int, size: int, label: str | None = None) -> by
 
 
 def preadv_exact(fd: int, offset: int, buffers: Sequence[Any], label: str | None = None) -> None:
-    """Fill `buffers` (writable views, in order) from `offset` on, IOV_MAX of them per system
+    """Fill `buffers` (writable views, in order) from `offset` on, `vector_limit` of them per system
     call; a file that ends early changed under us."""
-    for first in range(0, len(buffers), IOV_MAX):
-        batch = buffers[first : first + IOV_MAX]
+    limit = system().vector_limit
+    for first in range(0, len(buffers), limit):
+        batch = buffers[first : first + limit]
         want = sum(map(len, batch))
-        got = os.preadv(fd, batch, offset) if PREADV else 0
+        got = system().read_vector(fd, batch, offset)
         if got < want:  # short (never from the page cache but at the end of the file)
             _read_rest(fd, offset + got, _after(batch, got), label)
         offset += want
@@ -97,7 +93,7 @@ def _after(buffers: Sequence[Any], done: int) -> list[Any]:
 def _read_rest(fd: int, offset: int, buffers: Sequence[Any], label: str | None) -> None:
     for view in buffers:
         while len(view):
-            data = os.pread(fd, min(len(view), 1 << 30), offset)
+            data = system().pread(fd, min(len(view), 1 << 30), offset)
             if not data:
                 raise SourceChangedError(label)
             view[: len(data)] = data
@@ -111,17 +107,6 @@ def read_into(source: ByteSource, offset: int, buffer: memoryview) -> None:
         source.read_into(offset, [buffer])
     else:
         buffer[:] = source.read_at(offset, len(buffer))
-
-
-def _open_regular(path: str) -> int:
-    """A read-only descriptor of a regular file. O_NONBLOCK: a FIFO put in the file's place
-    after it was checked must be refused, not waited on for ever (it means nothing for
-    reading a regular file)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file")
-    return fd
 
 
 def unreadable_file(label: str, exc: OSError) -> CorruptFileError:
@@ -252,14 +237,15 @@ class LocalFile:
 
 
 def _open_with_room(path: str) -> int:
-    """_open_regular; when the process is out of descriptors, the pool's idle ones are
-    closed (lock held) and the open tried once more."""
+    """A read-only descriptor of the regular file at `path` (a FIFO put in its place after it
+    was checked is refused, not waited on for ever); when the process is out of descriptors,
+    the pool's idle ones are closed (lock held) and the open tried once more."""
     try:
-        return _open_regular(path)
+        return system().open_regular(path)
     except OSError as exc:
         if exc.errno not in OUT_OF_DESCRIPTORS or not POOL.shed(len(POOL)):
             raise
-    return _open_regular(path)
+    return system().open_regular(path)
 
 
 @contextmanager
@@ -274,7 +260,7 @@ def descriptor(source: ByteSource) -> Iterator[int | None]:
 
 
 def is_local(source: ByteSource) -> bool:
-    """Whether `source` is a local file (read with pread, not over the network)."""
+    """Whether `source` is a local file (read at offsets, not over the network)."""
     return isinstance(source, LocalFile)
 
 
@@ -311,13 +297,17 @@ class _SourceReader(io.RawIOBase):
 
 
 def open_stream(source: ByteSource) -> BinaryIO:
-    """A file object reading `source`: the file itself when it is local."""
+    """A file object reading `source`: the file itself when it is local and the system's
+    reads at an offset leave the file's offset alone (a stream of its own moves it), else
+    reads at offsets through a buffer."""
     if isinstance(source, LocalFile):
         with source.held() as fd:
             try:
-                return os.fdopen(with_room(lambda: os.dup(fd)), "rb")
+                stream = with_room(lambda: system().stream(fd))
             except OSError as exc:
                 if exc.errno not in OUT_OF_DESCRIPTORS:
                     raise
                 raise out_of_descriptors(source.label) from exc
+            if stream is not None:
+                return stream
     return io.BufferedReader(_SourceReader(source), buffer_size=2**16)

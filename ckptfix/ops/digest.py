@@ -24,6 +24,7 @@ import struct
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from ckptfix.core.errors import CorruptFileError
@@ -75,8 +76,9 @@ def tensor_digest(name: str, content: bytes) -> bytes:
 def model_digest(digests: dict[str, bytes]) -> bytes:
     """The model digest: tensor digests (name -> digest) in the byte order of the names."""
     hasher = hashlib.sha256()
-    for name in sorted(digests):  # code point order, which is the order of the UTF-8 bytes
-        hasher.update(digests[name])
+    # Code point order, which is the order of the UTF-8 bytes (pairs sorted, not looked up).
+    for _, digest in sorted(digests.items(), key=itemgetter(0)):
+        hasher.update(digest)
     return hasher.digest()
 
 

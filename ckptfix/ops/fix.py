@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import (
+    CkptfixError,
     InputNotFoundError,
     RepairRefusedError,
     UsageError,
@@ -115,6 +116,8 @@ def _claim(source: str, out: str | os.PathLike[str] | None, options: FixOptions)
     target = source if options.in_place else os.fspath(out or "")
     try:
         return claim_output(target, [source], in_place=options.in_place, write=not options.dry_run)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, target) from exc
 
@@ -275,6 +278,8 @@ def _write(
     try:
         _check_space(job, found, claim)
         written = _stage(job, found, claim)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
     moved: tuple[tuple[str, str], ...] = ()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
@@ -127,8 +128,9 @@ def result_of(
     """The result for names whose content digests are known (by layout key)."""
     entries = []
     digests: dict[str, bytes] = {}
-    for name in sorted(named):  # code point order, which is the order of the UTF-8 bytes
-        tensor = named[name]
+    # Code point order, which is the order of the UTF-8 bytes; the pairs sorted rather than
+    # the names and each looked up again (1,000,000 lookups in no order cost seconds).
+    for name, tensor in sorted(named.items(), key=itemgetter(0)):
         content = contents[layout_key(tensor)]
         digest = digests[name] = tensor_digest(name, content)
         entries.append(

@@ -9,7 +9,8 @@ from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding
 from ckptfix.core.fixes import Annotated
-from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.core.memory import paused_gc
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD, shard_size
 from ckptfix.formats.base import ReadOptions
 from ckptfix.layouts.diffusers import components
 from ckptfix.ops.load import load
@@ -19,7 +20,7 @@ from ckptfix.ops.report import FileSummary, Report
 def inspect(
     path: str | os.PathLike[str],
     *,
-    max_shard: int = DEFAULT_MAX_SHARD,
+    max_shard: int | str = DEFAULT_MAX_SHARD,
     hash_values: bool = False,
     scan_values: bool = False,
     manifest: str | os.PathLike[str] | None = None,
@@ -30,14 +31,15 @@ def inspect(
     Tensor data is read only with `hash_values` (duplicate-content), `scan_values`
     (non-finite) or `manifest` (the tensors it lists, checked against their digests).
     """
-    options = checks.CheckOptions(
-        max_shard=max_shard, hash_values=hash_values, scan_values=scan_values
-    )
+    limit = shard_size(max_shard)
+    options = checks.CheckOptions(max_shard=limit, hash_values=hash_values, scan_values=scan_values)
     parts = components(os.fspath(path)) if os.path.isdir(path) else []
     if parts and manifest is None:
         return _pipeline_report(os.fspath(path), parts, options, read)
     with load(path, read) as checkpoint:
-        report = report_of(checkpoint, checks.run(checkpoint, options), max_shard=max_shard)
+        with paused_gc():  # the checks and the report: passes over every tensor
+            found = checks.run(checkpoint, options)
+            report = report_of(checkpoint, found, max_shard=limit)
         if manifest is not None:
             from ckptfix.ops.manifest import read_manifest, verified_report
 

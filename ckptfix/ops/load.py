@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import InputNotFoundError, UsageError
+from ckptfix.core.memory import paused_gc
 from ckptfix.formats import ReadOptions
 from ckptfix.io.folder import LOCAL, Folder
 from ckptfix.io.urls import is_url
@@ -20,8 +21,11 @@ def load(path: str | os.PathLike[str], options: ReadOptions | None = None) -> Ch
     (`options.key` picks the part of a DCP app state; `options.zero_weights` DeepSpeed's
     master or module weights). A URL (s3://, gs://, hf://, http(s)://) is read by ranged
     requests (io.remote_folder), the same way."""
-    shown = os.fspath(path)
-    options = options or ReadOptions()
+    with paused_gc():  # several objects per tensor, none in a cycle: 1,000,000 tensors occur
+        return _load(os.fspath(path), options or ReadOptions())
+
+
+def _load(shown: str, options: ReadOptions) -> Checkpoint:
     if is_url(shown):
         return _load_url(shown, options)
     if not os.path.exists(shown):

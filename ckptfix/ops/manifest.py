@@ -29,6 +29,7 @@ from ckptfix.ops.digest import (
 from ckptfix.ops.hash import SCHEMA_VERSION
 from ckptfix.ops.report import Report
 from ckptfix.ops.tensorset import tensor_set
+from ckptfix.platform import system
 
 MAX_MANIFEST = 10**9  # bytes: about 3,000,000 tensors
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -143,9 +144,9 @@ def _replace(shown: str, target: str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
-            os.fsync(handle.fileno())
+            system().sync(handle.fileno())
         os.chmod(temp, 0o666 & ~_umask())
-        os.replace(temp, target)
+        system().replace(temp, target)
         temp = None
     except OSError as exc:
         raise WriteError(

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ckptfix.core.findings import Finding, Severity, error_line
 from ckptfix.core.memory import paused_gc
-from ckptfix.core.tensor import TensorInfo
+from ckptfix.core.tensor import TensorInfo, bytes_by_dtype, parameter_count
 
 if TYPE_CHECKING:
     from ckptfix.ops.manifest import ManifestCheck
@@ -63,18 +63,24 @@ class Report:
 
     @property
     def parameter_count(self) -> int:
-        return sum(tensor.numel for tensor in self.tensors)
+        return self._totals[0]
 
     @property
     def total_bytes(self) -> int:
-        return sum(tensor.nbytes for tensor in self.tensors)
+        return self._totals[1]
 
     @property
     def dtypes(self) -> dict[str, int]:
-        totals: Counter[str] = Counter()
-        for tensor in self.tensors:
-            totals[tensor.dtype] += tensor.nbytes
-        return dict(sorted(totals.items(), key=lambda item: (-item[1], item[0])))
+        return dict(self._totals[2])
+
+    @cached_property
+    def _totals(self) -> tuple[int, int, dict[str, int]]:
+        """Parameters, bytes, and bytes by dtype (largest first), in one pass over the
+        tensors, once: the summary, the JSON and the verdict each ask."""
+        by_dtype = bytes_by_dtype(self.tensors)
+        parameters = parameter_count(self.tensors)
+        ordered = dict(sorted(by_dtype.items(), key=lambda item: (-item[1], item[0])))
+        return parameters, sum(by_dtype.values()), ordered
 
     def count(self, severity: Severity) -> int:
         return sum(1 for item in self.findings if item.severity is severity)

@@ -7,15 +7,13 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from operator import attrgetter
 from typing import Any
 
 from ckptfix.checks.config import declared_ties
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import (
-    UsageError,
-    VerificationError,
-)
-from ckptfix.core.sizes import DEFAULT_MAX_SHARD
+from ckptfix.core.errors import CkptfixError, UsageError, VerificationError
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
 from ckptfix.io.folder import LOCAL
@@ -23,10 +21,18 @@ from ckptfix.io.urls import is_url
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.report import Report
+from ckptfix.ops.rewrite_options import (
+    ConvertOptions,
+    DedupeOptions,
+    ReshardOptions,
+    RewriteOptions,
+    WriteOptions,
+)
 from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
 from ckptfix.plan.coverage import missing_name
-from ckptfix.plan.select import OutTensor, Selection, SelectOptions, select
+from ckptfix.plan.expansion import check_expansion
+from ckptfix.plan.select import OutTensor, Selection, SelectOptions, out_sizes, select
 from ckptfix.plan.shards import (
     PlannedShard,
     ShardPlan,
@@ -41,11 +47,13 @@ from ckptfix.write.config import config_text, retype_config
 from ckptfix.write.extras import carried_as_file, copy_extra, write_generated
 from ckptfix.write.output import check_free_space, check_names, check_quantized, wrap_os_error
 from ckptfix.write.remote_extras import download_extra
-from ckptfix.write.results import Progress, WriteResult, WrittenFile
+from ckptfix.write.results import WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, claim_output, staged
 from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
 from ckptfix.write.zerocopy import find_cloning, shareable_bytes, streamed_labels
+
+_NAME = attrgetter("name")
 
 
 @dataclass(frozen=True)
@@ -139,25 +147,16 @@ def _claim(
             in_place=in_place,
             write=not dry_run,
         )
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, target) from exc
-
-
-@dataclass(frozen=True)
-class WriteOptions:
-    max_shard: int
-    to: str = "safetensors"
-    in_place: bool = False
-    dry_run: bool = False
-    verify: bool = True
-    progress: Progress | None = None
-    config_dtype: str | None = None  # a cast's torch name, set in config.json (config_dtype.py)
 
 
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
     """Shards for a selection, and what happens to the folder's other entries."""
     ext = "bin" if options.to == "torch" else "safetensors"
-    sizes = [(t.name, t.nbytes) for t in selection.tensors]
+    sizes = list(zip(map(_NAME, selection.tensors), out_sizes(selection.tensors), strict=True))
     name = output_name(source.stem, source.variant, ext)
     plan = plan_shards(sizes, options.max_shard, name)
     outputs = {shard.file for shard in plan.shards} | (
@@ -231,24 +230,26 @@ def _write(
     source: RewriteSource, selection: Selection, claim: Claim, options: WriteOptions
 ) -> RewriteResult:
     """Plan the shards for a selection, then stage, write, verify and commit them."""
-    plan = _plan(source, selection, options)
-    lost = missing_name(source.declared, selection, plan)
-    if lost is not None:  # the names' verification: the writers verify the output is the plan
-        raise VerificationError(
-            claim.out,
-            f"the output would not keep every name: {lost}",
-            "this is a bug; please report it",
-        )
-    metadata, index_metadata = _metadata(source, plan)
-    shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
-    plan = replace(plan, metadata_scope=scope)
-    tensors = {tensor.name: tensor for tensor in selection.tensors}
-    torch = options.to == "torch"
-    check_names(selection.tensors)
-    check_quantized(selection.tensors, claim.out)
-    if torch:
-        check_torch_dtypes(selection.tensors, claim.out)
-    headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
+    with paused_gc():  # several objects per tensor, none in a cycle
+        plan = _plan(source, selection, options)
+        lost = missing_name(source.declared, selection, plan)
+        if lost is not None:  # the names' verification: the writers verify the output is the plan
+            raise VerificationError(
+                claim.out,
+                f"the output would not keep every name: {lost}",
+                "this is a bug; please report it",
+            )
+        metadata, index_metadata = _metadata(source, plan)
+        shard_metadata, scope = metadata_per_shard(metadata, len(plan.shards))
+        plan = replace(plan, metadata_scope=scope)
+        tensors = dict(zip(map(_NAME, selection.tensors), selection.tensors, strict=True))
+        torch = options.to == "torch"
+        check_names(selection.tensors)
+        check_quantized(selection.tensors, claim.out)
+        check_expansion(selection.tensors, allowed=options.allow_expansion)
+        if torch:
+            check_torch_dtypes(selection.tensors, claim.out)
+        headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
     if options.dry_run:
         return RewriteResult(with_remote(source.report, source.checkpoint), plan, None)
     job = ShardJob(
@@ -269,6 +270,8 @@ def _write(
             needed += len(plan.shards) * (job.cloning.block or 0)  # padding
         check_free_space(folder, needed, claim.out)
         return stage_and_commit(source, plan, job, claim, options)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
 
@@ -313,44 +316,6 @@ def stage_and_commit(
     return RewriteResult(with_remote(source.report, source.checkpoint), plan, result)
 
 
-@dataclass(frozen=True)
-class RewriteOptions:
-    """What every rewrite takes."""
-
-    max_shard: int = DEFAULT_MAX_SHARD
-    dry_run: bool = False
-    force: bool = False  # replace an OUT that holds a checkpoint
-    replace_any: bool = False  # with force: replace an OUT that holds other files too
-    progress: Progress | None = None
-
-
-@dataclass(frozen=True)
-class ConvertOptions(RewriteOptions):
-    to: str = "safetensors"  # or "torch"
-    dtype: str = "keep"  # bf16, fp16, fp32 or keep
-    key: str = "auto"  # where the tensors sit in a training checkpoint
-    strip_prefix: str | None = None  # a prefix, "auto", or None
-    exclude: tuple[str, ...] = ()  # globs of tensor names to leave out
-    keep: str = "first"  # which alias name to keep: first, last or a regex
-    clone: bool = False  # write every alias as its own copy
-    verify: bool = True
-    zero_weights: str = "master"  # DeepSpeed: fp32 master weights, or the `module` copy
-    dequantize: str | None = None  # GGUF: decode block-quantized tensors to bf16, fp16, fp32
-    to_hf: str | None = None  # Megatron: the Hugging Face config.json (or model type) to map to
-
-
-@dataclass(frozen=True)
-class DedupeOptions(RewriteOptions):
-    by_content: bool = False
-    clone: bool = False
-    keep: str = "first"
-
-
-@dataclass(frozen=True)
-class ReshardOptions(RewriteOptions):
-    in_place: bool = False
-
-
 @contextmanager
 def _opened(
     src: str | os.PathLike[str],
@@ -370,7 +335,7 @@ def _opened(
         in_place=in_place,
         dry_run=options.dry_run,
     ) as claim:
-        opened = open_checkpoint(source, max_shard=options.max_shard, **open_options)
+        opened = open_checkpoint(source, max_shard=options.shard_bytes, **open_options)
         with opened.checkpoint:
             yield recorded(opened), claim
 
@@ -416,12 +381,13 @@ def convert(
         )
         selection = select(opened.declared, choice, opened.checkpoint.source)
         write = WriteOptions(
-            options.max_shard,
+            options.shard_bytes,
             options.to,
             dry_run=options.dry_run,
             verify=options.verify,
             progress=options.progress,
             config_dtype=TARGET_NAMES.get(CAST_TARGETS.get(options.dtype, "")),
+            allow_expansion=options.allow_expansion,
         )
         return _write(opened, selection, claim, write)
 
@@ -461,15 +427,24 @@ def dedupe(
             recorded=opened.aliases,
         )
         selection = select(opened.declared, choice, opened.checkpoint.source)
-        write = WriteOptions(options.max_shard, dry_run=options.dry_run, progress=options.progress)
+        write = WriteOptions(
+            options.shard_bytes,
+            dry_run=options.dry_run,
+            progress=options.progress,
+            allow_expansion=options.allow_expansion,
+        )
         return _write(opened, selection, claim, write)
 
 
 def _as_they_are(source: RewriteSource) -> Selection:
     """Every stored tensor as it is, and every name its record dropped still dropped."""
+    with paused_gc():  # an object per tensor, none in a cycle
+        tensors = OutTensor.unchanged(source.tensors)
+    if not source.aliases:
+        return Selection(tensors)
     nbytes = {tensor.name: tensor.nbytes for tensor in source.tensors}
     return Selection(
-        tuple(OutTensor.same(tensor) for tensor in source.tensors),
+        tensors,
         dropped=dict(source.aliases),
         dropped_bytes=sum(nbytes[kept] for kept in source.aliases.values()),
     )
@@ -485,7 +460,7 @@ def reshard(
     options = options or ReshardOptions()
     with _opened(src, out, options, in_place=options.in_place, gguf=True) as (opened, claim):
         write = WriteOptions(
-            options.max_shard,
+            options.shard_bytes,
             in_place=options.in_place,
             dry_run=options.dry_run,
             progress=options.progress,

@@ -9,7 +9,7 @@ import os
 from dataclasses import replace
 from functools import partial
 
-from ckptfix.core.errors import PlanError
+from ckptfix.core.errors import CkptfixError, PlanError
 from ckptfix.formats.gguf_encode import (
     alignment_key,
     carried_keys,
@@ -22,13 +22,8 @@ from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT
 from ckptfix.formats.safetensors import MAX_HEADER_SIZE
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import with_remote
-from ckptfix.ops.rewrite import (
-    RewriteResult,
-    WriteOptions,
-    carry_over,
-    nearest_folder,
-    stage_and_commit,
-)
+from ckptfix.ops.rewrite import RewriteResult, carry_over, nearest_folder, stage_and_commit
+from ckptfix.ops.rewrite_options import WriteOptions
 from ckptfix.plan.gguf_parts import MAX_PARTS, PartEntry, PartKeys, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
@@ -121,5 +116,7 @@ def write_gguf(source: RewriteSource, claim: Claim, options: WriteOptions) -> Re
         check_free_space(folder, needed_bytes(plan, job), claim.out)
         write = partial(write_shards, writer_type=PartWriter)
         return stage_and_commit(source, plan, job, claim, options, write)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc

@@ -13,6 +13,8 @@ import os
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
 
 from ckptfix import checks
 from ckptfix.checks.tensors import common_wrapper_prefixes
@@ -42,6 +44,9 @@ class TensorSet:
     checkpoint: Checkpoint | None = field(default=None, repr=False, compare=False)
     # The tensors a training layout casts on the way out, as written (ops.cast_source).
     cast_sources: dict[str, ByteSource] = field(default_factory=dict, repr=False, compare=False)
+    # The chosen files' string header metadata, and their index's metadata (plan.source).
+    metadata: dict[str, str] = field(default_factory=dict, compare=False)
+    index_metadata: dict[str, Any] = field(default_factory=dict, compare=False)
     # Which copy of a DeepSpeed folder's weights was read, when it holds two (core.training).
     weights_note: str | None = None
 
@@ -63,7 +68,7 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
     chosen = choose_source(checkpoint, report, torch=True)
     if alias_record:
         chosen = recorded(chosen, _RECORD_FIX)
-    stored = {tensor.name: tensor for tensor in chosen.tensors}
+    stored = dict(zip(map(attrgetter("name"), chosen.tensors), chosen.tensors, strict=True))
     cast_sources = _as_written(stored, chosen.dtypes, checkpoint)
     aliases = chosen.aliases
     tensors = dict(stored)
@@ -76,6 +81,8 @@ def tensor_set(checkpoint: Checkpoint, report: Report, *, alias_record: bool = T
         chosen.training_checkpoint,
         checkpoint=checkpoint,
         cast_sources=cast_sources,
+        metadata=dict(chosen.metadata),
+        index_metadata=dict(chosen.index_metadata),
         weights_note=weights_note(layout),
     )
 
@@ -99,10 +106,14 @@ def _as_written(
 
 @contextmanager
 def opened(
-    path: str | os.PathLike[str], *, key: str = "auto", alias_record: bool = True
+    path: str | os.PathLike[str],
+    *,
+    key: str = "auto",
+    alias_record: bool = True,
+    zero_weights: str = "master",
 ) -> Iterator[TensorSet]:
     """Load and check a checkpoint once, yield its tensor set, close it at the end."""
-    checkpoint = load(path, ReadOptions(key=key))
+    checkpoint = load(path, ReadOptions(key=key, zero_weights=zero_weights))
     with checkpoint:
         report = report_of(
             checkpoint, checks.run(checkpoint, checks.CheckOptions(DEFAULT_MAX_SHARD))

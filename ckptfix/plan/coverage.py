@@ -12,11 +12,15 @@ separately stored tensor of equal bytes (compared when they were grouped).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from itertools import chain
+from operator import attrgetter, is_
 
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.plan.select import Selection
 from ckptfix.plan.shards import ShardPlan
+
+_NAME, _SOURCE = attrgetter("name"), attrgetter("source")
 
 
 def _identity(tensor: TensorInfo) -> tuple[object, ...]:
@@ -37,6 +41,9 @@ def missing_name(
 ) -> str | None:
     """The first declared name the plan loses or points at another tensor, described;
     None when every one is kept."""
+    declared = tuple(declared)
+    if _each_itself(declared, selection, plan):
+        return None
     written = {tensor.name: tensor.source for tensor in selection.tensors}
     stored = plan.weight_map
     excluded = set(selection.excluded)
@@ -58,3 +65,23 @@ def missing_name(
         if not (same or equal):
             return f"{tensor.name!r} would name {target!r}, another tensor"
     return None
+
+
+def _each_itself(declared: Sequence[TensorInfo], selection: Selection, plan: ShardPlan) -> bool:
+    """Whether the plan writes each declared tensor itself, under its own name (unique), in
+    order, and stores every name: what a reshard plans, and most conversions. For such a
+    plan the check above finds each name kept; this finds so in a few passes in C (over
+    1,000,000 names, the check by name takes seconds)."""
+    if selection.excluded or selection.renamed or plan.shared or plan.dropped:
+        return False
+    names = list(map(_NAME, declared))
+    return (
+        len(selection.tensors) == len(declared)
+        and all(map(is_, map(_SOURCE, selection.tensors), declared))
+        and list(map(_NAME, selection.tensors)) == names
+        and len(set(names)) == len(names)
+        and (
+            list(chain.from_iterable(shard.tensors for shard in plan.shards)) == names
+            or all(map(plan.weight_map.__contains__, names))
+        )
+    )

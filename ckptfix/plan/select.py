@@ -8,33 +8,23 @@ import re
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from ckptfix.checks.tensors import common_wrapper_prefixes
 from ckptfix.checks.values import content_groups
 from ckptfix.core.dtypes import DTYPES, byte_size
 from ckptfix.core.errors import UsageError
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.io.gather import fragmented
 from ckptfix.io.source import ByteSource
 
 _GLOB_MAGIC = re.compile(r"[*?[]")
 
 
-# Pieces whose runs average less than this are gathered in memory (16 MiB windows, one read
-# per run) rather than copied run by run: each kernel copy costs several system calls, which
-# for the 2 KiB rows of a chunk cut along its last dimension (a tensor-parallel column shard,
-# Megatron's linear_proj and linear_fc2) took 5 times as long as `cp` of the whole folder.
-GATHER_BELOW = 64 * 2**10
-
-
-def fragmented(tensor: TensorInfo) -> bool:
-    """Whether a tensor's pieces average runs shorter than GATHER_BELOW bytes."""
-    if tensor.spread is None:
-        return False
-    runs = sum(piece.count for piece in tensor.spread)
-    return runs > 1 and tensor.nbytes < runs * GATHER_BELOW
-
-
-@dataclass(frozen=True)
+# Not frozen, for the reason TensorInfo is not (one per tensor written, 1,000,000 for some
+# checkpoints): treat instances as immutable all the same.
+@dataclass(slots=True)
 class OutTensor:
     """A tensor to write: its output name and dtype, and the source tensor it comes from."""
 
@@ -73,6 +63,24 @@ class OutTensor:
     @classmethod
     def same(cls, source: TensorInfo) -> OutTensor:
         return cls(source.name, source, source.dtype)
+
+    @classmethod
+    def unchanged(cls, sources: Sequence[TensorInfo]) -> tuple[OutTensor, ...]:
+        """`same` of each tensor, built in one pass."""
+        names, dtypes = map(attrgetter("name"), sources), map(attrgetter("dtype"), sources)
+        return tuple(map(cls, names, sources, dtypes))
+
+
+_DTYPE, _STORED = attrgetter("dtype"), attrgetter("source.dtype")
+_STORED_NBYTES = attrgetter("source.nbytes")
+
+
+def out_sizes(tensors: Sequence[OutTensor]) -> list[int]:
+    """The `nbytes` of each tensor: in one pass in C when none changes dtype (a reshard,
+    most conversions), where each is its source's."""
+    if list(map(_DTYPE, tensors)) == list(map(_STORED, tensors)):
+        return list(map(_STORED_NBYTES, tensors))
+    return [tensor.nbytes for tensor in tensors]
 
 
 @dataclass(frozen=True)
@@ -149,12 +157,24 @@ def select(
     sources: Callable[[str], ByteSource] | None = None,
 ) -> Selection:
     """Decide names and dtypes; `sources` gives the bytes `by_content` compares."""
+    with paused_gc():  # an object per tensor, none in a cycle
+        return _select(tensors, options, sources)
+
+
+def _select(
+    tensors: Sequence[TensorInfo],
+    options: SelectOptions,
+    sources: Callable[[str], ByteSource] | None,
+) -> Selection:
     check_keep(options.keep)
     kept_equal: tuple[tuple[str, ...], ...] = ()
-    excluded_by = _exclusion(options.exclude)
-    excluded = tuple(t.name for t in tensors if excluded_by(t.name))
-    excluded_names = set(excluded)
-    kept = [t for t in tensors if t.name not in excluded_names]
+    excluded: tuple[str, ...] = ()
+    kept = list(tensors)
+    if options.exclude:
+        excluded_by = _exclusion(options.exclude)
+        excluded = tuple(t.name for t in tensors if excluded_by(t.name))
+        excluded_names = set(excluded)
+        kept = [t for t in tensors if t.name not in excluded_names]
     renamed = _renames(kept, options)
     dropped: dict[str, str] = {}
     merged: dict[str, str] = {}
@@ -201,7 +221,10 @@ def _prefixes(names: Sequence[str], options: SelectOptions) -> list[str]:
 def _renames(tensors: Sequence[TensorInfo], options: SelectOptions) -> dict[str, str]:
     """Source name -> output name for the names a stripped prefix changes; two names that
     would become one are a usage error."""
-    prefixes = _prefixes([t.name for t in tensors], options)
+    names = list(map(attrgetter("name"), tensors))
+    prefixes = _prefixes(names, options)
+    if not prefixes and len(set(names)) == len(names):
+        return {}  # nothing renamed, no two names alike
     renamed: dict[str, str] = {}
     owners: dict[str, str] = {}
     for tensor in tensors:

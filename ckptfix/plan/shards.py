@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import accumulate, chain, repeat
+from operator import itemgetter
 
 from ckptfix.plan.config_dtype import ConfigEdit
 
@@ -51,7 +54,7 @@ class ShardPlan:
 
     @cached_property
     def weight_map(self) -> dict[str, str]:
-        return {name: shard.file for shard in self.shards for name in shard.tensors}
+        return dict(chain.from_iterable(zip(s.tensors, repeat(s.file)) for s in self.shards))
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -133,6 +136,15 @@ def pack(sizes: Sequence[tuple[str, int]], max_shard: int) -> list[list[tuple[st
     place, so order is kept (huggingface_hub moves such tensors ahead instead). No shard is
     ever empty; zero-byte tensors join the open shard.
     """
+    if sizes and max(map(itemgetter(1), sizes)) <= max_shard:
+        return _pack_fitting(sizes, max_shard)
+    return _pack_one_by_one(sizes, max_shard)
+
+
+def _pack_one_by_one(
+    sizes: Sequence[tuple[str, int]], max_shard: int
+) -> list[list[tuple[str, int]]]:
+    """`pack`, adding one tensor at a time."""
     groups: list[list[tuple[str, int]]] = []
     current: list[tuple[str, int]] = []
     current_size = 0
@@ -153,6 +165,19 @@ def pack(sizes: Sequence[tuple[str, int]], max_shard: int) -> list[list[tuple[st
     return groups
 
 
+def _pack_fitting(sizes: Sequence[tuple[str, int]], max_shard: int) -> list[list[tuple[str, int]]]:
+    """`pack` of tensors none of which is over the limit, a shard at a time: each shard
+    takes the longest run from where the last ended that fits (found by bisection in the
+    running totals), which is what adding them one by one while they fit gives."""
+    totals = list(accumulate(map(itemgetter(1), sizes), initial=0))
+    groups, start = [], 0
+    while start < len(sizes):
+        stop = bisect_right(totals, totals[start] + max_shard) - 1  # past `start`: it fits
+        groups.append(list(sizes[start:stop]))
+        start = stop
+    return groups
+
+
 def plan_shards(
     sizes: Sequence[tuple[str, int]], max_shard: int, name: OutputName | None = None
 ) -> ShardPlan:
@@ -163,12 +188,14 @@ def plan_shards(
     shards = tuple(
         PlannedShard(
             file=name.shard(number, count),
-            tensors=tuple(name for name, _ in group),
-            nbytes=sum(size for _, size in group),
+            tensors=tuple(map(itemgetter(0), group)),
+            nbytes=sum(map(itemgetter(1), group)),
         )
         for number, group in enumerate(groups, start=1)
     )
-    oversized = tuple(name for name, size in sizes if size > max_shard)
+    oversized: tuple[str, ...] = ()
+    if max(map(itemgetter(1), sizes), default=0) > max_shard:  # rare: look again only then
+        oversized = tuple(name for name, size in sizes if size > max_shard)
     return ShardPlan(
         max_shard=max_shard,
         shards=shards,

@@ -8,8 +8,9 @@ from typing import Any
 
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
-from ckptfix.core.errors import CkptfixError, UnsupportedFormatError, UsageError
+from ckptfix.core.errors import UNREADABLE, CkptfixError, UnsupportedFormatError, UsageError
 from ckptfix.core.findings import Severity, split_message
+from ckptfix.core.memory import paused_gc
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
@@ -76,6 +77,8 @@ class RewriteSource:
     def declared(self) -> tuple[TensorInfo, ...]:
         """Every name the checkpoint declares, in source order: each stored tensor, then
         the names its record dropped for it (each the kept tensor under its own name)."""
+        if not self.aliases:
+            return self.tensors  # no record: the stored tensors (1,000,000 occur), not a copy
         dropped_for: dict[str, list[str]] = {}
         for dropped, kept in self.aliases.items():
             dropped_for.setdefault(kept, []).append(dropped)
@@ -94,7 +97,8 @@ def recorded(source: RewriteSource, fix: str = FIX) -> RewriteSource:
     out of its metadata: a rewrite records the names it drops itself."""
     path = source.checkpoint.path
     aliases = read_record(source.metadata, source.index_metadata, path, fix)
-    check_record(aliases, {tensor.name: tensor for tensor in source.tensors}, path, fix)
+    if aliases:  # (no record: nothing to check against the stored names)
+        check_record(aliases, {tensor.name: tensor for tensor in source.tensors}, path, fix)
     return replace(
         source,
         aliases=aliases,
@@ -103,11 +107,25 @@ def recorded(source: RewriteSource, fix: str = FIX) -> RewriteSource:
     )
 
 
-class InputRefusedError(CkptfixError):
-    """The input has errors that make a faithful rewrite impossible; `rule` is the code of
-    the first error finding."""
+class InputRefusedError(CkptfixError, ValueError):
+    """The input has errors that make a faithful rewrite impossible; `code` is the first
+    error finding's code, `rule` its rule (or code). A file the OS would not let us read
+    (rule unreadable) makes an UnreadableInputError, a PermissionError."""
 
     kind = "input-refused"
+
+    @classmethod
+    def of(
+        cls, path: str | None, what: str, fix: str | None, *, rule: str, code: str | None
+    ) -> InputRefusedError:
+        kind = UnreadableInputError if rule == UNREADABLE else cls
+        error = kind(path, what, fix, rule=rule)
+        error.code = code
+        return error
+
+
+class UnreadableInputError(InputRefusedError, PermissionError):
+    """A file of the input could not be opened or listed (permissions, another user's)."""
 
 
 def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
@@ -125,7 +143,7 @@ def refuse_if_errors(report: Report, files: set[str] | None = None) -> None:
     if len(errors) > 1:
         more = f"{len(errors) - 1} more error(s), see `ckptfix inspect`"
         fix = f"{fix}; {more}" if fix else more
-    raise InputRefusedError(first.file, what, fix, rule=rule or first.code)
+    raise InputRefusedError.of(first.file, what, fix, rule=rule or first.code, code=first.code)
 
 
 def _merged_metadata(checkpoint: Checkpoint, paths: list[str]) -> dict[str, str]:
@@ -150,9 +168,10 @@ def open_checkpoint(
     """Load a checkpoint file or model folder once, check it, and refuse it if it has
     errors. Only safetensors is accepted unless `torch` allows every other input too
     (PyTorch files, training checkpoint folders, GGUF), or `gguf` allows GGUF."""
-    checkpoint = load(path, read)
-    report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
-    return choose_source(checkpoint, report, torch=torch, gguf=gguf)
+    with paused_gc():  # load, checks and choice: several passes over every tensor
+        checkpoint = load(path, read)
+        report = report_of(checkpoint, checks.run(checkpoint, checks.CheckOptions(max_shard)))
+        return choose_source(checkpoint, report, torch=torch, gguf=gguf)
 
 
 def choose_source(
@@ -247,7 +266,7 @@ def _checked_choice(checkpoint: Checkpoint, *, torch: bool, gguf: bool = False) 
         )
     if choice.family is None:  # the line names the finding inspect reports, as fix's does
         what, _, fix = split_message(no_weights_message(path))
-        raise InputRefusedError(path, what, fix, rule="no-weights")
+        raise InputRefusedError.of(path, what, fix, rule="no-weights", code="no-weights")
     if not torch and choice.family.ext not in ("safetensors", GGUF if gguf else "safetensors"):
         raise UnsupportedFormatError(
             path,

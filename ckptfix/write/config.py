@@ -1,7 +1,7 @@
 """config.json in the output of a cast: the dtype values `convert --dtype` sets, written
 over the copy carried into the staging folder (plan.config_dtype decides the edits).
 
-Only that copy is ever read here, opened relative to the staging folder with O_NOFOLLOW: a
+Only that copy is ever read here, opened in the staging folder without following a link: a
 config.json carried as a link (one pointing outside the model folder) is never planned for
 editing (`write.extras.carried_as_file`), and one that became a link since is an error, so
 a link's target is never read into the output."""
@@ -14,10 +14,10 @@ from collections.abc import Sequence
 
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.plan.config_dtype import ConfigEdit, retype
+from ckptfix.platform import system
+from ckptfix.platform.folders import FolderHandle
 
 NAME = "config.json"
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 def config_text(data: bytes, path: str) -> str:
@@ -29,16 +29,16 @@ def config_text(data: bytes, path: str) -> str:
         ) from exc
 
 
-def _read_copy(folder: int, path: str, limit: int) -> tuple[str, int]:
+def _read_copy(folder: FolderHandle, path: str, limit: int) -> tuple[str, int]:
     """The carried copy's text and permission bits; anything but a regular file there (a
     link, gone) is not what was planned."""
     try:
-        fd = os.open(NAME, _READ, dir_fd=folder)
+        fd = folder.open_file(NAME)
     except OSError as exc:
         raise SourceChangedError(path) from exc
     with open(fd, "rb") as handle:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+        if info.st_size > limit:
             raise SourceChangedError(path)
         return config_text(handle.read(limit + 1), path), stat.S_IMODE(info.st_mode)
 
@@ -49,21 +49,16 @@ def retype_config(staging: str, edits: Sequence[ConfigEdit], limit: int) -> None
     if not edits:
         return
     path = os.path.join(staging, NAME)
-    folder = os.open(staging, _FOLDER)
-    try:
+    with system().open_folder(staging, follow=False) as folder:
         text, mode = _read_copy(folder, path, limit)
         text, found = retype(text, edits[0].new)
         if tuple(found) != tuple(edits):
             raise SourceChangedError(path)
         temporary = NAME + ".ckptfix-tmp"
-        fd = os.open(
-            temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=folder
-        )
+        fd = folder.create(temporary, 0o600)
         with open(fd, "w", encoding="utf-8", newline="") as handle:
             handle.write(text)
             handle.flush()
-            os.fchmod(fd, mode)
-            os.fsync(fd)
-        os.replace(temporary, NAME, src_dir_fd=folder, dst_dir_fd=folder)
-    finally:
-        os.close(folder)
+            system().set_mode(fd, os.path.join(staging, temporary), mode)
+            system().sync(fd)
+        folder.replace(temporary, NAME)

@@ -1,11 +1,11 @@
 """Moving and comparing byte ranges between files: whole blocks cloned (shared with the
-source, FICLONERANGE) where the caller found that the filesystem allows it and the offsets
-agree, the rest in the kernel where it can (`copy_file_range`), through bounded buffers
-where it cannot (another filesystem, a source without a descriptor)."""
+source: `Platform.clone_range`, FICLONERANGE on Linux) where the caller found that the
+filesystem allows it and the offsets agree, the rest in the kernel where it can
+(`Platform.copy_range`, copy_file_range on Linux), through bounded buffers where it cannot
+(another filesystem, another system, a source without a descriptor)."""
 
 from __future__ import annotations
 
-import errno
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -15,50 +15,35 @@ from ckptfix.core.errors import SourceChangedError
 from ckptfix.io.gather import Window
 from ckptfix.io.source import ByteSource, descriptor, preadv_exact, read_into
 from ckptfix.plan.align import aligned_split
-from ckptfix.write.reflink import CLONE_CHUNK, clone_range
+from ckptfix.platform import system
 
 COPY_CHUNK = 64 * 2**20
 COMPARE_CHUNK = 2 * 2**20
+# One clone call at most this long, so that progress and Ctrl-C are seen between them.
+CLONE_CHUNK = 2**30
 
 
 def write_all(fd: int, data: bytes | bytearray | memoryview, offset: int) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.pwrite(fd, view, offset)
-        view = view[written:]
-        offset += written
+    system().write_all(fd, data, offset)
 
 
 def _data_segments(
     fd: int, begin: int, end: int, path: str | None = None
 ) -> Iterator[tuple[int, int]]:
-    """The parts of [begin, end) that hold data; holes of a sparse file are skipped (they read
-    as zeros, as the unwritten parts of the new file do). Without SEEK_DATA support the
-    whole range is one segment. A file now shorter than `end` changed under us: past its
-    end, SEEK_DATA reports a hole, which must not be taken for zeros."""
+    """The parts of [begin, end) that hold data; holes of a sparse file are skipped where the
+    system can find them (they read as zeros, as the unwritten parts of the new file do). A
+    file now shorter than `end` changed under us: past its end, SEEK_DATA reports a hole,
+    which must not be taken for zeros."""
     if os.fstat(fd).st_size < end:
         raise SourceChangedError(path)
-    position = begin
-    while position < end:
-        try:
-            data = os.lseek(fd, position, os.SEEK_DATA)
-            hole = os.lseek(fd, data, os.SEEK_HOLE)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # nothing but hole up to the end of the file
-                return
-            yield position, end
-            return
-        if data >= end:
-            return
-        yield data, min(hole, end)
-        position = hole
+    return system().data_segments(fd, begin, end)
 
 
 @dataclass(frozen=True)
 class Transfer:
     """One file's bytes going into another: the descriptors, the source's label for
     errors, and who counts the bytes done. With `block`, whole blocks at congruent offsets
-    are cloned (see write.reflink) and counted by `cloned` as well."""
+    are cloned (`Platform.clone_range`) and counted by `cloned` as well."""
 
     src: int
     dst: int
@@ -101,7 +86,7 @@ def _place_segment(transfer: Transfer, src_offset: int, length: int, dst_offset:
     src_offset, dst_offset, length = src_offset + head, dst_offset + head, length - head
     while body:
         size = min(body, CLONE_CHUNK)
-        if not clone_range(transfer.src, src_offset, size, transfer.dst, dst_offset):
+        if not system().clone_range(transfer.src, src_offset, size, transfer.dst, dst_offset):
             break  # copied below with the tail
         if transfer.cloned is not None:
             transfer.cloned(size)
@@ -117,7 +102,7 @@ def _place_segment(transfer: Transfer, src_offset: int, length: int, dst_offset:
 
 
 def _copy_segment(transfer: Transfer, src_offset: int, length: int, dst_offset: int) -> None:
-    kernel = hasattr(os, "copy_file_range")
+    kernel = True
     while length:
         size = min(length, COPY_CHUNK)
         copied = _kernel_copy(transfer, src_offset, size, dst_offset) if kernel else None
@@ -131,16 +116,11 @@ def _copy_segment(transfer: Transfer, src_offset: int, length: int, dst_offset: 
 
 
 def _kernel_copy(transfer: Transfer, src_offset: int, size: int, dst_offset: int) -> int | None:
-    try:
-        return os.copy_file_range(transfer.src, transfer.dst, size, src_offset, dst_offset)
-    except OSError as exc:
-        if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-            raise
-        return None
+    return system().copy_range(transfer.src, transfer.dst, size, src_offset, dst_offset)
 
 
 def _buffered_copy(transfer: Transfer, src_offset: int, size: int, dst_offset: int) -> int:
-    data = os.pread(transfer.src, size, src_offset)
+    data = system().pread(transfer.src, size, src_offset)
     if data:
         write_all(transfer.dst, data, dst_offset)
     return len(data)

@@ -11,7 +11,8 @@ Nothing here walks into a link or opens anything but a regular file:
   any other file outside the folder is never followed (a downloaded folder may link to
   ~/.ssh/id_rsa);
 - a regular file is copied (and fsynced), or for --in-place hard-linked; on a filesystem
-  with reflinks the copy shares the source's blocks (FICLONE) instead of duplicating them;
+  that clones files the copy shares the source's blocks instead of duplicating them
+  (`Platform.copy_to_new`: FICLONE, APFS clones, ReFS block cloning);
 - a FIFO, socket or device is never opened: -o leaves it out (the plan lists it, see
   `special_files`), --in-place keeps it by a hard link.
 """
@@ -28,14 +29,13 @@ from ckptfix.core.errors import SourceChangedError, WriteError
 from ckptfix.io.folder import unlistable
 from ckptfix.io.source import unreadable_file
 from ckptfix.layouts.hub import blobs_of
+from ckptfix.platform import system
+from ckptfix.platform.common import NotARegularFile
+from ckptfix.platform.folders import FolderHandle
 from ckptfix.write.copy import write_all
-from ckptfix.write.reflink import clone_file
 from ckptfix.write.results import WrittenFile
 
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP)
-_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_CHUNK = 2**30
 
 
 def _walk(root: str, names: Sequence[str]) -> list[tuple[str, os.stat_result]]:
@@ -53,9 +53,11 @@ def _walk(root: str, names: Sequence[str]) -> list[tuple[str, os.stat_result]]:
     return found
 
 
-def _listed(folder: str | int, shown: str | None = None) -> list[str]:
+def _listed(folder: str | FolderHandle, shown: str | None = None) -> list[str]:
     """A folder's names, sorted; one that cannot be listed is a one-line error."""
     try:
+        if not isinstance(folder, str):
+            return sorted(folder.names())
         with os.scandir(folder) as listing:
             return sorted(entry.name for entry in listing)
     except OSError as exc:
@@ -75,31 +77,12 @@ def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
-def _copy_data(source: int, target: int) -> int:
-    if clone_file(source, target):  # the whole file, sharing its blocks: no bytes moved
-        return os.fstat(target).st_size
-    copied = 0
-    try:
-        while sent := os.sendfile(target, source, copied, _CHUNK):
-            copied += sent
-        return copied
-    except OSError as exc:
-        if exc.errno not in (errno.EINVAL, errno.ENOSYS) or copied:
-            raise
-    while chunk := os.pread(source, 2**20, copied):
-        view = memoryview(chunk)
-        while view:
-            view = view[os.write(target, view) :]
-        copied += len(chunk)
-    return copied
-
-
 @dataclass(frozen=True)
 class _Entry:
-    """An entry being carried: its name in the folder open as `dir_fd`, its path from the
-    source root, and the path shown in errors."""
+    """An entry being carried: its name in the open `folder`, its path from the source root,
+    and the path shown in errors."""
 
-    dir_fd: int
+    folder: FolderHandle
     name: str
     relative: str
     shown: str
@@ -114,24 +97,23 @@ def _copy_file(
     shown = label or (entry.shown if isinstance(entry, _Entry) else entry)
     try:
         if isinstance(entry, _Entry):
-            reader = os.open(entry.name, _READ_FLAGS, dir_fd=entry.dir_fd)
+            reader = entry.folder.open_file(entry.name)
         else:
-            reader = os.open(entry, _READ_FLAGS)
+            reader = system().open_regular(entry, follow=False)
     except PermissionError as exc:  # the source's fault, not the output's
         raise unreadable_file(shown, exc) from exc
+    except NotARegularFile as exc:  # swapped for something else since it was listed
+        raise WriteError(
+            shown, "is no longer a regular file: it changed during the run", "run again"
+        ) from exc
     try:
         info = os.fstat(reader)
-        if not stat.S_ISREG(info.st_mode):  # swapped for something else since it was listed
-            raise WriteError(
-                shown, "is no longer a regular file: it changed during the run", "run again"
-            )
         _check_identity(shown, info, expected)
-        writer = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        writer, copied = system().copy_to_new(reader, target)
         try:
-            copied = _copy_data(reader, writer)
-            os.fchmod(writer, stat.S_IMODE(info.st_mode))
-            os.utime(writer, ns=(info.st_atime_ns, info.st_mtime_ns))
-            os.fsync(writer)
+            system().set_mode(writer, target, stat.S_IMODE(info.st_mode))
+            system().set_times(writer, target, (info.st_atime_ns, info.st_mtime_ns))
+            system().sync(writer)
         finally:
             os.close(writer)
         return copied
@@ -174,13 +156,13 @@ def _carry_link(entry: _Entry, target: str, root: str, link: bool) -> int | None
     blob = None if link else _blob(root, entry.relative)
     if blob is not None:
         return _copy_file(blob, target)
-    os.symlink(os.readlink(entry.name, dir_fd=entry.dir_fd), target)
+    os.symlink(entry.folder.readlink(entry.name), target)
     return None
 
 
 def _hard_link(entry: _Entry, target: str, regular: bool) -> None:
     try:
-        os.link(entry.name, target, src_dir_fd=entry.dir_fd, follow_symlinks=False)
+        entry.folder.link(entry.name, target)
     except OSError as exc:
         if exc.errno not in _NO_LINK:
             raise
@@ -200,17 +182,13 @@ def _folders_above(name: str) -> list[str]:
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    system().sync_folder(path)
 
 
 class _Carrier:
     """Carries entries into `staging` by the rules above; folders are walked through their
-    descriptors (O_NOFOLLOW), so a folder swapped for a link during the run is refused,
-    never walked into."""
+    handles (O_NOFOLLOW descriptors on POSIX), so a folder swapped for a link during the run
+    is refused, never walked into."""
 
     def __init__(
         self, source_root: str, staging: str, link: bool, leave: Collection[str] = ()
@@ -223,20 +201,25 @@ class _Carrier:
         # The folders on the way to an entry left for the caller to place: always real ones.
         self.on_the_way = {folder for name in self.leave for folder in _folders_above(name)}
 
-    def carry(self, entry: _Entry) -> int | None:
-        """Carry one entry; for a folder, return its descriptor (the caller walks it)."""
+    def carry(self, entry: _Entry) -> FolderHandle | None:
+        """Carry one entry; for a folder, return it open (the caller walks it)."""
         if entry.relative in self.leave:
             return None
-        info = os.stat(entry.name, dir_fd=entry.dir_fd, follow_symlinks=False)
+        info = entry.folder.lstat(entry.name)
         target, mode = os.path.join(self.staging, entry.relative), info.st_mode
-        if stat.S_ISDIR(mode):
-            folder = os.open(entry.name, _FOLDER_FLAGS, dir_fd=entry.dir_fd)
-            os.mkdir(target)
+        link = system().is_link(info)
+        if stat.S_ISDIR(mode) and not link:
+            folder = entry.folder.child(entry.name)
+            try:
+                os.mkdir(target)
+            except BaseException:
+                folder.close()
+                raise
             self.folders.append((target, mode))
             return folder
-        if stat.S_ISLNK(mode) and entry.relative in self.on_the_way:
+        if link and entry.relative in self.on_the_way:
             os.mkdir(target)  # a real folder for what the caller places; the link never walked
-        elif stat.S_ISLNK(mode):
+        elif link:
             copied = _carry_link(entry, target, self.root, self.link)
             if copied is not None:
                 self.written.append(WrittenFile(entry.relative, copied))
@@ -251,28 +234,28 @@ class _Carrier:
             _hard_link(entry, target, regular=False)
         return None
 
-    def walk(self, top: int, names: Sequence[str]) -> None:
-        """Depth first, parents before children; one descriptor open per level."""
-        stack: list[tuple[int, str, Iterator[str]]] = [(top, "", iter(names))]
+    def walk(self, top: FolderHandle, names: Sequence[str]) -> None:
+        """Depth first, parents before children; one folder open per level."""
+        stack: list[tuple[FolderHandle, str, Iterator[str]]] = [(top, "", iter(names))]
         try:
             while stack:
-                fd, folder, pending = stack[-1]
+                handle, folder, pending = stack[-1]
                 name = next(pending, None)
                 if name is None:
                     stack.pop()
-                    if fd != top:
-                        os.close(fd)
+                    if handle is not top:
+                        handle.close()
                     continue
                 relative = os.path.join(folder, name)
                 shown = os.path.join(self.source_root, relative)
-                child = self.carry(_Entry(fd, name, relative, shown))
+                child = self.carry(_Entry(handle, name, relative, shown))
                 if child is not None:
                     stack.append((child, relative, iter(())))  # closed below if listing fails
                     stack[-1] = (child, relative, iter(_listed(child, shown)))
         finally:
-            for fd, _, _ in stack:
-                if fd != top:
-                    os.close(fd)
+            for handle, _, _ in stack:
+                if handle is not top:
+                    handle.close()
 
     def finish(self) -> None:
         """fsync the folders made and give them their source's permissions, innermost first
@@ -296,11 +279,8 @@ def carry_extra(
     folder in staging, even where the source has a link). The caller calls `finish()` once
     it has placed them; `written` lists the regular files carried, with their sizes."""
     carrier = _Carrier(source_root, staging, link, leave)
-    top = os.open(source_root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
+    with system().open_folder(source_root) as top:
         carrier.walk(top, names)
-    finally:
-        os.close(top)
     return carrier
 
 
@@ -334,13 +314,8 @@ def carry_file(source: str, target: str, *, link: bool, expected: Identity | Non
     file (a folder on its path swapped for a link since would bring in another). Returns
     its size."""
     if link:
-        folder = os.open(
-            os.path.dirname(source) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
-        )
-        try:
+        with system().open_folder(os.path.dirname(source) or ".") as folder:
             _hard_link(_Entry(folder, os.path.basename(source), source, source), target, True)
-        finally:
-            os.close(folder)
         _check_identity(source, os.stat(target), expected)
         return os.lstat(target).st_size
     # A link (a Hugging Face cache snapshot's, into blobs/): the file a loader would read.
@@ -353,10 +328,10 @@ def write_generated(staging: str, files: Mapping[str, bytes]) -> list[WrittenFil
     the staging folder (permissions from the umask), written whole and fsynced."""
     written = []
     for name, data in files.items():
-        fd = os.open(os.path.join(staging, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd = system().create(os.path.join(staging, name), 0o666)
         try:
             write_all(fd, data, 0)
-            os.fsync(fd)
+            system().sync(fd)
         finally:
             os.close(fd)
         written.append(WrittenFile(name, len(data)))

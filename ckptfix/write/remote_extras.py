@@ -8,6 +8,7 @@ import os
 from collections.abc import Sequence
 
 from ckptfix.io.folder import Folder
+from ckptfix.platform import system
 from ckptfix.write.copy import write_all
 from ckptfix.write.results import WrittenFile
 
@@ -16,14 +17,14 @@ CHUNK = 8 * 2**20
 
 def _download(folder: Folder, url: str, target: str) -> int:
     source = folder.open(url)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+    fd = system().create(target, 0o666)
     try:
         offset = 0
         while offset < source.size:
             data = source.read_at(offset, min(CHUNK, source.size - offset))
             write_all(fd, data, offset)
             offset += len(data)
-        os.fsync(fd)
+        system().sync(fd)
     finally:
         os.close(fd)
     return offset

@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import accumulate, chain
+from operator import attrgetter
 from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
@@ -23,15 +25,17 @@ from ckptfix.core.tensor import Piece
 from ckptfix.formats.safetensors import (
     MAX_HEADER_SIZE,
     METADATA_KEY,
-    HeaderEntry,
-    encode_header,
+    Fields,
+    encode_fields,
+    header_size,
     read_header,
 )
 from ckptfix.io.gather import CHUNK, Sources, Window, tensor_chunks, windows_into
 from ckptfix.layouts.slices import cut
 from ckptfix.plan.align import Run
-from ckptfix.plan.select import OutTensor
+from ckptfix.plan.select import OutTensor, out_sizes
 from ckptfix.plan.shards import PlannedShard, ShardPlan
+from ckptfix.platform import system
 from ckptfix.write.cast import cast_bytes
 from ckptfix.write.copy import (
     COMPARE_CHUNK,
@@ -61,6 +65,7 @@ FLUSH_EVERY = 256 * 2**20
 # Small batches of verification: the last one, which only starts once the copying ends, is
 # short, and the two workers share it with the one before.
 VERIFY_EVERY = 32 * 2**20
+_DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("source.shape")  # OutTensor.shape
 DECODED = 4 * 2**20  # F32 bytes a chunk of a block-quantized tensor decodes to, at most
 
 
@@ -81,15 +86,17 @@ def produce(sources: Sources, tensor: OutTensor) -> Iterator[bytes]:
 
 def shard_header(
     shard: PlannedShard, tensors: Mapping[str, OutTensor], metadata: Mapping[str, str]
-) -> tuple[bytes, list[HeaderEntry]]:
-    entries, offset = [], 0
+) -> tuple[bytes, list[Fields]]:
+    """The shard's encoded header, and its entries (offsets relative to the data)."""
+    entries: list[Fields] = []
+    offset = 0
+    add = entries.append
     for name in shard.tensors:
         tensor = tensors[name]
-        entries.append(
-            HeaderEntry(name, tensor.dtype, tensor.shape, offset, offset + tensor.nbytes)
-        )
-        offset += tensor.nbytes
-    return encode_header(entries, metadata), entries
+        size = tensor.nbytes
+        add((name, tensor.dtype, tensor.shape, offset, offset + size))
+        offset += size
+    return encode_fields(entries, metadata), entries
 
 
 def pad_header(header: bytes, start: int) -> bytes:
@@ -112,7 +119,8 @@ def checked_headers(
     metadata, or "format" added to a header already at the limit), or that would hold a
     tensor under the key the format keeps for its metadata (a GGUF or torch name)."""
     sizes = []
-    for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
+    each = zip(plan.shards, _by_shard(plan, tensors), metadata, strict=True)
+    for shard, outs, shard_metadata in each:
         if METADATA_KEY in shard.tensors:
             raise PlanError(
                 os.path.join(out, shard.file),
@@ -122,7 +130,9 @@ def checked_headers(
                 "files (`--to torch`)",
                 rule="metadata-as-tensor",
             )
-        size = len(shard_header(shard, tensors, shard_metadata)[0]) - 8
+        offsets = list(accumulate(out_sizes(outs), initial=0))
+        dtypes, shapes = list(map(_DTYPE, outs)), list(map(_SHAPE, outs))
+        size = header_size(shard.tensors, dtypes, shapes, offsets, shard_metadata) - 8
         if size > MAX_HEADER_SIZE:
             raise PlanError(
                 os.path.join(out, shard.file),
@@ -135,8 +145,21 @@ def checked_headers(
     return sizes
 
 
+def _by_shard(plan: ShardPlan, tensors: Mapping[str, OutTensor]) -> Iterator[list[OutTensor]]:
+    """The tensors of each shard: runs of `tensors` (in its order) when the shards list them
+    in that order, as a plan does, without a look-up per name; else looked up by name."""
+    if list(chain.from_iterable(shard.tensors for shard in plan.shards)) != list(tensors):
+        for shard in plan.shards:
+            yield list(map(tensors.__getitem__, shard.tensors))
+        return
+    values, start = list(tensors.values()), 0
+    for shard in plan.shards:
+        yield values[start : start + len(shard.tensors)]
+        start += len(shard.tensors)
+
+
 def verify_header(
-    path: str, display: str, entries: Sequence[HeaderEntry], metadata: Mapping[str, str]
+    path: str, display: str, entries: Sequence[Fields], metadata: Mapping[str, str]
 ) -> None:
     """The finished file must pass every validation rule and match the plan exactly."""
     try:
@@ -147,10 +170,13 @@ def verify_header(
             f"written file does not validate: {exc.detail()}",
             "this is a bug; please report it",
         ) from exc
-    got = [(t.name, t.dtype, t.shape, t.byte_range) for t in header.tensors]
     start = header.data_start
-    want = [(e.name, e.dtype, tuple(e.shape), (start + e.begin, start + e.end)) for e in entries]
-    if got != want or (header.metadata or {}) != dict(metadata):
+    same = len(header.tensors) == len(entries) and all(
+        (got.name, got.dtype, got.shape, got.byte_range)
+        == (name, dtype, tuple(shape), (start + begin, start + end))
+        for got, (name, dtype, shape, begin, end) in zip(header.tensors, entries, strict=True)
+    )
+    if not same or (header.metadata or {}) != dict(metadata):
         raise VerificationError(
             display, "written header differs from the plan", "this is a bug; please report it"
         )
@@ -160,7 +186,7 @@ def range_digest(fd: int, byte_range: tuple[int, int]) -> bytes:
     hasher = hashlib.blake2b(digest_size=32)
     begin, end = byte_range
     while begin < end:
-        chunk = os.pread(fd, min(COMPARE_CHUNK, end - begin), begin)
+        chunk = system().pread(fd, min(COMPARE_CHUNK, end - begin), begin)
         if not chunk:
             break
         hasher.update(chunk)
@@ -209,7 +235,7 @@ class ShardWriter:
 
     def header(
         self, shard: PlannedShard, metadata: Mapping[str, str]
-    ) -> tuple[bytes, list[HeaderEntry]]:
+    ) -> tuple[bytes, list[Fields]]:
         """The shard's header, padded where that lets its data be cloned, and its entries."""
         header, entries = shard_header(shard, self.job.tensors, metadata)
         cloning = self.job.cloning or Cloning()
@@ -268,7 +294,7 @@ class ShardWriter:
                     held.write()
                     unflushed += unverified
                     if unflushed >= FLUSH_EVERY:
-                        self.files.flush(reader, os.fdatasync, fd)
+                        self.files.flush(reader, system().sync_data, fd)
                         unflushed = 0
                     self.verify_later(reader, display, done)
                     done, unverified = [], 0
@@ -278,7 +304,7 @@ class ShardWriter:
     def close_file(self) -> None:
         """fsync the file last opened (behind the copy); it is closed once its jobs are
         done (a failure seen so far is raised early)."""
-        self.files.flush(self.reader, os.fsync, self.fd)
+        self.files.flush(self.reader, system().sync, self.fd)
         self.files.ended(self.reader)
 
     def target(self, fd: int, cloning: Cloning | None) -> Target:

@@ -19,9 +19,7 @@ output is in place, SIGINT and SIGTERM no longer stop anything (see `command_sig
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import fcntl
 import os
 import stat
 import tempfile
@@ -34,14 +32,14 @@ from ckptfix.io.descriptors import with_room
 from ckptfix.io.folder import unlistable
 from ckptfix.io.urls import refuse_url
 from ckptfix.layouts.names import foreign_entries
+from ckptfix.platform import system
+from ckptfix.platform.locks import FolderLock, NotOurLockFile
 from ckptfix.write.tree import OutputState, blocked_folder, differences, record, remove_tree
 
 # Inside every staging folder while it is being written: a staging folder is recognised by
 # this file and its first line, never by its name alone (a user may name anything .ckptfix-*).
 MARKER = ".ckptfix-staging"
 _MAGIC = b"ckptfix staging folder; safe to delete when no ckptfix run is writing\n"
-_RENAME_NOREPLACE = 1
-_RENAME_EXCHANGE = 2
 
 
 def _inside(child: str, parent: str) -> bool:
@@ -55,9 +53,9 @@ def _some(names: Sequence[str], limit: int = 3) -> str:
 
 def write_marker(folder: str) -> None:
     """Mark `folder` as a ckptfix staging folder (see `is_staging_folder`)."""
-    fd = os.open(os.path.join(folder, MARKER), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    fd = system().create(os.path.join(folder, MARKER), 0o644)
     try:
-        os.write(fd, _MAGIC + f"pid {os.getpid()}\n".encode())
+        system().write_all(fd, _MAGIC + f"pid {os.getpid()}\n".encode(), 0)
     finally:
         os.close(fd)
 
@@ -71,11 +69,11 @@ def is_staging_folder(path: str) -> bool:
             return False
         if not stat.S_ISDIR(os.lstat(path).st_mode) or not stat.S_ISREG(os.lstat(marker).st_mode):
             return False
-        fd = os.open(marker, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = system().open_regular(marker, follow=False)
     except OSError:
         return False
     try:
-        return os.pread(fd, len(_MAGIC), 0) == _MAGIC
+        return system().pread(fd, len(_MAGIC), 0) == _MAGIC
     finally:
         os.close(fd)
 
@@ -137,27 +135,24 @@ def check_output(
         )
 
 
-def _lock(out: str, real: str) -> int:
+def _lock(out: str, real: str) -> FolderLock:
     """An exclusive lock on the existing OUT for the whole run; a second writer fails at once."""
     try:
-        fd = os.open(real, os.O_RDONLY | os.O_DIRECTORY)
+        return system().lock_folder(real)
     except PermissionError as exc:  # not readable: not listable either, so never replaceable
         raise unlistable(out, exc) from exc
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError as exc:
-        os.close(fd)
         raise OutputConflictError(
             out,
             "another ckptfix run is writing to this folder",
             "wait for it to finish, then run again",
         ) from exc
-    except OSError as exc:
-        # A file system without locks: the record of OUT still catches other writers.
-        if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-            os.close(fd)
-            raise
-    return fd
+    except NotOurLockFile as exc:
+        raise OutputConflictError(
+            out,
+            f"{exc.filename} beside it, where ckptfix keeps its lock, is not ckptfix's",
+            "move that file away, then run again",
+        ) from exc
 
 
 class Claim:
@@ -165,7 +160,9 @@ class Claim:
     (where the staging folder goes and the swap happens), and for a write the lock held on
     it and what it held at the start (`before`, None if it did not exist)."""
 
-    def __init__(self, out: str, real: str, before: OutputState | None, lock: int | None) -> None:
+    def __init__(
+        self, out: str, real: str, before: OutputState | None, lock: FolderLock | None
+    ) -> None:
         self.out = out
         self.real = real
         self.before = before
@@ -174,7 +171,7 @@ class Claim:
 
     def release(self) -> None:
         if self._lock is not None:
-            os.close(self._lock)
+            self._lock.release()
             self._lock = None
 
     def __enter__(self) -> Claim:
@@ -211,7 +208,7 @@ def claim_output(
             _refuse_blocked(real)
     except BaseException:
         if lock is not None:
-            os.close(lock)
+            lock.release()
         raise
     return Claim(out, real, before, lock)
 
@@ -245,37 +242,18 @@ def _umask() -> int:
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _renameat2(first: str, second: str, flags: int) -> bool:
-    """renameat2(2) with `flags`; False where the C library, kernel or file system lacks it."""
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is None:
-        return False
-    at_fdcwd = -100
-    if renameat2(at_fdcwd, os.fsencode(first), at_fdcwd, os.fsencode(second), flags) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
-        return False
-    raise OSError(code, os.strerror(code), second)
+    system().sync_folder(path)
 
 
 def _exchange(first: str, second: str) -> bool:
-    """Atomically swap two paths (RENAME_EXCHANGE); False if unsupported."""
-    return _renameat2(first, second, _RENAME_EXCHANGE)
+    """Atomically swap two paths; False where the system cannot."""
+    return system().exchange(first, second)
 
 
 def _rename_new(first: str, second: str) -> None:
-    """Rename `first` to `second`, which must not exist (RENAME_NOREPLACE). Without it, a plain
-    rename still refuses a non-empty folder; an empty one holds nothing to lose."""
-    if not _renameat2(first, second, _RENAME_NOREPLACE):
-        os.rename(first, second)
+    """Rename `first` to `second`, which must not exist: a new OUT never replaces one that
+    appeared meanwhile."""
+    system().rename_new(first, second)
 
 
 def _make_parents(folder: str) -> list[str]:
@@ -369,7 +347,7 @@ class Staging:
                 )
             staged_file = os.path.join(self.path, name)
             os.chmod(staged_file, stat.S_IMODE(os.stat(target).st_mode))
-            os.rename(staged_file, target)
+            system().replace(staged_file, target)
             _fsync_dir(os.path.dirname(target))
             self.signals.committed = True
             self.replaced = (target,)
@@ -437,11 +415,11 @@ class Staging:
         _remove_replaced(old)
 
     def _replace_by_renames(self, before: OutputState) -> None:
-        """Without RENAME_EXCHANGE: move the old OUT aside, check it, rename the new one in."""
+        """Without an atomic exchange: move the old OUT aside, check it, rename the new one in."""
         real = self.claim.real
         aside = tempfile.mkdtemp(prefix=".ckptfix-old-", dir=os.path.dirname(real))
         old = os.path.join(aside, "old")
-        os.rename(real, old)
+        system().rename_new(real, old)
         try:
             self._check_unchanged(old, before)
             _rename_new(self.path, real)

@@ -49,6 +49,7 @@ from ckptfix.io.gather import tensor_chunks
 from ckptfix.io.source import LocalFile, pread_exact
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
+from ckptfix.platform import system
 from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, copy_from, write_all
 from ckptfix.write.filejobs import MAX_OPEN_FILES, FileJobs
 from ckptfix.write.output import open_output, write_index
@@ -151,7 +152,7 @@ class _Writer:
         self.waiting.append((position, check))
         self.unflushed += tensor.nbytes
         if self.unflushed >= FLUSH_EVERY:  # start writeback and reading back early
-            self.files.flush(archive.reader, os.fdatasync, archive.fd)
+            self.files.flush(archive.reader, system().sync_data, archive.fd)
             self.unflushed = 0
             self.hand_over(archive)
         elif len(self.waiting) >= READ_BACK_BATCH:
@@ -194,7 +195,7 @@ class _Writer:
         for piece in central_directory(archive.entries, crcs):
             write_all(archive.fd, piece, end)
             end += len(piece)
-        self.files.flush(archive.reader, os.fsync, archive.fd)
+        self.files.flush(archive.reader, system().sync, archive.fd)
         if self.job.verify:
             self.files.submit(archive.reader, _verify_archive, archive)
         self.files.ended(archive.reader)  # closed once its jobs are done

@@ -5,8 +5,9 @@ A staging folder holds links recreated from the source (`write.extras`): a path 
 through one of them would reach outside the output, where a removal or a write would
 change the user's files (a model folder's `sub -> /elsewhere` once lost its shards that
 way). So the folders files are placed in are created and checked one component at a time
-(`make_folders`), and trees are removed by `unlinkat` relative to a folder opened with
-O_NOFOLLOW (`remove_tree`), which removes a link itself and never what it points to. A
+(`make_folders`), and trees are removed entry by entry through folders opened without
+following a link (`remove_tree`, on `Platform.open_folder`: `unlinkat` relative to folders
+opened with O_NOFOLLOW on POSIX), which removes a link itself and never what it points to. A
 read-only folder in a tree being removed is made writable first, and an output that could
 not be removed once replaced (a folder another user owns) is refused before anything is
 written (`blocked_folder`).
@@ -26,10 +27,8 @@ from dataclasses import dataclass
 
 from ckptfix.core.errors import WriteError
 from ckptfix.io.folder import unlistable
-
-_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_PATH_ONLY = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_OWNER_ALL = stat.S_IRWXU
+from ckptfix.platform import system
+from ckptfix.platform.folders import FolderHandle
 
 # (relative path, inode, type and mode, size, mtime in ns) of one entry under OUT
 Entry = tuple[str, int, int, int, int]
@@ -100,52 +99,33 @@ def make_folders(root: str, relative: str, shown: str) -> None:
     """Create the missing folders of `relative` under `root` (a folder of ours), checking
     each one is a real folder, never a link: what is then created by path below them stays
     inside root. `shown` is the output path the messages name."""
-    fd = os.open(root, _FOLDER)
+    folder = system().open_folder(root, follow=False)
     try:
         done = ""
         for part in [part for part in relative.split(os.sep) if part]:
             done = os.path.join(done, part)
             with contextlib.suppress(FileExistsError):
-                os.mkdir(part, dir_fd=fd)
+                folder.mkdir(part)
             try:
-                child = os.open(part, _FOLDER, dir_fd=fd)
+                child = folder.child(part)
             except OSError as exc:
-                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR, errno.EBUSY):
                     raise
                 raise WriteError(
                     os.path.join(shown, done),
                     "is no longer a folder: the source changed during the run",
                     "run again",
                 ) from exc
-            os.close(fd)
-            fd = child
+            folder.close()
+            folder = child
     finally:
-        os.close(fd)
+        folder.close()
 
 
-def _open_to_remove(parent: int, name: str) -> int:
-    """A folder being removed, opened (O_NOFOLLOW) and made writable by its owner if it was
-    not: only ever a folder of a staging tree or of an output being replaced."""
-    try:
-        fd = os.open(name, _FOLDER, dir_fd=parent)
-    except PermissionError:  # not even readable: open it up through an O_PATH descriptor
-        handle = os.open(name, _PATH_ONLY, dir_fd=parent)
-        try:
-            mode = stat.S_IMODE(os.fstat(handle).st_mode)
-            os.chmod(f"/proc/self/fd/{handle}", mode | _OWNER_ALL)  # that very folder
-        finally:
-            os.close(handle)
-        fd = os.open(name, _FOLDER, dir_fd=parent)
-    mode = stat.S_IMODE(os.fstat(fd).st_mode)
-    if mode & _OWNER_ALL != _OWNER_ALL:
-        os.fchmod(fd, mode | _OWNER_ALL)
-    return fd
-
-
-def _unlinked(parent: int, name: str) -> bool:
+def _unlinked(parent: FolderHandle, name: str) -> bool:
     """Remove a non-folder entry (a link itself, never its target); False for a folder."""
     try:
-        os.unlink(name, dir_fd=parent)
+        parent.unlink(name)
     except IsADirectoryError:
         return False
     except FileNotFoundError:
@@ -154,31 +134,33 @@ def _unlinked(parent: int, name: str) -> bool:
 
 
 def remove_tree(path: str) -> None:
-    """Remove `path` and everything under it, through folder descriptors; raises OSError
-    for what could not be removed."""
-    top = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    # (parent descriptor, name, own descriptor, names still to remove)
-    stack: list[tuple[int, str, int, Iterator[str]]] = []
+    """Remove `path` and everything under it, through folders opened without following a
+    link, each made writable by its owner first if it was not (only ever a folder of a
+    staging tree or of an output being replaced); raises OSError for what could not be
+    removed."""
+    top = system().open_folder(os.path.dirname(path) or ".")
+    # (parent, name, the folder itself, names still to remove)
+    stack: list[tuple[FolderHandle, str, FolderHandle, Iterator[str]]] = []
     try:
         name = os.path.basename(path)
         if _unlinked(top, name):
             return
-        fd = _open_to_remove(top, name)
-        stack.append((top, name, fd, iter(os.listdir(fd))))
+        folder = top.child_to_remove(name)
+        stack.append((top, name, folder, iter(folder.names())))
         while stack:
-            parent, name, fd, pending = stack[-1]
+            parent, name, folder, pending = stack[-1]
             child = next(pending, None)
             if child is None:
                 stack.pop()
-                os.close(fd)
-                os.rmdir(name, dir_fd=parent)
-            elif not _unlinked(fd, child):
-                inner = _open_to_remove(fd, child)
-                stack.append((fd, child, inner, iter(os.listdir(inner))))
+                folder.close()
+                parent.rmdir(name)
+            elif not _unlinked(folder, child):
+                inner = folder.child_to_remove(child)
+                stack.append((folder, child, inner, iter(inner.names())))
     finally:
-        for _, _, fd, _ in stack:
-            os.close(fd)
-        os.close(top)
+        for _, _, folder, _ in stack:
+            folder.close()
+        top.close()
 
 
 def blocked_folder(folder: str) -> tuple[str, str, str] | None:
@@ -187,17 +169,19 @@ def blocked_folder(folder: str) -> tuple[str, str, str] | None:
     clearable if it is ours (made writable if need be) or open to us for listing and
     writing; in a sticky folder (mode +t, like /tmp) that is not ours, only our own entries
     are. Links are not followed; a folder that cannot be listed is a one-line error."""
-    wanted = os.R_OK | os.W_OK | os.X_OK
-    me = os.geteuid()
+    me = system().effective_user()
     pending = [folder]
     while pending:
         current = pending.pop()
         info = os.lstat(current)
-        if info.st_uid != me and not os.access(
-            current, wanted, effective_ids=True, follow_symlinks=False
-        ):
+        if info.st_uid != me and not _open_to_us(current, me):
             return (current, *_NOT_WRITABLE)
-        sticky = info.st_uid != me and info.st_mode & stat.S_ISVTX and not _may_own_anything()
+        sticky = (
+            me is not None
+            and info.st_uid != me
+            and info.st_mode & stat.S_ISVTX
+            and not system().may_own_anything()
+        )
         try:
             listing = os.scandir(current)
         except PermissionError as exc:
@@ -222,16 +206,12 @@ _STICKY = (
     "be removed once the new folder is in place",
     "have its owner move it out, or run as the folder's owner",
 )
-_CAP_FOWNER = 3  # linux/capability.h: bypasses the sticky bit's ownership check
 
 
-def _may_own_anything() -> bool:
-    """Whether this process has CAP_FOWNER (root usually has; root without it does not)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as status:
-            for line in status:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> _CAP_FOWNER & 1)
-    except (OSError, ValueError):
-        pass
-    return os.geteuid() == 0
+def _open_to_us(folder: str, me: int | None) -> bool:
+    """Whether this process may list and change `folder` (without ownership numbers, as
+    on Windows: whether it is writable)."""
+    if me is None:
+        return os.access(folder, os.W_OK)
+    wanted = os.R_OK | os.W_OK | os.X_OK
+    return os.access(folder, wanted, effective_ids=True, follow_symlinks=False)

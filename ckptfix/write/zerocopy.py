@@ -28,9 +28,9 @@ from ckptfix.plan.align import (
 )
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
+from ckptfix.platform import system
 from ckptfix.write.copy import Target, copy_to, source_equal
 from ckptfix.write.extents import same_blocks
-from ckptfix.write.reflink import clone_block
 from ckptfix.write.results import ByteAccount
 
 
@@ -47,7 +47,7 @@ NO_CLONING = Cloning()
 
 
 def find_cloning(labels: Iterable[str], sources: Sources, folder: str) -> Cloning:
-    """Try each local source once per filesystem (write.reflink.clone_block) against
+    """Try each local source once per filesystem (`Platform.clone_block`) against
     `folder`, where the output files will be created."""
     by_device: dict[int, int | None] = {}
     found: dict[str, int] = {}
@@ -57,7 +57,7 @@ def find_cloning(labels: Iterable[str], sources: Sources, folder: str) -> Clonin
                 continue  # a remote source: copied
             device = os.fstat(fd).st_dev
             if device not in by_device:
-                by_device[device] = clone_block(fd, folder)
+                by_device[device] = system().clone_block(fd, folder)
         block = by_device[device]
         if block is not None:
             found[label] = block

@@ -1,0 +1,72 @@
+"""The options of the rewrites (reshard, convert, dedupe): frozen dataclasses with the CLI's
+defaults, exported as `ckptfix.ReshardOptions`, `ConvertOptions` and `DedupeOptions`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckptfix.core.choices import CastDtype, DecodeDtype, Target, ZeroWeights
+from ckptfix.core.sizes import DEFAULT_MAX_SHARD, shard_size
+from ckptfix.write.results import Progress
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """What the writing of a rewrite's plan takes (internal; made from the options below)."""
+
+    max_shard: int
+    to: str = "safetensors"
+    in_place: bool = False
+    dry_run: bool = False
+    verify: bool = True
+    progress: Progress | None = None
+    config_dtype: str | None = None  # a cast's torch name, set in config.json (config_dtype.py)
+    allow_expansion: bool = False  # write expanded tensors past plan.expansion's limits
+
+
+@dataclass(frozen=True)
+class RewriteOptions:
+    """What every rewrite takes."""
+
+    max_shard: int | str = DEFAULT_MAX_SHARD  # bytes, or "5GB" as --max-shard takes it
+    dry_run: bool = False
+    force: bool = False  # replace an OUT that holds a checkpoint
+    replace_any: bool = False  # with force: replace an OUT that holds other files too
+    progress: Progress | None = None
+
+    def __post_init__(self) -> None:
+        shard_size(self.max_shard)  # a bad size is a ValueError when the options are made
+
+    @property
+    def shard_bytes(self) -> int:
+        """max_shard in bytes."""
+        return shard_size(self.max_shard)
+
+
+@dataclass(frozen=True)
+class ConvertOptions(RewriteOptions):
+    to: Target = "safetensors"  # or "torch"
+    dtype: CastDtype = "keep"  # bf16, fp16, fp32 or keep
+    key: str = "auto"  # where the tensors sit in a training checkpoint
+    strip_prefix: str | None = None  # a prefix, "auto", or None
+    exclude: tuple[str, ...] = ()  # globs of tensor names to leave out
+    keep: str = "first"  # which alias name to keep: first, last or a regex
+    clone: bool = False  # write every alias as its own copy
+    verify: bool = True
+    zero_weights: ZeroWeights = "master"  # DeepSpeed: master, module or universal weights
+    allow_expansion: bool = False  # see plan.expansion
+    dequantize: DecodeDtype | None = None  # GGUF: decode block-quantized tensors to this dtype
+    to_hf: str | None = None  # Megatron: the Hugging Face config.json (or model type) to map to
+
+
+@dataclass(frozen=True)
+class DedupeOptions(RewriteOptions):
+    by_content: bool = False
+    clone: bool = False
+    keep: str = "first"
+    allow_expansion: bool = False  # see plan.expansion
+
+
+@dataclass(frozen=True)
+class ReshardOptions(RewriteOptions):
+    in_place: bool = False

@@ -1,0 +1,1 @@
+"""Object stores as outputs (`-o s3://…`, `gs://…`, `hf://…`): see `base`."""
