@@ -267,6 +267,7 @@ def test_a_failed_write_stops_its_checks_before_closing_their_file(
 
     import numpy as np
 
+    from ckptfix.platform import system
     from ckptfix.write import sink
 
     monkeypatch.setattr(sink, "VERIFY_BATCH", 1)  # a check handed out after every tensor
@@ -310,13 +311,15 @@ def test_the_checks_run_while_the_disk_catches_up(
 
     import numpy as np
 
+    from ckptfix.platform import system
     from ckptfix.write import sink
 
     monkeypatch.setattr(sink, "VERIFY_BATCH", 1)  # a check and a sync after every tensor
     monkeypatch.setattr(sink, "SYNC_EVERY", 1)
     state = {f"t{i}": np.full(1000, i, dtype=np.float32) for i in range(4)}
     checked, all_checked, waited = [], threading.Event(), []
-    real_verify, real_sync = sink.LocalSink._verify, os.fdatasync
+    platform = system()
+    real_verify, real_sync = sink.LocalSink._verify, platform.sync_data
 
     def counting_verify(self: Any, *args: Any) -> None:
         real_verify(self, *args)
@@ -329,7 +332,7 @@ def test_the_checks_run_while_the_disk_catches_up(
         real_sync(fd)
 
     monkeypatch.setattr(sink.LocalSink, "_verify", counting_verify)
-    monkeypatch.setattr(os, "fdatasync", slow_disk)
+    monkeypatch.setattr(platform, "sync_data", slow_disk)
     ckptfix.save(state, tmp_path / "out")
     assert waited and all(waited)  # no sync waited in vain for a check stuck behind it
 
