@@ -267,7 +267,6 @@ def test_a_failed_write_stops_its_checks_before_closing_their_file(
 
     import numpy as np
 
-    from ckptfix.platform import system
     from ckptfix.write import sink
 
     monkeypatch.setattr(sink, "VERIFY_BATCH", 1)  # a check handed out after every tensor
