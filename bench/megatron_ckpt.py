@@ -24,10 +24,11 @@ from pathlib import Path
 
 from training import _build, folder_size, samples
 
-from bench import CACHE, CKPTFIX, PYTHON
+from bench import CACHE, CKPTFIX, PYTHON, ROOT
 
 HIDDEN, HEADS, GROUPS, FFN, VOCAB, LAYERS = 2048, 32, 4, 5632, 32000, 22
 INPUT = CACHE / "megatron-tinyllama-rope-tp2"
+FLOOR = ROOT / "bench" / "copy_floor.py"  # the rank files copied and verified, nothing else
 SMALL = 6  # layers of the smaller checkpoint the peak RSS is compared with
 
 SAVE = """
@@ -164,8 +165,10 @@ def row(label: str, job: Job, cp: Job, target: str = "") -> str:
 def ways(source: Path, config: Path, out: Path) -> dict[str, list[str]]:
     """Each way's command, writing into `out`."""
     vocab = str(CONFIG["vocab_size"])
+    ranks = [str(path) for path in sorted(source.glob("*.distcp"))]
     return {
         "cp": ["sh", "-c", f"cp -r {source} {out} && sync -f {out}"],
+        "floor": [PYTHON, str(FLOOR), str(out), *ranks],
         "ours": [*CKPTFIX, "convert", str(source), "-o", str(out), "--to-hf", str(config)],
         "full": [PYTHON, "-c", FULL_RAM, str(source), str(out), vocab, str(GROUPS), str(HEADS)],
     }
@@ -225,6 +228,8 @@ def bench_megatron(repeat: int) -> Iterator[str]:
     ok = ours.median <= 1.5 * cp.median and ours.rss_mib <= 250
     target = f"≤ 1.5× and ≤ 250 MiB (medians): {'met' if ok else 'MISSED'}"
     yield row("`ckptfix convert --to-hf config.json` (verified, fsynced, atomic)", ours, cp, target)
+    floor = measure(command["floor"], out, source, repeat, Path(command["floor"][-1]).name)
+    yield row("the floor: the rank files copied and read back (`bench/copy_floor.py`)", floor, cp)
     yield from full_ram(command, (cp, ours), source, config, slow)
     yield from flatness(ours, source, repeat)
 

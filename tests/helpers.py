@@ -24,6 +24,24 @@ if TYPE_CHECKING:
     import torch
 
 
+class MemorySource:
+    """An in-memory byte source: what io.gather reads pieces from by `read_at` (one read,
+    then a strided copy), where a local file's runs are read straight into place."""
+
+    def __init__(self, data: bytes, label: str = "chunks") -> None:
+        self.data, self.label = data, label
+        self.size = len(data)
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        return self.data[offset : offset + size]
+
+    def change_token(self) -> tuple[object, ...]:
+        return (self.size,)
+
+    def fileno(self) -> None:
+        return None
+
+
 @dataclass(frozen=True)
 class Run:
     """One CLI run: its exit code, and stdout and stderr kept apart."""

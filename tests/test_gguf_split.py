@@ -5,6 +5,7 @@ and every way a set's parts can disagree, each with its exact finding."""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -288,3 +289,46 @@ def test_fix_says_it_does_not_rewrite_gguf(three: list[Path]) -> None:
         f"error: {three[0]}: file is gguf, which fix does not rewrite (rule unsupported-format; "
         f"`ckptfix convert {three[0]} -o OUT` writes it as safetensors)"
     )
+
+
+@pytest.mark.parametrize("when", ["with the header", "after the tensors"])
+def test_a_damaged_part_header_is_found(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """A header byte of a part wrong as it is written (the version: read back beside the
+    copy, it does not validate), or changed after its tensors are copied (a letter of the
+    first key's name, which still parses: only the digest of the header bytes, checked at
+    the end, finds it): the write fails, nothing is left."""
+    from ckptfix.write import gguf as writer
+
+    source = write_gguf(tmp_path / "in" / "llama-Q4_K.gguf")
+
+    def flip(fd: int, at: int) -> None:
+        with open(f"/proc/self/fd/{fd}", "rb") as handle:  # the writer's fd: write-only
+            handle.seek(at)
+            old = handle.read(1)[0]
+        os.pwrite(fd, bytes([old ^ 0x20]), at)
+
+    if when == "with the header":
+        real_write = writer.write_all
+
+        def write_all(fd: int, data: bytes, offset: int) -> None:
+            real_write(fd, data, offset)
+            if offset == 0:  # the header's first piece: its magic and counts
+                flip(fd, 5)
+
+        monkeypatch.setattr(writer, "write_all", write_all)
+    else:
+        real_copy = writer.PartWriter.copy_tensors
+
+        def copy_tensors(self: writer.PartWriter, *args: object) -> None:
+            real_copy(self, *args)  # type: ignore[arg-type]
+            flip(self.fd, 33)  # "general.architecture" -> "gEneral.architecture"
+
+        monkeypatch.setattr(writer.PartWriter, "copy_tensors", copy_tensors)
+    run = cli("reshard", source, "-o", tmp_path / "out", "--max-shard", "3000")
+    assert run.code == 1
+    found = "does not validate" if when == "with the header" else "differs from the plan"
+    assert found in run.stderr
+    assert not (tmp_path / "out").exists()
+    assert not list(tmp_path.glob(".ckptfix-*"))

@@ -21,28 +21,12 @@ from ckptfix.layouts.chunks import Placed, chunk_pieces
 from ckptfix.layouts.megatron import indexed_name, joined_halves, stacked_axes
 from ckptfix.layouts.slices import Parts, gather_rows, tensor_of
 from tests import megatron_builders as tiny
-from tests.helpers import cli
+from tests.helpers import MemorySource, cli
 
 STACKED = "decoder.layers.mlp.experts.experts.linear_fc1.weight"
 
 
-class _Memory:
-    """An in-memory byte source (what io.gather reads pieces from)."""
-
-    label = "chunks"
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.size = len(data)
-
-    def read_at(self, offset: int, size: int) -> bytes:
-        return self.data[offset : offset + size]
-
-    def fileno(self) -> None:
-        return None
-
-
-def _chunked(array: np.ndarray, cuts: list[list[int]]) -> tuple[_Memory, list[Placed]]:
+def _chunked(array: np.ndarray, cuts: list[list[int]]) -> tuple[MemorySource, list[Placed]]:
     """The array cut on a grid (`cuts`: bounds per dimension), each block stored row-major
     one after another at an odd offset, and where each block lies."""
     data, placed = bytearray(b"\xee" * 3), []
@@ -51,7 +35,7 @@ def _chunked(array: np.ndarray, cuts: list[list[int]]) -> tuple[_Memory, list[Pl
         offsets, sizes = tuple(a for a, _ in box), tuple(b - a for a, b in box)
         placed.append(Placed("chunks", len(data), offsets, sizes))
         data += np.ascontiguousarray(block).tobytes()
-    return _Memory(bytes(data)), placed
+    return MemorySource(bytes(data)), placed
 
 
 GRIDS = [
@@ -259,7 +243,7 @@ def test_swiglu_halves_saved_apart_are_joined() -> None:
     read as the [gate; up] tensor every other save holds, from both halves' pieces."""
     gate = np.arange(12, dtype=np.float32).reshape(3, 4)
     up = gate + 100
-    source = _Memory(b"\0" * 5 + up.tobytes() + gate.tobytes())
+    source = MemorySource(b"\0" * 5 + up.tobytes() + gate.tobytes())
     name = "decoder.layers.0.mlp.linear_fc1.weight"
 
     def half(suffix: str, offset: int) -> Any:

@@ -785,7 +785,7 @@ def test_a_failed_comparison_keeps_its_own_exception(
     def interrupted(*args: object) -> bytes:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(copy, "pread_exact", interrupted)
+    monkeypatch.setattr(copy, "preadv_exact", interrupted)
     fd = os.open(path, os.O_RDONLY)
     try:
         with LocalFile(str(path)) as source, pytest.raises(KeyboardInterrupt):

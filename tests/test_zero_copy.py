@@ -355,9 +355,10 @@ def test_extent_identity_proves_only_shared_blocks(on_xfs: Path, tmp_path: Path)
 
 def test_write_shards_finds_out_for_itself(on_xfs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A caller that does not say whether sources clone (ShardJob.cloning None) gets zero-copy
-    all the same: write_shards tries in its staging folder. Early writeback (every
-    FLUSH_EVERY bytes, here 1 MiB) does not cut a cloned run, which would copy the block
-    it is cut in: one shard of one source region copies only its two partial end blocks."""
+    all the same: write_shards tries in its staging folder. Early verification and writeback
+    (every VERIFY_EVERY and FLUSH_EVERY bytes, here 1 MiB) do not cut a cloned run, which
+    would copy the block it is cut in: one shard of one source region copies only its two
+    partial end blocks."""
     import ckptfix.write.safetensors
     from ckptfix.io.source import LocalFile
     from ckptfix.plan.select import OutTensor
@@ -365,6 +366,7 @@ def test_write_shards_finds_out_for_itself(on_xfs: Path, monkeypatch: pytest.Mon
     from ckptfix.write.safetensors import ShardJob, write_shards
 
     monkeypatch.setattr(ckptfix.write.safetensors, "FLUSH_EVERY", 2**20)
+    monkeypatch.setattr(ckptfix.write.safetensors, "VERIFY_EVERY", 2**20)
     specs = [Spec(f"layers.{i}.weight", "F32", (1000, 1001 + i)) for i in range(6)]
     source = _source(on_xfs / "src", specs)
     tensors = {t.name: OutTensor.same(t) for t in read_header(source).tensors}

@@ -16,6 +16,7 @@ from typing import Any
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.core.tensor import Piece, TensorInfo
+from ckptfix.io.source import ByteSource, LocalFile, read_into
 from ckptfix.io.source import ByteSource, descriptor, past_end
 from ckptfix.platform import system
 
@@ -124,38 +125,139 @@ def _assemble(source_of: Sources, tensor: TensorInfo, chunk: int) -> Iterator[by
     filled from the runs that overlap it (the pieces tile the tensor; see tiling_problem)."""
     for start in range(0, tensor.nbytes, chunk):
         window = bytearray(min(chunk, tensor.nbytes - start))
-        for piece in tensor.pieces:
-            source = source_of(piece.source)
-            placed = _rows_into(window, start, piece, source)
-            for offset, at, length in _runs_within(piece, start, start + len(window), placed):
-                data = source.read_at(offset, length)
-                window[at - start : at - start + length] = data
+        _fill(source_of, tensor, start, memoryview(window))
         yield window  # type: ignore[misc]  # a bytearray: bytes-like, and never reused
+
+
+# Runs of at least DIRECT_RUN bytes, at most MAX_VIEWS of them in a window, are read straight
+# into their places (a view each); shorter or more runs (a column shard a few elements wide)
+# are read in one go and copied into place by numpy, cheaper than a Python view per run.
+DIRECT_RUN = 512
+MAX_VIEWS = 4096
+KEPT_VIEWS = 4 * MAX_VIEWS  # views a Window keeps at most (about 200 bytes each)
+
+
+class Window:
+    """A buffer that tensors made of runs are gathered into, window by window, reused on one
+    thread. The views a window's runs are read into are made once for each shape of window
+    (every window of a tensor but its last has the same, and so do the same tensor's other
+    layers), not once per run."""
+
+    def __init__(self, size: int) -> None:
+        self.buffer = bytearray(size)
+        self.view = memoryview(self.buffer)
+        self._views: dict[tuple[int, int, int, int], list[memoryview]] = {}
+        self._count = 0  # views in _views
+
+    @property
+    def kept(self) -> int:
+        """How many views the window keeps."""
+        return sum(map(len, self._views.values()))
+
+    def views(self, at: int, step: int, length: int, count: int) -> list[memoryview]:
+        key = (at, step, length, count)
+        found = self._views.get(key)
+        if found is None:
+            found = _views(self.view, at, step, length, count)
+            if self._count + len(found) > KEPT_VIEWS:  # many shapes of window: start again
+                self._views.clear()
+                self._count = 0
+            self._views[key] = found
+            self._count += len(found)
+        return found
+
+
+def _views(window: memoryview, at: int, step: int, length: int, count: int) -> list[memoryview]:
+    """`count` views of `length` bytes, `step` apart from byte `at` of the window."""
+    if step == length:  # the runs are one range in the window too
+        return [window[at : at + count * length]]
+    return [window[begin : begin + length] for begin in range(at, at + count * step, step)]
+
+
+def windows_into(
+    sources: Sources | ByteSource, tensor: TensorInfo, window: Window
+) -> Iterator[memoryview]:
+    """The row-major bytes of a tensor made of runs (not a strided view), window by window
+    in `window`'s buffer, which is reused: each holds until the next is asked for (for a
+    writer that writes it at once, and a verifier that compares it at once). A window holds
+    whole rows where the tensor's runs repeat at one step, so its runs fall where the
+    previous window's did."""
+    source_of, size = _source_of(sources), _whole_rows(tensor, len(window.buffer))
+    for start in range(0, tensor.nbytes, size):
+        view = window.view[: min(size, tensor.nbytes - start)]
+        _fill(source_of, tensor, start, view, window)
+        yield view
+
+
+def _whole_rows(tensor: TensorInfo, size: int) -> int:
+    """The most bytes up to `size` that are whole steps of the tensor's repeated runs (when
+    they repeat at one step no longer than `size`), else `size`."""
+    steps = {piece.tensor_step for piece in tensor.pieces if piece.count > 1}
+    step = steps.pop() if len(steps) == 1 else 0
+    return size // step * step if 0 < step <= size else size
+
+
+def _fill(
+    source_of: Sources,
+    tensor: TensorInfo,
+    start: int,
+    window: memoryview,
+    kept: Window | None = None,
+) -> None:
+    """Tensor bytes [start, start + len(window)) into `window` (with the views `kept` keeps,
+    when it is that Window's). Every byte of it must come from a run: the layouts refuse
+    pieces that overlap, and the bytes placed are counted, so a gap cannot leave a reused
+    window's old bytes (or zeros) in place unnoticed."""
+    placed = 0
+    for piece in tensor.pieces:
+        source = source_of(piece.source)
+        rows = _rows_into(window, start, piece, source, kept)
+        placed += len(rows) * piece.length
+        for offset, at, length in _runs_within(piece, start, start + len(window), rows):
+            read_into(source, offset, window[at - start : at - start + length])
+            placed += length
+    if placed != len(window):
+        raise CorruptFileError(
+            tensor.file,
+            "chunk-gap",
+            f"the pieces of {tensor.name!r} give {placed} of bytes {start}-"
+            f"{start + len(window)}, not each byte once",
+            "re-export the checkpoint",
+        )
 
 
 _NONE = range(0)
 
 
-def _rows_into(window: bytearray, start: int, piece: Piece, source: ByteSource) -> range:
-    """Place the runs of `piece` that lie wholly in the window with one read and one strided
-    copy, when they are consecutive in the source (a chunk's rows, cut along its last
-    dimension: thousands of short runs); return the indices of the runs placed."""
+def _rows_into(
+    window: memoryview, start: int, piece: Piece, source: ByteSource, kept: Window | None
+) -> range:
+    """Place the runs of `piece` that lie wholly in the window with one read, when they are
+    consecutive in the source (a chunk's rows, cut along its last dimension: thousands of
+    short runs): of a local file, straight into their places (up to 1,024 runs per system call)
+    when they are long enough; else one read and one strided copy. The indices of the runs
+    placed."""
     step, length = piece.tensor_step, piece.length
     if piece.count < 2 or piece.source_step != length or step < length:
         return _NONE
     first = max(0, -(-(start - piece.at) // step))
     last = min(piece.count - 1, (start + len(window) - length - piece.at) // step)
-    if last - first < 1:
+    count = last - first + 1
+    if count < 2:
         return _NONE
+    offset, at = piece.offset + first * length, piece.at + first * step - start
+    if isinstance(source, LocalFile) and length >= DIRECT_RUN and count <= MAX_VIEWS:
+        views = kept.views(at, step, length, count) if kept else None
+        views = views or _views(window, at, step, length, count)
+        source.read_into(offset, views, count * length)
+        return range(first, last + 1)
     import numpy as np
 
-    data = source.read_at(piece.offset + first * length, (last - first + 1) * length)
+    data = source.read_at(offset, count * length)
     rows = np.lib.stride_tricks.as_strided(
-        np.frombuffer(window, dtype=np.uint8)[piece.at + first * step - start :],
-        shape=(last - first + 1, length),
-        strides=(step, 1),
+        np.frombuffer(window, dtype=np.uint8)[at:], shape=(count, length), strides=(step, 1)
     )
-    rows[:] = np.frombuffer(data, dtype=np.uint8).reshape(last - first + 1, length)
+    rows[:] = np.frombuffer(data, dtype=np.uint8).reshape(count, length)
     return range(first, last + 1)
 
 

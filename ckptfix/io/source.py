@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
+import stat
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, BinaryIO, Protocol, runtime_checkable
 
@@ -61,6 +62,51 @@ def pread_exact(fd: int, offset: int, size: int, label: str | None = None) -> by
         offset += len(part)
         size -= len(part)
     return b"".join(parts)
+
+
+def preadv_exact(fd: int, offset: int, buffers: Sequence[Any], label: str | None = None) -> None:
+    """Fill `buffers` (writable views, in order) from `offset` on, `vector_limit` of them per system
+    call; a file that ends early changed under us."""
+    limit = system().vector_limit
+    for first in range(0, len(buffers), limit):
+        batch = buffers[first : first + limit]
+        want = sum(map(len, batch))
+        got = system().read_vector(fd, batch, offset)
+        if got < want:  # short (never from the page cache but at the end of the file)
+            _read_rest(fd, offset + got, _after(batch, got), label)
+        offset += want
+
+
+def _after(buffers: Sequence[Any], done: int) -> list[Any]:
+    """What of `buffers` is left once their first `done` bytes are filled."""
+    rest = []
+    for buffer in buffers:
+        view = memoryview(buffer).cast("B")
+        if done >= len(view):
+            done -= len(view)
+            continue
+        rest.append(view[done:])
+        done = 0
+    return rest
+
+
+def _read_rest(fd: int, offset: int, buffers: Sequence[Any], label: str | None) -> None:
+    for view in buffers:
+        while len(view):
+            data = system().pread(fd, min(len(view), 1 << 30), offset)
+            if not data:
+                raise SourceChangedError(label)
+            view[: len(data)] = data
+            view, offset = view[len(data) :], offset + len(data)
+
+
+def read_into(source: ByteSource, offset: int, buffer: memoryview) -> None:
+    """`len(buffer)` bytes of `source` from `offset` into `buffer` (a writable view): read
+    straight into it for a local file, with the range checked as `read_at` checks it."""
+    if isinstance(source, LocalFile):
+        source.read_into(offset, [buffer])
+    else:
+        buffer[:] = source.read_at(offset, len(buffer))
 
 
 def unreadable_file(label: str, exc: OSError) -> CorruptFileError:
@@ -158,6 +204,16 @@ class LocalFile:
             raise past_end(self._label, offset + size, self.size)
         with self.held() as fd:
             return pread_exact(fd, offset, size, self._label)
+
+    def read_into(self, offset: int, buffers: Sequence[Any], size: int | None = None) -> None:
+        """`read_at` straight into `buffers` (writable views of `size` bytes in all, filled in
+        order): the bytes are not copied again, and many short runs take one system call."""
+        if size is None:
+            size = sum(map(len, buffers))
+        if offset + size > self.size:
+            raise past_end(self._label, offset + size, self.size)
+        with self.held() as fd:
+            preadv_exact(fd, offset, buffers, self._label)
 
     def change_token(self) -> tuple[object, ...]:
         with self.held() as fd:

@@ -29,7 +29,7 @@ import os
 import signal
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Sequence, Iterator
 from typing import BinaryIO
 
 from ckptfix.platform.common import (
@@ -82,6 +82,20 @@ class Platform:
         data = self.pread(fd, len(target), offset)
         target[: len(data)] = data
         return len(data)
+
+    # The most views one `read_vector` call takes (one here: a view at a time).
+    vector_limit = 1
+
+    def read_vector(self, fd: int, targets: Sequence[memoryview], offset: int) -> int:
+        """Read into `targets` in order from `offset`: the count read (fewer only at the end of
+        the file, or past what the system reads in one call)."""
+        done = 0
+        for target in targets:
+            count = self.read_into(fd, target, offset + done)
+            done += count
+            if count < len(target):
+                break
+        return done
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
         """Write at `offset`; how many bytes were written."""

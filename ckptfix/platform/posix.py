@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Sequence, Iterator
 from typing import BinaryIO
 
 from ckptfix.platform.common import NotARegularFile
@@ -25,6 +25,11 @@ class Posix(Platform):
 
     def read_into(self, fd: int, target: memoryview, offset: int) -> int:
         return os.preadv(fd, [target], offset)  # straight into place, no bytes object
+
+    vector_limit = min(os.sysconf("SC_IOV_MAX"), 1024)  # Linux: 1,024
+
+    def read_vector(self, fd: int, targets: Sequence[memoryview], offset: int) -> int:
+        return os.preadv(fd, targets, offset)
 
     def pwrite(self, fd: int, data: bytes | bytearray | memoryview, offset: int) -> int:
         return os.pwrite(fd, data, offset)

@@ -12,12 +12,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ckptfix.core.errors import SourceChangedError
-from ckptfix.io.source import ByteSource, descriptor, pread_exact
+from ckptfix.io.gather import Window
+from ckptfix.io.source import ByteSource, descriptor, preadv_exact, read_into
 from ckptfix.plan.align import aligned_split
 from ckptfix.platform import system
 
 COPY_CHUNK = 64 * 2**20
-COMPARE_CHUNK = 4 * 2**20
+COMPARE_CHUNK = 2 * 2**20
 # One clone call at most this long, so that progress and Ctrl-C are seen between them.
 CLONE_CHUNK = 2**30
 
@@ -170,6 +171,34 @@ def copy_to(source: ByteSource, offset: int, length: int, target: Target, at: in
             target.advance(size)
 
 
+_THREAD = threading.local()
+
+
+def compare_buffers() -> tuple[Window, bytearray]:
+    """This thread's two COMPARE_CHUNK buffers, made on its first comparison and reused by
+    every other: a verifying thread reads (or gathers) what a file should hold into the
+    first and what it holds into the second, not into new memory for each chunk."""
+    pair: tuple[Window, bytearray] | None = getattr(_THREAD, "pair", None)
+    if pair is None:
+        pair = _THREAD.pair = (Window(COMPARE_CHUNK), bytearray(COMPARE_CHUNK))
+    return pair
+
+
+def same_start(one: bytearray, two: bytearray, size: int) -> bool:
+    """Whether the first `size` bytes of two buffers are equal, compared in place by
+    `startswith` (memcmp): a comparison of views goes element by element, and of slices
+    copies them."""
+    return len(one) >= size and one.startswith(memoryview(two)[:size])
+
+
+def written_equal(dst: int, dst_offset: int, expected: bytearray, size: int) -> bool:
+    """Whether `size` bytes of a written file at `dst_offset` equal the start of
+    `expected` (a buffer of compare_buffers)."""
+    got = compare_buffers()[1]
+    preadv_exact(dst, dst_offset, [memoryview(got)[:size]])
+    return same_start(expected, got, size)
+
+
 def source_equal(
     source: ByteSource,
     offset: int,
@@ -178,12 +207,15 @@ def source_equal(
     length: int,
     cancel: threading.Event | None = None,
 ) -> bool:
-    """Bitwise comparison of a source range with a range of a written file."""
+    """Bitwise comparison of a source range with a range of a written file, both read into
+    this thread's buffers."""
+    expected = compare_buffers()[0].buffer
     while length:
         if cancel is not None and cancel.is_set():
             raise Cancelled
         size = min(length, COMPARE_CHUNK)
-        if source.read_at(offset, size) != pread_exact(dst, dst_offset, size):
+        read_into(source, offset, memoryview(expected)[:size])
+        if not written_equal(dst, dst_offset, expected, size):
             return False
         offset, dst_offset, length = offset + size, dst_offset + size, length - size
     return True

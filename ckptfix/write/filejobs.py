@@ -1,5 +1,5 @@
-"""The work the writers leave to their worker threads (flushes, read-backs, verification,
-fsync), grouped by the output file whose descriptors it uses.
+"""The work the writers leave to their worker threads (read-backs, verification) and to a
+thread of flushes (fdatasync, fsync), grouped by the output file whose descriptors it uses.
 
 A file's descriptors are closed as soon as its last job is done, and no more than
 MAX_OPEN_FILES finished files wait for their jobs at a time (the writer then waits for the
@@ -26,12 +26,14 @@ class _File:
 
 
 class FileJobs:
-    """Jobs on `workers`, by output file (keyed by its first descriptor)."""
+    """Jobs on `workers`, by output file (keyed by its first descriptor); flushes on a
+    thread of their own (`flush`)."""
 
     def __init__(self, workers: ThreadPoolExecutor) -> None:
         self.workers = workers
         self.jobs: list[Future[Any]] = []  # every job, for `finish`
         self._files: dict[int, _File] = {}  # the files still open, oldest first
+        self._flusher: ThreadPoolExecutor | None = None
 
     def open(self, *fds: int) -> int:
         """Take charge of a new output file's descriptors; its key."""
@@ -39,7 +41,17 @@ class FileJobs:
         return fds[0]
 
     def submit(self, key: int, function: Callable[..., Any], *args: Any) -> Future[Any]:
-        future = self.workers.submit(function, *args)
+        return self._track(key, self.workers.submit(function, *args))
+
+    def flush(self, key: int, function: Callable[..., Any], *args: Any) -> Future[Any]:
+        """A job that waits for the disk (fdatasync, fsync), run in order on one thread of
+        its own: the workers go on reading back and comparing meanwhile, and a file's
+        last fsync runs beside its last verifications instead of after them."""
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckptfix-flush")
+        return self._track(key, self._flusher.submit(function, *args))
+
+    def _track(self, key: int, future: Future[Any]) -> Future[Any]:
         self._files[key].jobs.append(future)
         self.jobs.append(future)
         return future
@@ -73,7 +85,10 @@ class FileJobs:
             job.result()
 
     def close(self) -> None:
-        """Close every descriptor still open (after the workers have stopped)."""
+        """Close every descriptor still open (after the workers, and here the flushes, have
+        stopped)."""
+        if self._flusher is not None:
+            self._flusher.shutdown(wait=True)
         for file in self._files.values():
             for fd in file.fds:
                 os.close(fd)

@@ -1,9 +1,9 @@
 """Streamed GGUF parts: a llama.cpp split set (reshard with a --max-shard smaller than the
 model) or one GGUF file (a set merged), written the way the safetensors writer writes its
 shards (write.safetensors.ShardWriter): tensor bytes kernel to kernel (`copy_file_range`),
-two workers flushing and verifying behind the copy, every part read back by ckptfix's own
-GGUF reader and compared with the plan (header bytes, tensors), every tensor compared with
-its source.
+workers verifying and flushing behind the copy, every part read back by ckptfix's own GGUF
+reader and compared with the plan (its tensors as soon as the header is written, the header
+bytes once the tensors are), every tensor compared with its source.
 
 Where the output's filesystem has reflinks, a part's data start is moved (by a
 `ckptfix.padding` string key, the only place a GGUF header has room) so that its tensors sit
@@ -19,7 +19,7 @@ import hashlib
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ckptfix.core.errors import CorruptFileError, VerificationError
 from ckptfix.formats.gguf_encode import (
@@ -53,6 +53,7 @@ class GgufJob(ShardJob):
     version: int = 3
     alignment: int = DEFAULT_ALIGNMENT
     carried: tuple[bytes, ...] = ()
+    layouts: dict[int, PartLayout] = field(default_factory=dict)  # laid out by needed_bytes
 
 
 @dataclass(frozen=True)
@@ -139,10 +140,11 @@ def _data_start(plan: ShardPlan, job: GgufJob, header: int, size: int, runs: lis
     return choose_start(StartRange(start, low, room, job.alignment), runs, block)
 
 
-def verify_part(path: str, display: str, layout: PartLayout, planned: Sequence[object]) -> None:
-    """The finished part must pass every rule of the GGUF reader, hold exactly the planned
-    header bytes (by their digest, read back in chunks) and tensors (names, dtypes, shapes,
-    byte ranges)."""
+def check_part(path: str, display: str, planned: Sequence[object]) -> None:
+    """The part, at its final size with its header written, must pass every rule of the
+    GGUF reader and list exactly the planned tensors (names, dtypes, shapes, byte ranges).
+    Run while its tensors are copied: the header is not written again, which `same_header`
+    proves once they are."""
     with LocalFile(path, display) as written:
         try:
             read = read_gguf(written)
@@ -150,10 +152,14 @@ def verify_part(path: str, display: str, layout: PartLayout, planned: Sequence[o
             raise VerificationError(
                 display, f"written file does not validate: {exc.detail()}", _BUG
             ) from exc
-        got = [(t.name, t.dtype, t.shape, t.byte_range) for t in read.tensors]
-        with written.held() as fd:
-            stored = range_digest(fd, (0, layout.header_size))
-    if got != list(planned) or stored != layout.header_digest:
+    if [(t.name, t.dtype, t.shape, t.byte_range) for t in read.tensors] != list(planned):
+        raise VerificationError(display, "written header differs from the plan", _BUG)
+
+
+def same_header(reader: int, display: str, layout: PartLayout) -> None:
+    """The finished part still holds exactly the planned header bytes (by their digest, read
+    back in chunks)."""
+    if range_digest(reader, (0, layout.header_size)) != layout.header_digest:
         raise VerificationError(display, "written header differs from the plan", _BUG)
 
 
@@ -167,19 +173,22 @@ class PartWriter(ShardWriter):
     def shard(self, shard: PlannedShard, metadata: Mapping[str, str]) -> WrittenFile:
         job = self.job
         assert isinstance(job, GgufJob)
-        layout = layout_part(self.plan, job, self.numbers[shard.file])
+        number = self.numbers[shard.file]
+        layout = job.layouts.pop(number, None) or layout_part(self.plan, job, number)
         job.tally.add("padding", layout.padding)
         path, display = self.open(shard.file, b"", layout.end)
         at = 0
         for piece in layout.header:
             write_all(self.fd, piece, at)
             at += len(piece)
+        if job.verify:  # the header is read back while the tensors are copied
+            os.ftruncate(self.fd, layout.end)
+            planned = [_planned(job.tensors[name], offset) for name, offset in layout.placed]
+            self.submit(check_part, path, display, planned)
         self.copy_tensors(layout.placed, display)
         os.ftruncate(self.fd, layout.end)
-        if job.verify:
-            planned = [_planned(job.tensors[name], offset) for name, offset in layout.placed]
-            lean = replace(layout, header=())  # the verifier needs the digest, not the bytes
-            self.submit(verify_part, path, display, lean, planned)
+        if job.verify:  # the verifier needs the digest, not the bytes
+            self.submit(same_header, self.reader, display, replace(layout, header=()))
         self.close_file()
         return WrittenFile(shard.file, layout.end)
 
@@ -189,6 +198,8 @@ def _planned(tensor: OutTensor, offset: int) -> tuple[object, ...]:
 
 
 def needed_bytes(plan: ShardPlan, job: GgufJob) -> int:
-    """The disk space the parts take: their sizes, less what cloning shares."""
-    layouts = [layout_part(plan, job, number) for number in range(len(plan.shards))]
-    return sum(layout.end - layout.shareable for layout in layouts)
+    """The disk space the parts take: their sizes, less what cloning shares. The layouts
+    are kept for the writer (`job.layouts`, each taken once): laying out a first part
+    encodes and digests all of its metadata."""
+    job.layouts = {number: layout_part(plan, job, number) for number in range(len(plan.shards))}
+    return sum(layout.end - layout.shareable for layout in job.layouts.values())

@@ -21,6 +21,7 @@ from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
+from ckptfix.core.tensor import Piece
 from ckptfix.formats.safetensors import (
     MAX_HEADER_SIZE,
     METADATA_KEY,
@@ -29,13 +30,22 @@ from ckptfix.formats.safetensors import (
     header_size,
     read_header,
 )
-from ckptfix.io.gather import CHUNK, Sources, tensor_chunks
+from ckptfix.io.gather import CHUNK, Sources, Window, tensor_chunks, windows_into
+from ckptfix.layouts.slices import cut
 from ckptfix.plan.align import Run
 from ckptfix.plan.select import OutTensor, out_sizes
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.platform import system
 from ckptfix.write.cast import cast_bytes
-from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, Target, copy_from, write_all
+from ckptfix.write.copy import (
+    COMPARE_CHUNK,
+    Cancelled,
+    Target,
+    compare_buffers,
+    copy_from,
+    write_all,
+    written_equal,
+)
 from ckptfix.write.filejobs import FileJobs
 from ckptfix.write.output import open_output, write_index
 from ckptfix.write.results import Progress, WrittenFile
@@ -52,6 +62,9 @@ from ckptfix.write.zerocopy import (
 )
 
 FLUSH_EVERY = 256 * 2**20
+# Small batches of verification: the last one, which only starts once the copying ends, is
+# short, and the two workers share it with the one before.
+VERIFY_EVERY = 32 * 2**20
 _DTYPE, _SHAPE = attrgetter("dtype"), attrgetter("source.shape")  # OutTensor.shape
 DECODED = 4 * 2**20  # F32 bytes a chunk of a block-quantized tensor decodes to, at most
 
@@ -201,20 +214,22 @@ class ShardJob:
 
 
 class ShardWriter:
-    """Copies on the calling thread; two workers flush, verify and fsync behind it."""
+    """Copies on the calling thread; two workers verify, and a thread flushes and fsyncs,
+    behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
         self.plan, self.job = plan, job
         self.files = FileJobs(workers)
         self.done = 0
         self.fd = self.reader = -1  # the file last opened: its writer's and verifier's
+        self.window: Window | None = None  # where runs are gathered (made on first use)
 
     def advance(self, count: int) -> None:
         self.done += count
         if self.job.progress is not None:
             self.job.progress(self.done, self.plan.total_size)
 
-    def verify_later(self, reader: int, display: str, placed: list[tuple[str, int]]) -> None:
+    def verify_later(self, reader: int, display: str, placed: list[Part]) -> None:
         if self.job.verify:
             self.files.submit(reader, _verify_tensors, reader, display, placed, self.job)
 
@@ -260,31 +275,36 @@ class ShardWriter:
         self.files.submit(self.reader, function, *args)
 
     def copy_tensors(self, placed: Sequence[tuple[str, int]], display: str) -> None:
-        """Copy each tensor to its file offset in the file last opened, flushing and
-        verifying every FLUSH_EVERY bytes."""
+        """Copy each tensor to its file offset in the file last opened, verifying what was
+        copied every VERIFY_EVERY bytes and flushing it every FLUSH_EVERY."""
         fd, reader = self.fd, self.reader
         held = HeldRuns(self.target(fd, self.job.cloning))
-        done: list[tuple[str, int]] = []
-        unflushed = 0
+        done: list[Part] = []
+        unverified = unflushed = 0
         for name, offset in placed:
-            self.tensor(held, offset, self.job.tensors[name])
-            done.append((name, offset))
+            tensor = self.job.tensors[name]
             # Cloned bytes leave nothing to write back: they do not count (cutting the held
             # run would copy the block it is cut in).
-            if not lines_up(self.job.tensors[name], offset, self.job.cloning or NO_CLONING):
-                unflushed += self.job.tensors[name].nbytes
-            if unflushed >= FLUSH_EVERY:  # start writeback and verification early
-                held.write()
-                self.submit(system().sync_data, fd)
-                self.verify_later(reader, display, done)
-                done, unflushed = [], 0
+            cloned = lines_up(tensor, offset, self.job.cloning or NO_CLONING)
+            for part in _parts(name, offset, tensor, cloned):
+                self.tensor(held, part, tensor)
+                done.append(part)
+                unverified += 0 if cloned else part.end - part.begin
+                if unverified >= VERIFY_EVERY:  # start verification, and writeback, early
+                    held.write()
+                    unflushed += unverified
+                    if unflushed >= FLUSH_EVERY:
+                        self.files.flush(reader, system().sync_data, fd)
+                        unflushed = 0
+                    self.verify_later(reader, display, done)
+                    done, unverified = [], 0
         held.write()
         self.verify_later(reader, display, done)
 
     def close_file(self) -> None:
         """fsync the file last opened (behind the copy); it is closed once its jobs are
         done (a failure seen so far is raised early)."""
-        self.submit(system().sync, self.fd)
+        self.files.flush(self.reader, system().sync, self.fd)
         self.files.ended(self.reader)
 
     def target(self, fd: int, cloning: Cloning | None) -> Target:
@@ -292,10 +312,11 @@ class ShardWriter:
         block = cloning.block if cloning is not None else None
         return Target(fd, self.advance, block, self.job.tally.add_cloned)
 
-    def tensor(self, held: HeldRuns, offset: int, tensor: OutTensor) -> None:
-        fd, cloning = held.target.fd, self.job.cloning or Cloning()
+    def tensor(self, held: HeldRuns, part: Part, tensor: OutTensor) -> None:
+        """Copy a part of a tensor (a streamed one's), or all of it."""
+        fd, cloning, offset = held.target.fd, self.job.cloning or Cloning(), part.offset
         if tensor.streamed:  # each run of each piece, kernel to kernel where it can
-            for piece in tensor.source.pieces:
+            for piece in part.pieces(tensor):
                 source = self.job.sources(piece.source)
                 for begin, at, length in piece.runs():
                     if piece.source in cloning.sources:  # cloned, with the runs it continues
@@ -305,14 +326,52 @@ class ShardWriter:
                         copy_from(source, begin, length, fd, offset + at, self.advance)
             return
         held.write()
-        chunks = produce(self.job.sources, tensor)  # gathered or cast in bounded chunks
-        digest = _write_produced(fd, offset, chunks, self.advance, not tensor.gathered_runs)
+        if tensor.gathered_runs:  # read straight into a window, written at once
+            if self.window is None:
+                self.window = Window(COMPARE_CHUNK)
+            windows = windows_into(self.job.sources, tensor.source, self.window)
+            _write_produced(fd, offset, windows, self.advance, False)
+            return
+        chunks = produce(self.job.sources, tensor)  # strided or cast, in bounded chunks
+        digest = _write_produced(fd, offset, chunks, self.advance, True)
         if digest is not None:
             self.job.digests[tensor.name] = digest
 
 
+@dataclass(frozen=True)
+class Part:
+    """Tensor bytes [begin, end) of the tensor `name` written at file offset `offset`: what
+    is copied, then verified, in one go."""
+
+    name: str
+    offset: int
+    begin: int
+    end: int
+
+    def pieces(self, tensor: OutTensor) -> Sequence[Piece]:
+        """The pieces that hold the part's bytes, placed in the tensor."""
+        if (self.begin, self.end) == (0, tensor.nbytes):
+            return tensor.source.pieces
+        return cut(tensor.source.pieces, self.begin, self.end, self.begin)
+
+
+def _parts(name: str, offset: int, tensor: OutTensor, cloned: bool) -> list[Part]:
+    """A tensor copied and verified part by part: VERIFY_EVERY bytes at a time if it is
+    streamed and copied (so a large last tensor is verified while it is copied, not all
+    after the copy), else whole (gathered, cast, or cloned)."""
+    size = tensor.nbytes
+    if not tensor.streamed or cloned or size <= VERIFY_EVERY:
+        return [Part(name, offset, 0, size)]
+    cuts = range(0, size, VERIFY_EVERY)
+    return [Part(name, offset, begin, min(begin + VERIFY_EVERY, size)) for begin in cuts]
+
+
 def _write_produced(
-    fd: int, offset: int, chunks: Iterable[bytes], advance: Callable[[int], None], digest: bool
+    fd: int,
+    offset: int,
+    chunks: Iterable[bytes | memoryview],
+    advance: Callable[[int], None],
+    digest: bool,
 ) -> bytes | None:
     """Write produced chunks one after another; return the digest of all of them when asked."""
     hasher = hashlib.blake2b(digest_size=32) if digest else None
@@ -327,26 +386,27 @@ def _write_produced(
 
 def _equal_gathered(dst: int, offset: int, tensor: OutTensor, job: ShardJob) -> bool:
     """Whether the output at `offset` holds the tensor's runs, gathered again from their
-    sources (the bytes compared, window by window)."""
-    for chunk in tensor_chunks(job.sources, tensor.source):
+    sources (the bytes compared, window by window, in this thread's buffers)."""
+    expected = compare_buffers()[0]
+    for window in windows_into(job.sources, tensor.source, expected):
         if job.cancel.is_set():
             raise Cancelled
-        if system().pread(dst, len(chunk), offset) != chunk:
+        if not written_equal(dst, offset, expected.buffer, len(window)):
             return False
-        offset += len(chunk)
+        offset += len(window)
     job.tally.add("compared", tensor.nbytes)
     return True
 
 
-def _verify_tensors(
-    dst: int, display: str, placed: Sequence[tuple[str, int]], job: ShardJob
-) -> None:
-    """Each tensor written at `(name, offset)` must equal its source: streamed ones compared
-    bitwise with the source range (or, for whole blocks cloned from it, by their physical
-    extents: see write.zerocopy.RunCheck), runs gathered in memory by gathering them again,
-    cast or strided ones by the digest taken when they were made."""
+def _verify_tensors(dst: int, display: str, placed: Sequence[Part], job: ShardJob) -> None:
+    """Each part written (a whole tensor, or a range of a streamed one) must equal its
+    source: streamed ones compared bitwise with the source range (or, for whole blocks
+    cloned from it, by their physical extents: see write.zerocopy.RunCheck), runs gathered
+    in memory by gathering them again, cast or strided ones by the digest taken when they
+    were made."""
     check = RunCheck(dst, job.cloning or Cloning(), job.tally, job.cancel)
-    for name, offset in placed:
+    for part in placed:
+        name, offset = part.name, part.offset
         tensor = job.tensors[name]
         source = tensor.source
         if tensor.streamed:
@@ -354,7 +414,7 @@ def _verify_tensors(
                 check.equal(
                     job.sources(piece.source), Run(piece.source, begin, offset + at, length)
                 )
-                for piece in source.pieces
+                for piece in part.pieces(tensor)
                 for begin, at, length in piece.runs()
             )
         elif tensor.gathered_runs:
@@ -376,8 +436,9 @@ def write_shards(
     """Write every planned shard (and the index) into the staging folder; verify each file.
 
     The main thread only copies (kernel to kernel, into the page cache). Two worker threads
-    flush what has been copied so far every FLUSH_EVERY bytes, then verify and fsync each
-    finished shard side by side, so the disk writes back while copying goes on.
+    verify what has been copied every VERIFY_EVERY bytes, side by side, and a third flushes
+    it every FLUSH_EVERY bytes and fsyncs each finished shard (FileJobs.flush), so the disk
+    writes back while copying and verification go on.
     """
     labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
     before = {label: job.sources(label).change_token() for label in labels}

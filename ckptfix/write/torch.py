@@ -106,7 +106,8 @@ class _Archive:
 
 
 class _Writer:
-    """Copies on the calling thread; two workers read back, flush and verify behind it."""
+    """Copies on the calling thread; two workers read back and verify, and a thread
+    flushes, behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
         self.plan, self.job = plan, job
@@ -151,7 +152,7 @@ class _Writer:
         self.waiting.append((position, check))
         self.unflushed += tensor.nbytes
         if self.unflushed >= FLUSH_EVERY:  # start writeback and reading back early
-            self.files.submit(archive.reader, system().sync_data, archive.fd)
+            self.files.flush(archive.reader, system().sync_data, archive.fd)
             self.unflushed = 0
             self.hand_over(archive)
         elif len(self.waiting) >= READ_BACK_BATCH:
@@ -194,7 +195,7 @@ class _Writer:
         for piece in central_directory(archive.entries, crcs):
             write_all(archive.fd, piece, end)
             end += len(piece)
-        self.files.submit(archive.reader, system().sync, archive.fd)
+        self.files.flush(archive.reader, system().sync, archive.fd)
         if self.job.verify:
             self.files.submit(archive.reader, _verify_archive, archive)
         self.files.ended(archive.reader)  # closed once its jobs are done
