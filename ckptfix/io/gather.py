@@ -16,8 +16,7 @@ from typing import Any
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, SourceChangedError
 from ckptfix.core.tensor import Piece, TensorInfo
-from ckptfix.io.source import ByteSource, LocalFile, read_into
-from ckptfix.io.source import ByteSource, descriptor, past_end
+from ckptfix.io.source import ByteSource, LocalFile, descriptor, past_end, read_into
 from ckptfix.platform import system
 
 CHUNK = 16 * 2**20

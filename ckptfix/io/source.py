@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import os
-import stat
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, BinaryIO, Protocol, runtime_checkable

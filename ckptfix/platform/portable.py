@@ -29,7 +29,7 @@ import os
 import signal
 import stat
 import threading
-from collections.abc import Sequence, Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 from ckptfix.platform.common import (

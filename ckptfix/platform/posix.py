@@ -6,7 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Sequence, Iterator
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO
 
 from ckptfix.platform.common import NotARegularFile
