@@ -1,7 +1,9 @@
 """README.md and docs/ against the code and against themselves: docs/cli.md is what
-`make docs` renders from the Typer app now, every relative link leads to a file and heading
-that exist, and every `ckptfix ...` command line the pages show parses with the real command
-line (its options, their values, its arguments), without running it.
+`make docs` renders from the Typer app now; README stays a landing page (at most 300 lines,
+opening with `make demo` and `make test`) and docs/index.md links every page; every relative
+link leads to a file and heading that exist; and every `ckptfix ...` command line the pages
+show parses with the real command line (its options, their values, its arguments), without
+running it, as every option an inline `ckptfix CMD --option` names exists.
 
 As in tests/test_docs.py, each check is a function from text to a list of problems, so the
 tests below also feed it broken text and see that it notices.
@@ -76,7 +78,44 @@ def test_the_reference_follows_a_changed_option() -> None:
     assert before != after
 
 
-# --- (b) links ---------------------------------------------------------------------------------
+# --- (b) the landing page and the index ----------------------------------------------------
+
+README_MAX_LINES = 300
+
+
+def landing_problems(text: str) -> list[str]:
+    """How README fails to be the landing page: over 300 lines, or not opening with the two
+    commands that work on a fresh machine."""
+    problems = []
+    if len(text.splitlines()) > README_MAX_LINES:
+        problems.append(f"{len(text.splitlines())} lines, over {README_MAX_LINES}")
+    first = blocks(text)[0].lines if blocks(text) else ()
+    opening = [line.split("#")[0].strip() for line in first]
+    if opening != ["make demo", "make test"] or not text.startswith("# ckptfix\n\n```"):
+        problems.append(f"does not open with make demo and make test: {opening}")
+    return problems
+
+
+def test_readme_is_the_landing_page() -> None:
+    assert landing_problems(page("README.md")) == []
+
+
+def test_the_landing_check_sees_a_long_or_reordered_readme() -> None:
+    text = page("README.md")
+    assert landing_problems(text + "more\n" * README_MAX_LINES)[0].endswith("over 300")
+    swapped = text.replace("make demo ", "make @ ", 1).replace("make test ", "make demo ", 1)
+    assert landing_problems(swapped.replace("make @ ", "make test ", 1)) == [
+        "does not open with make demo and make test: ['make test', 'make demo']"
+    ]
+
+
+def test_every_page_is_linked_from_the_index() -> None:
+    linked = {target.partition("#")[0] for target in links(page("index.md"))}
+    assert {path.name for path in DOCS.glob("*.md")} - {"index.md"} <= linked
+    assert "docs/index.md" in links(page("README.md"))
+
+
+# --- (c) links ---------------------------------------------------------------------------------
 
 
 def link_problems(path: Path, text: str) -> list[str]:
@@ -125,7 +164,7 @@ def test_the_link_check_sees_a_broken_link() -> None:
     assert link_problems(path, fenced) == []
 
 
-# --- (c) command lines -------------------------------------------------------------------------
+# --- (d) command lines -------------------------------------------------------------------------
 
 _PROMPT = re.compile(r"^\s*(?:\$ |- )?(?:python -m )?(ckptfix (?:.*))$")
 # A synopsis names its arguments (`ckptfix inspect PATH... [--json]`, `[OPTIONS]`): the
