@@ -27,7 +27,7 @@ TF4_VENV ?= .venv-tf4
 TF4 := $(TF4_VENV)/.installed-tf4
 TF4_PIP := $(TF4_VENV)/bin/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: install test test-fast test-portable lint demo bench fuzz clean fs-tools
+.PHONY: install test test-fast test-portable lint demo docs bench fuzz clean fs-tools
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -132,6 +132,11 @@ demo: $(DEMO)
 	@$(BIN)/ckptfix hash demo-out/converted-model
 	@echo; echo "\$$ ckptfix diff demo-out/torch-model demo-out/converted-model"
 	@$(BIN)/ckptfix diff demo-out/torch-model demo-out/converted-model; echo "(exit code $$?)"
+
+# docs/cli.md, rendered from the Typer app: every command's usage, arguments and options
+# (tests/test_docs_links.py fails when it is stale).
+docs: $(BASE)
+	$(PY) -m ckptfix.cli.reference docs/cli.md
 
 bench: $(FULL) fs-tools
 	$(PY) bench/bench.py

@@ -1,4 +1,4 @@
-"""The digest as README defines it, computed here with hashlib over bytes torch produces:
+"""The digest as docs/hash.md defines it, computed here with hashlib over bytes torch produces:
 the oracle the hash and diff tests compare ckptfix against (no ckptfix code involved)."""
 
 from __future__ import annotations

@@ -230,9 +230,9 @@ def test_a_missing_path_fails_with_exit_2(workspace: Path, tools: Path) -> None:
     )
 
 
-def test_readme_workflows_use_the_action_as_defined() -> None:
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    workflows = re.findall(r"```yaml\n(# \.github/workflows/.*?)```", readme, re.S)
+def test_documented_workflows_use_the_action_as_defined() -> None:
+    ci_page = (Path(__file__).parent.parent / "docs" / "ci.md").read_text()
+    workflows = re.findall(r"```yaml\n(# \.github/workflows/.*?)```", ci_page, re.S)
     assert len(workflows) == 2
     uses = []
     for text in workflows:

@@ -1,5 +1,5 @@
-"""README's Python API section runs: its code blocks, in order, in an empty folder; and
-where a line's comment gives a value (`expression  # value`), the expression has it."""
+"""docs/api.md runs: its ```python blocks, in order, in an empty folder; and where a line's
+comment gives a value (`expression  # value`), the expression has it."""
 
 from __future__ import annotations
 
@@ -10,17 +10,16 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-README = (ROOT / "README.md").read_text(encoding="utf-8")
-HEADING = "## Python API\n"
+from tests import docs_pages
+
+API = docs_pages.page("api.md")
 
 
 def api_blocks(text: str) -> list[str]:
-    """The ```python blocks between the Python API heading and the next `## ` heading."""
-    start = text.index(HEADING)
-    end = text.find("\n## ", start + len(HEADING))
-    section = text[start : end if end != -1 else len(text)]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    """The ```python blocks of a page: every one is runnable, and run."""
+    return [
+        "\n".join(block.lines) + "\n" for block in docs_pages.blocks(text) if block.info == "python"
+    ]
 
 
 def stated_value(comment: str) -> tuple[bool, object]:
@@ -52,13 +51,13 @@ def with_checks(block: str) -> str:
 
 
 def run_blocks(blocks: list[str], folder: Path) -> None:
-    namespace: dict[str, object] = {"__name__": "readme"}
+    namespace: dict[str, object] = {"__name__": "api_docs"}
     previous = os.getcwd()
     os.chdir(folder)
     try:
         for number, block in enumerate(blocks, start=1):
             exec(
-                compile(with_checks(block), f"README Python API block {number}", "exec"), namespace
+                compile(with_checks(block), f"docs/api.md Python block {number}", "exec"), namespace
             )
     finally:
         os.chdir(previous)
@@ -66,7 +65,7 @@ def run_blocks(blocks: list[str], folder: Path) -> None:
 
 @pytest.mark.slow
 def test_the_python_api_examples_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    blocks = api_blocks(README)
+    blocks = api_blocks(API)
     assert len(blocks) == 5
     stated = [
         line

@@ -219,7 +219,7 @@ def test_float8_tables_match_torch(name: str) -> None:
 
 
 def _expected(a: torch.Tensor, b: torch.Tensor) -> dict[str, object]:
-    """The README's definitions, computed by torch over whole tensors in memory."""
+    """docs/hash.md's definitions, computed by torch over whole tensors in memory."""
     import torch
 
     width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]

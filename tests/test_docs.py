@@ -1,9 +1,11 @@
-"""README.md against the code: the findings table against ckptfix.core.findings.CODES, the
-validation-rule list against the rules the source can raise, and each command's synopsis
-against the options its --help shows. A drift fails here instead of misleading a user.
+"""The docs against the code: the findings table (docs/findings.md) against
+ckptfix.core.findings.CODES, the validation-rule list (docs/findings.md) against the rules the
+source can raise, and each command's synopsis (its page: docs/inspect.md, fix.md, reshard.md,
+convert.md, hash.md) against the options its --help shows. A drift fails here instead of
+misleading a user.
 
-Each check is a function from README text to a list of differences, so the tests below
-can also feed it an edited README and prove that it notices.
+Each check is a function from a page's text to a list of differences, so the tests below
+can also feed it an edited page and prove that it notices.
 """
 
 from __future__ import annotations
@@ -13,42 +15,28 @@ import itertools
 import re
 from dataclasses import dataclass, field
 from functools import cache
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.docs_pages import ROOT, page, section
+
 PACKAGE = ROOT / "ckptfix"
-README = (ROOT / "README.md").read_text(encoding="utf-8")
 COMMANDS = ["inspect", "fix", "reshard", "convert", "dedupe", "hash", "diff"]
-
-
-def section(text: str, heading: str) -> str:
-    """The body under a markdown heading (the exact heading line), up to the next heading of
-    the same or a higher level. Fails if the heading is not there exactly once."""
-    lines = text.splitlines()
-    starts = [number for number, line in enumerate(lines) if line.strip() == heading]
-    assert len(starts) == 1, f"README has {len(starts)} headings {heading!r}"
-    level = len(heading) - len(heading.lstrip("#"))
-    body: list[str] = []
-    fenced = False
-    for line in lines[starts[0] + 1 :]:
-        fenced ^= line.startswith("```")
-        hashes = len(line) - len(line.lstrip("#"))
-        if not fenced and 0 < hashes <= level and line[hashes : hashes + 1] == " ":
-            break
-        body.append(line)
-    return "\n".join(body)
+FINDINGS = page("findings.md")
+# The pages that document the commands, each with its synopsis (`dedupe` shares convert's,
+# `diff` hash's).
+SYNOPSIS_PAGES = ["inspect.md", "fix.md", "reshard.md", "convert.md", "hash.md"]
+SYNOPSES = "\n".join(page(name) for name in SYNOPSIS_PAGES)
 
 
 # --- (a) the findings table -----------------------------------------------------------------
 
-FINDINGS_HEADING = "### Findings"
+FINDINGS_HEADING = "## Findings"
 _ROW = re.compile(r"^\|\s*`(?P<code>[^`]+)`\s*\|\s*(?P<severity>[^|]+?)\s*\|")
 
 
-def readme_findings(text: str) -> list[tuple[str, str]]:
-    """(code, severity) of each row of the findings table, in README order."""
+def documented_findings(text: str) -> list[tuple[str, str]]:
+    """(code, severity) of each row of the findings table, in the page's order."""
     return [
         (match["code"], match["severity"])
         for line in section(text, FINDINGS_HEADING).splitlines()
@@ -57,21 +45,23 @@ def readme_findings(text: str) -> list[tuple[str, str]]:
 
 
 def findings_drift(text: str) -> list[str]:
-    """How README's findings table differs from CODES: missing, unknown, doubled codes and
+    """How the findings table differs from CODES: missing, unknown, doubled codes and
     wrong severities."""
     from ckptfix.core.findings import CODES
 
-    rows = readme_findings(text)
+    rows = documented_findings(text)
     documented = dict(rows)
     drift = [
         f"{code}: listed twice"
         for code in sorted(documented)
         if [c for c, _ in rows].count(code) > 1
     ]
-    drift += [f"{code}: not in README" for code in CODES if code not in documented]
-    drift += [f"{code}: in README, not a finding code" for code in documented if code not in CODES]
+    drift += [f"{code}: not in the docs" for code in CODES if code not in documented]
     drift += [
-        f"{code}: README says {documented[code]}, the code says {severity.value}"
+        f"{code}: in the docs, not a finding code" for code in documented if code not in CODES
+    ]
+    drift += [
+        f"{code}: the docs say {documented[code]}, the code says {severity.value}"
         for code, severity in CODES.items()
         if code in documented and documented[code] != severity.value
     ]
@@ -79,30 +69,30 @@ def findings_drift(text: str) -> list[str]:
 
 
 def test_findings_table_lists_every_code_with_its_severity() -> None:
-    assert findings_drift(README) == []
+    assert findings_drift(FINDINGS) == []
 
 
 def test_the_findings_check_sees_drift() -> None:
-    assert readme_findings(README)  # the table was found at all
-    edited = README.replace("| `dtype-mix` | info |", "| `dtype-mix` | warning |")
+    assert documented_findings(FINDINGS)  # the table was found at all
+    edited = FINDINGS.replace("| `dtype-mix` | info |", "| `dtype-mix` | warning |")
     edited = re.sub(r"^\| `non-finite` \|.*\n", "", edited, count=1, flags=re.MULTILINE)
     edited = edited.replace(
         "| `corrupt-file` |", "| `made-up` | error | never |\n| `corrupt-file` |"
     )
     assert findings_drift(edited) == [
-        "non-finite: not in README",
-        "made-up: in README, not a finding code",
-        "dtype-mix: README says warning, the code says info",
+        "non-finite: not in the docs",
+        "made-up: in the docs, not a finding code",
+        "dtype-mix: the docs say warning, the code says info",
     ]
 
 
 # --- (b) the validation rules ------------------------------------------------------------------
 
-RULES_HEADING = "### Validation rules (`corrupt-file`)"
+RULES_HEADING = "## Validation rules (`corrupt-file`)"
 
 
-def readme_rules(text: str) -> set[str]:
-    """Every rule name README's rule list gives: the backticked names outside parentheses
+def documented_rules(text: str) -> set[str]:
+    """Every rule name the rule list of docs/findings.md gives: the backticked names outside parentheses
     (inside them are examples, such as `true` or `-0`)."""
     body = section(text, RULES_HEADING)
     while True:  # innermost parentheses first, so nested ones go too
@@ -321,17 +311,17 @@ def _own_code_rules() -> set[str]:
 
 
 def rules_missing_from(text: str) -> list[str]:
-    """Rules the code can raise that README's rule list does not name."""
+    """Rules the code can raise that the rule list of docs/findings.md does not name."""
     from ckptfix.core.findings import CODES
 
     own = _own_code_rules()
     assert own <= set(CODES), own  # documented as finding codes instead
-    return sorted(set(code_rules()) - own - readme_rules(text))
+    return sorted(set(code_rules()) - own - documented_rules(text))
 
 
 def rules_unknown_in(text: str) -> list[str]:
-    """Rules README names that the code never raises."""
-    return sorted(readme_rules(text) - set(code_rules()))
+    """Rules the docs name that the code never raises."""
+    return sorted(documented_rules(text) - set(code_rules()))
 
 
 def test_the_rule_collection_resolves_what_the_source_builds() -> None:
@@ -356,20 +346,20 @@ def test_the_rule_collection_resolves_what_the_source_builds() -> None:
 
 
 def test_every_rule_named_in_the_readme_exists_in_the_code() -> None:
-    assert rules_unknown_in(README) == []
+    assert rules_unknown_in(FINDINGS) == []
 
 
 def test_every_rule_the_code_raises_is_in_the_readme() -> None:
-    assert rules_missing_from(README) == []
+    assert rules_missing_from(FINDINGS) == []
 
 
 def test_the_rule_checks_see_drift() -> None:
-    assert "too-small" in readme_rules(README)  # the list was found at all
-    assert "true" not in readme_rules(README)  # `true` is an example inside parentheses
-    dropped = README.replace("`too-small` (under 8 bytes), ", "")
+    assert "too-small" in documented_rules(FINDINGS)  # the list was found at all
+    assert "true" not in documented_rules(FINDINGS)  # `true` is an example inside parentheses
+    dropped = FINDINGS.replace("`too-small` (under 8 bytes), ", "")
     assert "too-small" in rules_missing_from(dropped)
-    assert "too-small" not in rules_missing_from(README)
-    added = README.replace("`unreadable`.", "`unreadable`, `no-such-rule`.")
+    assert "too-small" not in rules_missing_from(FINDINGS)
+    added = FINDINGS.replace("`unreadable`.", "`unreadable`, `no-such-rule`.")
     assert rules_unknown_in(added) == ["no-such-rule"]
 
 
@@ -377,7 +367,7 @@ def test_the_rule_checks_see_drift() -> None:
 
 
 def synopses(text: str) -> dict[str, list[str]]:
-    """command -> its synopses in README's code blocks: a line `ckptfix CMD ARG ...` whose
+    """command -> its synopses in the code blocks of the command pages: a line `ckptfix CMD ARG ...` whose
     argument is a metavar in capitals (not an example such as `ckptfix inspect ./model`),
     joined with its indented continuation lines."""
     found: dict[str, list[list[str]]] = {}
@@ -422,10 +412,10 @@ def command_options() -> dict[str, list[list[str]]]:
 
 
 def synopsis_drift(text: str, command: str) -> list[str]:
-    """How README's synopsis of `command` differs from its options."""
+    """How the docs' synopsis of `command` differs from its options."""
     found = synopses(text).get(command, [])
     if len(found) != 1:
-        return [f"{command}: {len(found)} synopses in README"]
+        return [f"{command}: {len(found)} synopses in the docs"]
     named = synopsis_options(found[0])
     options = command_options()[command]
     known = {name for names in options for name in names}
@@ -436,22 +426,24 @@ def synopsis_drift(text: str, command: str) -> list[str]:
 
 def test_every_command_has_a_synopsis() -> None:
     assert sorted(command_options()) == sorted(COMMANDS)
-    assert sorted(synopses(README)) == sorted(COMMANDS)
+    assert sorted(synopses(SYNOPSES)) == sorted(COMMANDS)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_synopsis_lists_exactly_the_options(command: str) -> None:
-    assert synopsis_drift(README, command) == []
+    assert synopsis_drift(SYNOPSES, command) == []
 
 
 def test_the_synopsis_check_sees_drift() -> None:
-    edited = README.replace("[--hash] ", "").replace("[--scan-values]", "[--scan-values] [--bogus]")
+    edited = SYNOPSES.replace("[--hash] ", "").replace(
+        "[--scan-values]", "[--scan-values] [--bogus]"
+    )
     assert synopsis_drift(edited, "inspect") == [
         "inspect: --hash missing",
         "inspect: --bogus is not an option",
     ]
-    continued = README.replace("[--in-place]\n", "\n", 1)  # on the continuation line
+    continued = SYNOPSES.replace("[--in-place]\n", "\n", 1)  # on the continuation line
     assert synopsis_drift(continued, "reshard") == ["reshard: --in-place missing"]
     assert synopsis_drift(
-        README.replace("ckptfix dedupe  SRC", "ckptfix dedupe  ./x"), "dedupe"
-    ) == ["dedupe: 0 synopses in README"]
+        SYNOPSES.replace("ckptfix dedupe  SRC", "ckptfix dedupe  ./x"), "dedupe"
+    ) == ["dedupe: 0 synopses in the docs"]

@@ -1,4 +1,4 @@
-"""`ckptfix hash`: the digest as README defines it, checked against hashlib over bytes that
+"""`ckptfix hash`: the digest as docs/hash.md defines it, checked against hashlib over bytes that
 torch and the fixture factory produce (tests/hash_oracle.py), never against stored digests."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from tests.helpers import cli, measured
 if TYPE_CHECKING:
     import torch
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+HASH_PAGE = Path(__file__).resolve().parent.parent / "docs" / "hash.md"
 
 
 def _spec_digests(specs: list[Spec]) -> dict[str, bytes]:
@@ -40,14 +40,14 @@ def _spec_digests(specs: list[Spec]) -> dict[str, bytes]:
     }
 
 
-def test_readme_worked_example(tmp_path: Path) -> None:
-    """README's code, run as it is, prints the digests README shows, and ckptfix gives the
+def test_documented_worked_example(tmp_path: Path) -> None:
+    """docs/hash.md's code, run as it is, prints the digests the page shows, and ckptfix gives the
     same ones for that tensor saved by safetensors and by torch.save."""
     import torch
     from safetensors.torch import save_file
 
-    text = README.read_text()
-    section = text[text.index("### How the digest is defined") :]
+    text = HASH_PAGE.read_text()
+    section = text[text.index("## How the digest is defined") :]
     code, shown = re.findall(r"```(?:python)?\n(.*?)```", section, re.DOTALL)[:2]
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.split() == shown.split()
@@ -289,7 +289,7 @@ def test_an_empty_folder_is_one_line_naming_its_rule(tmp_path: Path, command: st
 def test_an_empty_folder_refused_names_the_finding_code_in_json(
     tmp_path: Path, command: str
 ) -> None:
-    """A refusal for a finding carries the finding's code (README, Exit codes), in the JSON
+    """A refusal for a finding carries the finding's code (docs/inspect.md, Exit codes), in the JSON
     error document and on the library's error: it was `input-refused`."""
     empty = tmp_path / "empty"
     empty.mkdir()

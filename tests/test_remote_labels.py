@@ -123,7 +123,7 @@ def in_ci(server: HttpServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_ci_formats_locate_a_url_finding_at_the_url(in_ci: HttpServer) -> None:
-    """README: a file outside the workspace keeps its absolute form; a URL is its own."""
+    """docs/ci.md: a file outside the workspace keeps its absolute form; a URL is its own."""
     url = f"{in_ci.url}/plain.safetensors"
     sarif = cli("inspect", url, "--format", "sarif").json()
     validator = jsonschema.validators.validator_for(SCHEMA)

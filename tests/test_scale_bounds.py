@@ -1,5 +1,5 @@
 """Issue 22, item 7: a checkpoint of 1,000,000 tensors (a mixture of experts comes near) is
-inspected and planned within the bounds README gives: `reshard --dry-run` in 10 s, `inspect`
+inspected and planned within the bounds docs/performance.md gives: `reshard --dry-run` in 10 s, `inspect`
 in 5 s, both under 1 GB. Measured as CPU time (user + system), which other work on a shared
 machine disturbs far less than wall time, run as the console script runs."""
 

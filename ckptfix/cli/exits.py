@@ -1,5 +1,5 @@
 """The one place where failures become exit codes: one line on stderr naming the rule, and
-with `--json` (or `--format json`) a JSON error document on stdout (README, "Exit codes")."""
+with `--json` (or `--format json`) a JSON error document on stdout (docs/inspect.md, "Exit codes")."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Findings: what inspect reports, with one fixed severity per code (README, "Findings")."""
+"""Findings: what inspect reports, with one fixed severity per code (docs/findings.md)."""
 
 from __future__ import annotations
 

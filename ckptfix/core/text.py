@@ -1,6 +1,6 @@
 """How text that others control is written out: names of files, folders, tensors and tags,
 metadata values, paths and URLs come from the checkpoint or from whoever named it, and may
-hold anything a file name or a JSON string can (README, "What is escaped in the output").
+hold anything a file name or a JSON string can (docs/security.md, "What is escaped in the output").
 
 - `shown`: for every line a person or a CI log reads (the text output, `error:` lines, the
   hook, GitHub workflow commands, JUnit): control characters, Unicode format characters

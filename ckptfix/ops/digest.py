@@ -1,4 +1,4 @@
-"""The digest definition (README, "How the digest is defined") and the parallel engine that
+"""The digest definition (docs/hash.md, "How the digest is defined") and the parallel engine that
 reads and hashes tensors.
 
     content = SHA-256( u64 len(dtype) ‖ dtype ‖ u64 rank ‖ u64 dim… ‖ row-major bytes )

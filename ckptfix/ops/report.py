@@ -1,4 +1,4 @@
-"""The inspect report: what was read, what was found; serialises to the JSON README documents ("JSON output")."""
+"""The inspect report: what was read, what was found; serialises to the JSON docs/inspect.md documents ("JSON output")."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ class Report:
         return sum(1 for item in self.findings if item.code == code)
 
     def exit_code(self, fail_on: str = "error") -> int:
-        """0 when no finding is at or above `fail_on`, else 1 (README, "Exit codes")."""
+        """0 when no finding is at or above `fail_on`, else 1 (docs/inspect.md, "Exit codes")."""
         if fail_on == "never":
             return 0
         threshold = Severity(fail_on).rank
