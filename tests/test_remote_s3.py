@@ -499,6 +499,7 @@ def test_a_256_mib_tensor_streams_in_bounded_memory(s3: Any, bucket: str, tmp_pa
     # copied by ranged reads and read back to verify: the tensor's bytes twice, little more
     remote = json.loads(converted.stdout)["remote"]
     assert abs(remote["bytes_fetched"] - 2 * len(data)) < 2**20, remote
-    # hashed in 16 MiB ranges, copied in 64 MiB ones: far less than the tensor's 256 MiB
+    # hashed and copied in 16 MiB ranges: far less than the tensor's 256 MiB, whatever the
+    # machine's load (copied in 64 MiB ranges, a convert took 155 MiB more under load)
     assert hashed.peak_rss - base.peak_rss < 64 * 2**20, (hashed.peak_rss, base.peak_rss)
-    assert converted.peak_rss - base.peak_rss < 150 * 2**20, (converted.peak_rss, base.peak_rss)
+    assert converted.peak_rss - base.peak_rss < 64 * 2**20, (converted.peak_rss, base.peak_rss)

@@ -18,6 +18,9 @@ from ckptfix.plan.align import aligned_split
 from ckptfix.platform import system
 
 COPY_CHUNK = 64 * 2**20
+# A source without a descriptor (a URL) is copied through memory, this much at a time: its
+# reader may hold a range twice while it assembles it, so memory is about twice this.
+REMOTE_CHUNK = 16 * 2**20
 COMPARE_CHUNK = 2 * 2**20
 # One clone call at most this long, so that progress and Ctrl-C are seen between them.
 CLONE_CHUNK = 2**30
@@ -164,7 +167,7 @@ def copy_to(source: ByteSource, offset: int, length: int, target: Target, at: in
             copy_range(transfer, offset, length, at)
             return
     while length:
-        size = min(length, COPY_CHUNK)
+        size = min(length, REMOTE_CHUNK)
         write_all(target.fd, source.read_at(offset, size), at)
         offset, at, length = offset + size, at + size, length - size
         if target.advance is not None:
