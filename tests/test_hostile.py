@@ -127,15 +127,15 @@ def test_opcode_walk_at_the_cap_takes_seconds(factory: Factory) -> None:
     in seconds, not the minutes a pure-Python disassembler would take."""
     emit = Emit().empty_dict().op(b"N0" * 22_500_000)
     path = zip_checkpoint(factory.path("long.pt"), _tensor(emit).op(b"s").stop(), STORAGE)
-    run = measured("inspect", path, timeout=120)
+    run = measured("inspect", path, timeout=300)
     assert run.code == 0, run.stderr
-    assert run.seconds < 60, run.seconds
+    assert run.cpu < 60, run.cpu  # CPU time: wall time follows the machine's load
     over = zip_checkpoint(
         factory.path("longer.pt"),
         _tensor(Emit().empty_dict().op(b"N0" * 24_000_000)).op(b"s").stop(),
         STORAGE,
     )
-    refused = measured("inspect", over, timeout=120)
+    refused = measured("inspect", over, timeout=300)
     assert "(rule pickle-too-large;" in refused.error_lines[0], refused.stderr
 
 
