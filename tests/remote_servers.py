@@ -69,6 +69,7 @@ class Behaviour:
     drop_chunk: str | None = None  # keep the upload without its last 256 KiB (or half)
     corrupt: str | None = None  # change a byte on receipt, before the checksum is checked
     forced_message: str = "forced by the test"  # the message of a `forced` status
+    kept: dict[str, Any] = field(default_factory=dict)  # a write server's state besides files
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -532,20 +533,23 @@ class _HubHandler(_Handler):
 
     _listing_type = "application/json"
 
-    def _tree(self, relative: str, *, body: bool) -> None:
-        folder = self.server.root / relative
+    def _tree(self, relative: str, *, body: bool, root: Path | None = None) -> None:
+        """The entries of the folder `relative` of `root` (the server's root)."""
+        root = root or self.server.root
+        folder = root / relative
         if not folder.is_dir():
             self._json({"error": "not found"}, body, status=404)
             return
         entries = []
         for entry in sorted(folder.iterdir()):
-            path = entry.relative_to(self.server.root).as_posix()
+            path = entry.relative_to(root).as_posix()
             if entry.is_dir():
                 entries.append({"type": "directory", "oid": "0" * 40, "path": path})
             else:
                 size = entry.stat().st_size
                 oid = etag_of(entry).strip('"').replace("-", "")[:40].ljust(40, "0")
                 entries.append({"type": "file", "oid": oid, "size": size, "path": path})
+                self._tree_entry(entry, entries[-1])
         base = f"{relative}/".lstrip("/")
 
         def made_up(index: int) -> bytes:
@@ -567,6 +571,9 @@ class _HubHandler(_Handler):
         self._json(entries, body)
 
     _link = ""
+
+    def _tree_entry(self, file: Path, entry: dict[str, Any]) -> None:
+        """A file's tree entry, as a write server completes it (its git blob id, `lfs`)."""
 
     @property
     def server_url(self) -> str:

@@ -11,15 +11,21 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import hashlib
 import json
 import re
+import shutil
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from tests.remote_servers import (
+    REPO,
+    REVISION_SHA,
     HttpServer,
     _GcsHandler,
+    _HubHandler,
     _serve,
     generation_of,
     object_resource,
@@ -179,6 +185,20 @@ def gcs_write_server(root: Path) -> Iterator[HttpServer]:
         yield server
 
 
+def pattern(size: int, seed: int = 1) -> bytes:
+    """`size` bytes that repeat only every 251 (a part moved or dropped changes them)."""
+    cycle = bytes((i * 7 + seed) % 251 for i in range(251))
+    return (cycle * (size // 251 + 1))[:size]
+
+
+def upload_whole(store: Any, name: str, data: bytes, step: int = 100_003) -> Any:
+    """`data` streamed into `store` as object `name`, in pieces of `step` bytes."""
+    upload = store.begin(name, len(data))
+    for start in range(0, len(data), step):
+        upload.send(memoryview(data)[start : start + step])
+    return upload.complete()
+
+
 def stored(bucket: Path) -> dict[str, bytes]:
     """Every object of a bucket served by these servers: name -> bytes."""
     return {
@@ -186,3 +206,235 @@ def stored(bucket: Path) -> dict[str, bytes]:
         for p in sorted(bucket.rglob("*"))
         if p.is_file()
     }
+
+
+# --- the Hub's commit path ----------------------------------------------------------------
+
+LFS_PART = 512 * 2**10  # the Hub's LFS multipart chunk size here: larger files have parts
+_API = f"/api/models/{REPO}"
+
+
+class _HubWriteHandler(_HubHandler):
+    """The Hub's routes for `org/model` (root is its tree at the head of main), with what
+    huggingface_hub's commit path calls: preupload (files named .json, .md or .txt are
+    "regular", the rest LFS), the LFS batch API (upload: basic, or multipart with parts of
+    LFS_PART for a larger file, and a verify action; download: whether an object of that
+    SHA-256 and size is held), the LFS object PUTs, the multipart completion, and the commit
+    (NDJSON; `create_pr=1` makes a pull request, whose files go to `kept["prs"]` and not to
+    main). LFS objects are kept by the SHA-256 of the bytes received (so bytes changed or
+    lost are held under another one), in `kept["lfs"]`; `kept["head"]` is main's commit and
+    `kept["commits"]` every commit's (sha, header, operations, pr)."""
+
+    def _state(self) -> dict[str, Any]:
+        kept = self.server.behaviour.kept
+        kept.setdefault("head", REVISION_SHA)
+        for key in ("lfs", "paths", "uploads", "commits", "trees"):
+            kept.setdefault(key, [] if key == "commits" else {})
+        return kept
+
+    def _answer(self, *, body: bool) -> None:
+        """Main's head as it moves; a pull request's tree at its commit."""
+        url_path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
+        if url_path.startswith(_API + "/revision/") and not self.server.behaviour.fail_next:
+            with self.server.behaviour.lock:
+                head = self._state()["head"]
+            self._json({"id": REPO, "sha": head, "siblings": [], "private": False}, body)
+            return
+        at = re.match(rf"^(?:{_API}/tree|/{REPO}/resolve)/([0-9a-f]{{40}})/?(.*)$", url_path)
+        tree = self._state()["trees"].get(at.group(1)) if at is not None else None
+        if at is None or tree is None:
+            super()._answer(body=body)
+        elif url_path.startswith(_API):
+            self._tree(at.group(2), body=body, root=tree)
+        elif (tree / at.group(2)).is_file():
+            self._file(tree / at.group(2), body=body)
+        else:
+            self._status(404)
+
+    def _tree_entry(self, file: Path, entry: dict[str, Any]) -> None:
+        """The git blob id of what the file holds (of its LFS pointer, for an LFS file),
+        and `lfs` for an LFS file."""
+        data = file.read_bytes()
+        lfs = self._state()["paths"].get(str(file))
+        if lfs is not None:
+            entry["lfs"] = lfs
+            data = f"version https://git-lfs.github.com/spec/v1\noid sha256:{lfs['oid']}\nsize {lfs['size']}\n".encode()
+        entry["oid"] = git_blob_id(data)
+
+    def do_PUT(self) -> None:
+        url_path = urllib.parse.urlsplit(self.path).path
+        data = read_body(self)
+        behaviour = self.server.behaviour
+        with behaviour.lock:
+            behaviour.requests += 1
+            behaviour.log.append(("PUT", self.path, ""))
+        if behaviour.take_failure():
+            self._json({"error": "failing on purpose"}, True, behaviour.fail_status)
+            return
+        if url_path.startswith("/lfs-upload/"):
+            self._keep(data)
+        else:  # a part of a multipart upload, kept until its completion
+            with behaviour.lock:
+                self._state()["uploads"][url_path] = data
+        self.send_response(200)
+        self.send_header("ETag", f'"{hashlib.md5(data).hexdigest()}"')
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_POST(self) -> None:
+        parts = urllib.parse.urlsplit(self.path)
+        url_path, query = (
+            urllib.parse.unquote(parts.path),
+            dict(urllib.parse.parse_qsl(parts.query)),
+        )
+        body = read_body(self)
+        behaviour = self.server.behaviour
+        if behaviour.take_failure():
+            self._json({"error": "failing on purpose"}, True, behaviour.fail_status)
+            return
+        status = next((s for k, s in behaviour.forced.items() if url_path.endswith(k)), None)
+        if status is not None:
+            self._json({"error": behaviour.forced_message}, True, status)
+        elif url_path.startswith(_API + "/preupload/"):
+            self._preupload(json.loads(body))
+        elif url_path == f"/{REPO}.git/info/lfs/objects/batch":
+            self._batch(json.loads(body))
+        elif url_path.startswith("/lfs-verify/"):
+            self._json({"success": True}, True)
+        elif url_path.startswith("/lfs-complete/"):
+            self._complete(url_path.rsplit("/", 1)[1], json.loads(body))
+        elif url_path.startswith(_API + "/commit/"):
+            self._commit(body, query.get("create_pr") == "1")
+        else:
+            self._json({"error": "no such route"}, True, 404)
+
+    def _preupload(self, document: dict[str, Any]) -> None:
+        files = [
+            {
+                "path": item["path"],
+                "uploadMode": "regular"
+                if item["path"].endswith((".json", ".md", ".txt"))
+                else "lfs",
+                "shouldIgnore": False,
+            }
+            for item in document["files"]
+        ]
+        self._json({"files": files, "commitOid": self._state()["head"]}, True)
+
+    def _batch(self, document: dict[str, Any]) -> None:
+        base, objects = self.server_url, []
+        for item in document["objects"]:
+            oid, size = item["oid"], item["size"]
+            held = self._state()["lfs"].get(oid)
+            entry: dict[str, Any] = {"oid": oid, "size": size}
+            if document["operation"] == "download":
+                if held is None or len(held) != size:
+                    entry["error"] = {"code": 404, "message": "Object does not exist"}
+                else:
+                    entry["actions"] = {"download": {"href": f"{base}/lfs-object/{oid}"}}
+            elif held is None:
+                entry["actions"] = {"upload": self._upload_action(base, oid, size)}
+                entry["actions"]["verify"] = {"href": f"{base}/lfs-verify/{oid}"}
+            objects.append(entry)
+        self._json({"transfer": "basic", "objects": objects}, True)
+
+    @staticmethod
+    def _upload_action(base: str, oid: str, size: int) -> dict[str, Any]:
+        if size <= LFS_PART:
+            return {"href": f"{base}/lfs-upload/{oid}"}
+        count = -(-size // LFS_PART)
+        header = {f"{n:05d}": f"{base}/lfs-part/{oid}/{n}" for n in range(1, count + 1)}
+        return {
+            "href": f"{base}/lfs-complete/{oid}",
+            "header": {"chunk_size": str(LFS_PART), **header},
+        }
+
+    def _complete(self, oid: str, document: dict[str, Any]) -> None:
+        """The parts of a multipart upload put together (`drop_chunk`: one is left out)."""
+        state, behaviour = self._state(), self.server.behaviour
+        numbers = [part["partNumber"] for part in document["parts"]]
+        if _named(behaviour.drop_chunk, oid) and len(numbers) > 1:
+            numbers = numbers[:1] + numbers[2:]
+        with behaviour.lock:
+            data = b"".join(state["uploads"].pop(f"/lfs-part/{oid}/{n}", b"") for n in numbers)
+        self._keep(data)
+        self._json({"success": True}, True)
+
+    def _keep(self, data: bytes) -> None:
+        """Bytes received for an LFS object, kept under their own SHA-256 (see the class)."""
+        behaviour = self.server.behaviour
+        if _named(behaviour.corrupt, "") and data:
+            data = bytes([data[0] ^ 1]) + data[1:]
+        sha = hashlib.sha256(data).hexdigest()
+        if _named(behaviour.wrong_checksum, ""):
+            sha = sha[:-1] + ("0" if sha[-1] != "0" else "1")
+        with behaviour.lock:
+            self._state()["lfs"][sha] = data
+
+    def _commit(self, body: bytes, pr: bool) -> None:
+        lines = [json.loads(line) for line in body.splitlines() if line.strip()]
+        header, operations = lines[0]["value"], lines[1:]
+        state = self._state()
+        parent = header.get("parentCommit")
+        if parent is not None and parent != state["head"]:
+            self._json(
+                {"error": "A commit has happened since. Please refresh and try again."}, True, 412
+            )
+            return
+        files: dict[str, bytes] = {}
+        for operation in operations:
+            key, value = operation["key"], operation["value"]
+            if key == "lfsFile":
+                held = state["lfs"].get(value["oid"])
+                if held is None or len(held) != value["size"]:
+                    self._json({"error": f"LFS file {value['path']} not found"}, True, 422)
+                    return
+                files[value["path"]] = held
+            elif key == "file":
+                files[value["path"]] = base64.b64decode(value["content"])
+        sha = hashlib.sha1(body).hexdigest()
+        deleted = [op["value"]["path"] for op in operations if op["key"] == "deletedFile"]
+        lfs = {op["value"]["path"] for op in operations if op["key"] == "lfsFile"}
+        with self.server.behaviour.lock:
+            state["commits"].append((sha, header, operations, pr))
+            tree = self.server.root
+            if pr:  # a branch from main's head, holding the commit
+                tree = (
+                    self.server.root.parent
+                    / f"{self.server.root.name}-pr-{len(state['trees']) + 1}"
+                )
+                shutil.copytree(self.server.root, tree)
+                state["trees"][sha] = tree
+            else:
+                state["head"] = sha
+            self._apply(tree, files, deleted, lfs)
+        document = {"commitUrl": f"{self.server_url}/{REPO}/commit/{sha}", "commitOid": sha}
+        pr_url = f"{self.server_url}/{REPO}/discussions/{len(state['trees'])}"
+        document["pullRequestUrl"] = pr_url if pr else None
+        self._json(document, True)
+
+    def _apply(
+        self, tree: Path, files: dict[str, bytes], deleted: list[str], lfs: set[str]
+    ) -> None:
+        for path in deleted:
+            (tree / path).unlink()
+            self._state()["paths"].pop(str(tree / path), None)
+        for path, data in files.items():
+            target = tree / path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+            self._state()["paths"].pop(str(target), None)
+            if path in lfs:
+                info = {"oid": hashlib.sha256(data).hexdigest(), "size": len(data)}
+                self._state()["paths"][str(target)] = info
+
+
+def git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@contextlib.contextmanager
+def hub_write_server(root: Path) -> Iterator[HttpServer]:
+    """The Hub with its commit path on 127.0.0.1, `root` the tree of `org/model` at main."""
+    with _serve(root, _HubWriteHandler) as server:
+        yield server

@@ -22,7 +22,7 @@ from ckptfix.io.remote import Settings
 from ckptfix.write.stores.gcs_upload import layout
 from tests.optional import needs
 from tests.remote_servers import HttpServer, file_crc32c
-from tests.store_servers import gcs_write_server, stored
+from tests.store_servers import gcs_write_server, pattern, stored, upload_whole
 
 pytestmark = needs("gcsfs")
 
@@ -53,19 +53,6 @@ def _store(url: str = f"gs://{BUCKET}/run/model", **options: int) -> object:
     return GcsStore(url, StoreOptions(**settings), SETTINGS)  # type: ignore[arg-type]
 
 
-def _data(size: int, seed: int = 1) -> bytes:
-    """`size` bytes that repeat only every 251 (a part moved or dropped changes them)."""
-    cycle = bytes((i * 7 + seed) % 251 for i in range(251))
-    return (cycle * (size // 251 + 1))[:size]
-
-
-def _upload(store: object, name: str, data: bytes, step: int = 100_003) -> object:
-    upload = store.begin(name, len(data))  # type: ignore[attr-defined]
-    for start in range(0, len(data), step):
-        upload.send(memoryview(data)[start : start + step])
-    return upload.complete()
-
-
 def _bucket(server: HttpServer) -> Path:
     return server.root / BUCKET
 
@@ -83,8 +70,8 @@ def _crc(data: bytes) -> str:
 )
 def test_objects_of_every_size_are_stored_exactly_and_verified(gcs: HttpServer, size: int) -> None:
     store = _store()
-    data = _data(size)
-    found = _upload(store, "model-00001-of-00002.safetensors", data)
+    data = pattern(size)
+    found = upload_whole(store, "model-00001-of-00002.safetensors", data)
     assert found.checksum == ("crc32c", _crc(data))  # type: ignore[attr-defined]
     objects = stored(_bucket(gcs))
     assert objects == {"run/model/model-00001-of-00002.safetensors": data}  # no part left
@@ -109,7 +96,7 @@ def test_parts_stream_in_parallel_within_the_budget(gcs: HttpServer) -> None:
     assert isinstance(store, GcsStore)
     peak = 0
     upload = store.begin("big.safetensors", 12 * SMALL)
-    data = _data(12 * SMALL)
+    data = pattern(12 * SMALL)
     for start in range(0, len(data), SMALL // 2):
         upload.send(data[start : start + SMALL // 2])
         peak = max(peak, store.budget.taken)
@@ -143,9 +130,9 @@ def test_a_store_that_does_not_hold_the_bytes_sent_is_a_verification_error(
     setattr(gcs.behaviour, *fault)
     store = _store()
     name = "small.json" if fault[1] == "small.json" else "big.safetensors"
-    data = _data(1000 if name == "small.json" else 6 * SMALL + 9)
+    data = pattern(1000 if name == "small.json" else 6 * SMALL + 9)
     with pytest.raises(VerificationError) as caught:
-        _upload(store, name, data)
+        upload_whole(store, name, data)
     line = str(caught.value)
     assert "\n" not in line and line.startswith(f"error: gs://{BUCKET}/run/model/{name}: ")
     assert "nothing was published" in line
@@ -156,7 +143,7 @@ def test_a_store_that_does_not_hold_the_bytes_sent_is_a_verification_error(
 def test_abort_leaves_nothing(gcs: HttpServer) -> None:
     store = _store()
     upload = store.begin("big.safetensors", 8 * SMALL)  # type: ignore[attr-defined]
-    upload.send(_data(5 * SMALL))
+    upload.send(pattern(5 * SMALL))
     upload.abort()
     upload.abort()  # again: nothing more
     assert stored(_bucket(gcs)) == {}
@@ -165,8 +152,8 @@ def test_abort_leaves_nothing(gcs: HttpServer) -> None:
 def test_transient_failures_are_retried(gcs: HttpServer) -> None:
     gcs.behaviour.fail_next, gcs.behaviour.fail_status = 3, 500
     store = _store()
-    data = _data(3 * SMALL + 1)
-    _upload(store, "big.safetensors", data)
+    data = pattern(3 * SMALL + 1)
+    upload_whole(store, "big.safetensors", data)
     assert stored(_bucket(gcs))["run/model/big.safetensors"] == data
     assert store.stats().requests >= 3 + 4 + 1  # type: ignore[attr-defined]
 
@@ -187,7 +174,7 @@ def test_refusals_are_one_line_errors(
     gcs.behaviour.forced_message = message
     store = _store()
     with pytest.raises(RemoteError) as caught:
-        _upload(store, "model.safetensors", _data(100))
+        upload_whole(store, "model.safetensors", pattern(100))
     assert caught.value.rule == rule
     assert words in str(caught.value) and "\n" not in str(caught.value)
     assert str(caught.value).startswith(f"error: gs://{BUCKET}/run/model/model.safetensors: ")
@@ -208,7 +195,7 @@ def test_publish_puts_the_index_last_then_deletes(gcs: HttpServer) -> None:
     (bucket / "run/model").mkdir(parents=True)
     (bucket / "run/model/old-00001-of-00001.safetensors").write_bytes(b"old")
     store = _store()
-    _upload(store, "model-00001-of-00001.safetensors", _data(2 * SMALL + 3))
+    upload_whole(store, "model-00001-of-00001.safetensors", pattern(2 * SMALL + 3))
     index = b'{"weight_map": {}}'
     published = store.publish(  # type: ignore[attr-defined]
         {"model.safetensors.index.json": index, "config.json": b"{}"},
@@ -230,8 +217,8 @@ def test_publish_puts_the_index_last_then_deletes(gcs: HttpServer) -> None:
 
 def test_reads_are_ranges_of_what_was_stored(gcs: HttpServer) -> None:
     store = _store()
-    data = _data(3 * SMALL)
-    _upload(store, "a.safetensors", data)
+    data = pattern(3 * SMALL)
+    upload_whole(store, "a.safetensors", data)
     assert store.read("a.safetensors", 5, SMALL + 7) == data[5 : SMALL + 7]  # type: ignore[attr-defined]
     assert store.read("a.safetensors", 9, 9) == b""  # type: ignore[attr-defined]
 
