@@ -109,7 +109,7 @@ def test_parts_stream_in_parallel_within_the_budget(gcs: HttpServer) -> None:
     "fault",
     [
         ("wrong_checksum", "part-00001"),
-        ("wrong_checksum", "big.safetensors"),
+        ("wrong_checksum", "model/big.safetensors"),  # the composed object, not its parts
         ("drop_chunk", "part-00002"),
         ("corrupt", "part-00000"),
         ("wrong_checksum", "small.json"),
@@ -323,3 +323,48 @@ def test_a_512_mb_object_streams_in_bounded_memory(gcs: HttpServer) -> None:
     assert checksum == base64.b64encode(file_crc32c(path).to_bytes(4, "big")).decode()
     print(f"peak RSS growth: {int(growth) / 2**20:.1f} MiB")  # shown with -s
     assert int(growth) <= (64 + 32) * 2**20, int(growth) / 2**20
+
+
+@pytest.mark.parametrize(
+    ("size", "budget", "part", "parts"),
+    [
+        (0, 256 * 2**20, 256 * KIB, 1),
+        (1000, 256 * 2**20, 256 * KIB, 1),
+        (10 * 2**30, 256 * 2**20, 64 * 2**20, 160),  # 10 GiB in 64 MiB parts
+        (100 * 2**30, 256 * 2**20, 100 * 2**20, 1024),  # the component limit sets the size
+        (100 * 2**20, 4 * 2**20, 2 * 2**20, 50),  # a small budget: small parts
+    ],
+)
+def test_part_sizes_follow_the_object_the_limit_and_the_budget(
+    size: int, budget: int, part: int, parts: int
+) -> None:
+    from ckptfix.write.stores.base import StoreOptions
+    from ckptfix.write.stores.gcs_upload import ALIGN, MAX_COMPONENTS, PART_MIN
+
+    assert (PART_MIN, ALIGN, MAX_COMPONENTS) == (8 * 2**20, 256 * KIB, 1024)
+    found = layout("gs://b/m", size, StoreOptions(max_in_flight=budget))
+    assert (found.part_size, found.parts) == (part, parts)
+    assert found.part_size % ALIGN == 0 and found.part_size * found.parts >= size
+
+
+def test_an_object_too_large_for_the_budget_is_a_usage_error() -> None:
+    from ckptfix.core.errors import UsageError
+    from ckptfix.write.stores.base import StoreOptions
+
+    with pytest.raises(UsageError) as caught:
+        layout("gs://b/m/x.safetensors", 2**40, StoreOptions(max_in_flight=256 * 2**20))
+    assert "needs parts of 1,073,741,824 bytes" in str(caught.value)
+
+
+def test_without_google_crc32c_the_error_says_what_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ckptfix.core.errors import UsageError
+
+    monkeypatch.setitem(sys.modules, "google_crc32c", None)  # import fails
+    with pytest.raises(UsageError) as caught:
+        _store()
+    assert str(caught.value) == (
+        f"error: gs://{BUCKET}/run/model: writing gs:// URLs needs google-crc32c "
+        "(google_crc32c is not installed) (rule usage; pip install 'ckptfix[remote]')"
+    )

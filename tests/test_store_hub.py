@@ -168,6 +168,17 @@ def test_a_hub_that_keeps_other_bytes_is_a_verification_error(hub: HttpServer, f
     assert _commits(hub) == []
 
 
+def test_a_commit_whose_tree_lists_other_bytes_is_a_verification_error(hub: HttpServer) -> None:
+    hub.behaviour.wrong_checksum = "tree"
+    store = _store()
+    upload_whole(store, "model.safetensors", pattern(3000))
+    with pytest.raises(VerificationError) as caught:
+        store.publish({}, [], message="m")  # type: ignore[attr-defined]
+    line = str(caught.value)
+    assert line.startswith(f"error: hf://{REPO}/model.safetensors: commit ")
+    assert "the commit is published (rule store-checksum; revert the commit" in line
+
+
 def test_abort_leaves_nothing_staged_or_committed(hub: HttpServer, tmp_path: Path) -> None:
     store = _store()
     upload = store.begin("model.safetensors", 5000)  # type: ignore[attr-defined]

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import TypeVar
 
-from ckptfix.core.errors import CkptfixError, RemoteError, VerificationError
+from ckptfix.core.errors import CkptfixError, RemoteError, UsageError, VerificationError
 from ckptfix.io.remote import RemoteSession
 from ckptfix.io.remote_errors import _chain
 
@@ -50,6 +50,23 @@ class Budget:
             self.taken -= size
             self._holders -= 1
             self._cond.notify_all()
+
+
+def needs(url: str, *modules: str) -> None:
+    """Import `modules` (what a store's scheme needs), or a usage error saying how to install
+    them (exit 2), as for remote reads."""
+    import importlib
+
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UsageError(
+                url,
+                f"writing {url.split('://', 1)[0]}:// URLs needs {module.replace('_', '-')} "
+                f"({(exc.name or module).partition('.')[0]} is not installed)",
+                "pip install 'ckptfix[remote]'",
+            ) from exc
 
 
 def for_writing(error: RemoteError, url: str) -> CkptfixError:

@@ -26,7 +26,7 @@ from ckptfix.io.remote import RemoteSession, Settings
 from ckptfix.io.remote_answers import Listing
 from ckptfix.io.remote_errors import UnexpectedAnswer, _chain, parsed
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
-from ckptfix.write.stores.common import Budget, index_last, mismatch, request
+from ckptfix.write.stores.common import Budget, index_last, mismatch, needs, request
 from ckptfix.write.stores.gcs_upload import GcsUpload, Part, crc32c, crc_text
 
 PIECE = 2**20
@@ -51,6 +51,7 @@ class GcsStore:
         from ckptfix.io.remote_backends import make_backend
 
         self.bucket, self.prefix = parse_gs(url)
+        needs(url, "google_crc32c", "gcsfs", "aiohttp")
         self.options = options or StoreOptions()
         settings = settings or Settings.from_env()
         self.backend = make_backend(url, settings)

@@ -40,11 +40,12 @@ class Layout:
 
 
 def layout(url: str, size: int, options: StoreOptions) -> Layout:
-    """The part size for an object of `size` bytes: at least PART_MIN, enough that the object
-    fits in MAX_COMPONENTS parts, and small enough that a part filling and one in flight fit
-    in `options.max_in_flight` where the object allows it."""
+    """The part size for an object of `size` bytes: enough that the object fits in
+    MAX_COMPONENTS parts; otherwise PART_MIN to 64 MiB, within what lets a part filling and
+    one in flight fit in `options.max_in_flight`; no more than the object."""
     needed = -(-size // MAX_COMPONENTS)
-    wanted = max(PART_MIN, min(options.max_in_flight // 2, 64 * 2**20))
+    cap = max(ALIGN, options.max_in_flight // 2 // ALIGN * ALIGN)
+    wanted = min(max(PART_MIN, cap), 64 * 2**20, cap)
     part = max(needed, min(wanted, max(size, 1)))
     part = -(-part // ALIGN) * ALIGN
     if part > options.max_in_flight:
@@ -119,6 +120,7 @@ class GcsUpload:
             size = min(self.layout.part_size, max(left, 0))
             if not self.store.budget.take(size, lambda: self.failure is not None):
                 self._raise_failure()
+                raise ValueError(f"the upload of {self.name} was aborted")
             self.buffer = bytearray(size)
         return self.buffer
 

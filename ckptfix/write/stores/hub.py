@@ -40,7 +40,7 @@ from ckptfix.core.errors import (
 from ckptfix.io.remote import Info, RemoteSession, Settings
 from ckptfix.io.remote_hub import HubBackend, _split, parse_url
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
-from ckptfix.write.stores.common import index_last, mismatch, request
+from ckptfix.write.stores.common import index_last, mismatch, needs, request
 
 REGULAR_MAX = 10 * 2**20  # the Hub keeps larger files in LFS: a "regular" answer is refused
 
@@ -51,6 +51,7 @@ class HubStore:
     def __init__(
         self, url: str, options: StoreOptions | None = None, settings: Settings | None = None
     ) -> None:
+        needs(url, "huggingface_hub")
         from huggingface_hub import HfApi
 
         self.url = url.rstrip("/")
