@@ -162,7 +162,7 @@ def test_transient_failures_are_retried(gcs: HttpServer) -> None:
     ("status", "message", "rule", "words"),
     [
         (403, "forced by the test", "remote-forbidden", "may create, read and delete objects"),
-        (403, "The project exceeded its storage quota.", "remote-quota", "quota exceeded"),
+        (403, "The project exceeded its storage quota.", "remote-forbidden", "quota exceeded"),
         (401, "Invalid Credentials", "remote-credentials", "GOOGLE_APPLICATION_CREDENTIALS"),
         (404, "No such object.", "remote-not-found", "check the URL"),
     ],

@@ -176,7 +176,7 @@ def test_a_commit_whose_tree_lists_other_bytes_is_a_verification_error(hub: Http
         store.publish({}, [], message="m")  # type: ignore[attr-defined]
     line = str(caught.value)
     assert line.startswith(f"error: hf://{REPO}/model.safetensors: commit ")
-    assert "the commit is published (rule store-checksum; revert the commit" in line
+    assert "the commit is published (rule verification-failed; revert the commit" in line
 
 
 def test_abort_leaves_nothing_staged_or_committed(hub: HttpServer, tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from ckptfix.core.errors import CkptfixError, RemoteError, UsageError, VerificationError
 from ckptfix.io.remote import RemoteSession
-from ckptfix.io.remote_errors import _chain
+from ckptfix.io.remote_errors import Failure, _chain, remote_error
 
 T = TypeVar("T")
 
@@ -20,6 +20,7 @@ _WRITE_FIX = {
     "remote-not-found": "check the URL: the bucket or repository must exist before ckptfix "
     "writes to it",
 }
+_QUOTA = "the store refused the write: quota exceeded (HTTP 403)"
 QUOTA_FIX = "free space or raise the quota of the bucket, project or account, then try again"
 
 
@@ -70,17 +71,15 @@ def needs(url: str, *modules: str) -> None:
 
 
 def for_writing(error: RemoteError, url: str) -> CkptfixError:
-    """A remote read's one-line error, said for an upload: a refusal names writing, and a
-    refusal over quota is its own rule."""
+    """A remote read's one-line error, said for an upload: a refusal names writing, and says
+    so when it is over a quota."""
     cause = " ".join(str(item) for item in _chain(error)).lower()
     if "quota" in cause or "storage limit" in cause:
-        return RemoteError(
-            url, "remote-quota", "the store refused the write: quota exceeded", QUOTA_FIX
-        )
+        return remote_error(url, Failure("remote-forbidden", _QUOTA, QUOTA_FIX), 1)
     fix = _WRITE_FIX.get(error.rule or "")
-    if fix is None:
+    if fix is None or error.rule is None:
         return error
-    return RemoteError(url, error.rule or "remote-error", error.what, fix)
+    return remote_error(url, Failure(error.rule, error.what, fix), 1)
 
 
 def request(session: RemoteSession, url: str, call: Callable[[], T]) -> T:
@@ -105,7 +104,6 @@ def mismatch(
         f"the store reports {what} {stored} for {of}, the bytes sent have {sent}: "
         "nothing was published",
         "try again; if it happens again, the store or the network between changes bytes",
-        rule="store-checksum",
     )
 
 

@@ -24,7 +24,7 @@ from urllib.parse import quote
 from ckptfix.core.errors import RemoteError, RemoteNotFoundError, UsageError, VerificationError
 from ckptfix.io.remote import RemoteSession, Settings
 from ckptfix.io.remote_answers import Listing
-from ckptfix.io.remote_errors import UnexpectedAnswer, _chain, parsed
+from ckptfix.io.remote_errors import Failure, UnexpectedAnswer, _chain, parsed, remote_error
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
 from ckptfix.write.stores.common import Budget, index_last, mismatch, needs, request
 from ckptfix.write.stores.gcs_upload import GcsUpload, Part, crc32c, crc_text
@@ -97,7 +97,8 @@ class GcsStore:
     def _json(self, url: str, method: str, path: str, *args: str, **kwargs: Any) -> dict[str, Any]:
         found = self._call(url, method, path, *args, json_out=True, **kwargs)
         if not isinstance(found, dict):
-            raise RemoteError(url, "remote-error", "unexpected answer: not a JSON object")
+            what = "unexpected answer from the server: not Cloud Storage's JSON (no object)"
+            raise remote_error(url, Failure("remote-error", what, "check the endpoint"), 1)
         return found
 
     def _check_bucket(self) -> None:
@@ -106,12 +107,9 @@ class GcsStore:
         try:
             self._objects(self.key(""), limit=1)
         except RemoteNotFoundError as exc:
-            raise RemoteError(
-                self.display,
-                "remote-not-found",
-                f"the bucket {self.bucket!r} does not exist (HTTP 404)",
-                "create the bucket, or check its name in the URL",
-            ) from exc
+            what = f"the bucket {self.bucket!r} does not exist (HTTP 404)"
+            fix = "create the bucket, or check its name in the URL"
+            raise remote_error(self.display, Failure("remote-not-found", what, fix), 1) from exc
 
     def _objects(self, prefix: str, limit: int | None = None) -> list[dict[str, Any]]:
         """Every object resource under `prefix` (no delimiter: sub-folders too), within the
@@ -296,7 +294,6 @@ def refused(url: str, part: int | None) -> VerificationError:
         "match the CRC-32C computed "
         "while they were sent (changed on the way): nothing was published",
         "try again; if it happens again, check the network between",
-        rule="store-checksum",
     )
 
 

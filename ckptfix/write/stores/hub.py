@@ -38,6 +38,7 @@ from ckptfix.core.errors import (
     VerificationError,
 )
 from ckptfix.io.remote import Info, RemoteSession, Settings
+from ckptfix.io.remote_errors import Failure, remote_error
 from ckptfix.io.remote_hub import HubBackend, _split, parse_url
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
 from ckptfix.write.stores.common import index_last, mismatch, needs, request
@@ -89,13 +90,12 @@ class HubStore:
                 lambda: self.backend._commit(self.kind, self.repo, self.revision),
             )
         except RemoteNotFoundError as exc:
-            raise RemoteError(
-                self.url,
-                "remote-not-found",
+            what = (
                 f"the repository {self.repo} or its revision {self.revision!r} does not exist "
-                "(HTTP 404)",
-                "create the repository (and the branch) first, or check the URL",
-            ) from exc
+                "(HTTP 404)"
+            )
+            fix = "create the repository (and the branch) first, or check the URL"
+            raise remote_error(self.url, Failure("remote-not-found", what, fix), 1) from exc
 
     def _root(self, commit: str) -> str:
         """The backend's path of the output folder at `commit`."""
@@ -217,7 +217,6 @@ class HubStore:
                     f"for the file, the bytes sent have {expected[1]} ({expected[2]:,} bytes): "
                     "the commit is published",
                     "revert the commit on the Hub, then try again",
-                    rule="store-checksum",
                 )
 
     def read(self, name: str, start: int, end: int) -> bytes:
@@ -338,12 +337,8 @@ class HubUpload:
         from huggingface_hub import CommitOperationAdd
 
         if self.size > REGULAR_MAX:
-            raise RemoteError(
-                self.url,
-                "remote-error",
-                f"unexpected answer: the Hub asks for a file of {self.size:,} bytes in git, not LFS",
-                "check the endpoint",
-            )
+            what = f"unexpected answer from the server: the Hub asks for a file of {self.size:,} bytes in git, not LFS"
+            raise remote_error(self.url, Failure("remote-error", what, "check the endpoint"), 1)
         with open(self.staged, "rb") as handle:
             return CommitOperationAdd(
                 path_in_repo=operation.path_in_repo, path_or_fileobj=handle.read()
@@ -376,7 +371,6 @@ class HubUpload:
                 f"after its upload the Hub holds no LFS object of SHA-256 {sha.hex()} and "
                 f"{self.size:,} bytes, the bytes sent: it kept other bytes; nothing was published",
                 "try again; if it happens again, the Hub or the network between changes bytes",
-                rule="store-checksum",
             )
 
     def abort(self) -> None:
