@@ -368,3 +368,23 @@ def test_without_google_crc32c_the_error_says_what_to_install(
         f"error: gs://{BUCKET}/run/model: writing gs:// URLs needs google-crc32c "
         "(google_crc32c is not installed) (rule usage; pip install 'ckptfix[remote]')"
     )
+
+
+def test_stat_and_the_hasher_agree_and_delete_removes(gcs: HttpServer) -> None:
+    """What --resume compares (i24-core's protocol: stat, hasher, delete, flush)."""
+    store = _store()
+    data = pattern(5 * SMALL + 77)
+    upload = store.begin("a.safetensors", len(data))  # type: ignore[attr-defined]
+    upload.send(data)
+    upload.flush()  # every part stored and checked, nothing composed yet
+    assert stored(_bucket(gcs)).get("run/model/a.safetensors") is None
+    upload.complete()
+    hasher = store.hasher(len(data))  # type: ignore[attr-defined]
+    for start in range(0, len(data), 65_537):
+        hasher.update(memoryview(data)[start : start + 65_537])
+    found = store.stat("a.safetensors")  # type: ignore[attr-defined]
+    assert found is not None and found.size == len(data)
+    assert found.checksum == hasher.value() == ("crc32c", _crc(data))
+    assert store.stat("missing.safetensors") is None  # type: ignore[attr-defined]
+    store.delete(["a.safetensors", "missing.safetensors"])  # type: ignore[attr-defined]
+    assert stored(_bucket(gcs)) == {}

@@ -238,3 +238,31 @@ def test_a_branch_moved_meanwhile_fails_the_commit(hub: HttpServer) -> None:
         caught.value
     )
     assert stored(hub.root) == {}
+
+
+def test_stat_hasher_and_deletions_in_the_one_commit(hub: HttpServer) -> None:
+    """What --resume compares (i24-core's protocol: stat, hasher, delete, flush)."""
+    (hub.root / "old.safetensors").write_bytes(b"old")
+    store = _store()
+    data = pattern(3000)
+    kept = store.begin("model.safetensors", len(data))  # type: ignore[attr-defined]
+    kept.send(data)
+    kept.flush()  # uploaded and checked; the staging place is free again
+    dropped = store.begin("dropped.safetensors", 10)  # type: ignore[attr-defined]
+    dropped.send(pattern(10))
+    dropped.flush()
+    dropped.abort()  # sent, then forgotten: not in the commit
+    kept.complete()
+    store.delete(["old.safetensors"])  # type: ignore[attr-defined]
+    assert (hub.root / "old.safetensors").exists() and _commits(hub) == []
+    store.publish({}, [], message="m")  # type: ignore[attr-defined]
+    [(_, _, operations, _)] = _commits(hub)
+    assert sorted((op["key"], op["value"]["path"]) for op in operations) == [  # type: ignore[index]
+        ("deletedFile", "old.safetensors"),
+        ("lfsFile", "model.safetensors"),
+    ]
+    hasher = store.hasher(len(data))  # type: ignore[attr-defined]
+    hasher.update(data)
+    found = store.stat("model.safetensors")  # type: ignore[attr-defined]
+    assert found is not None and (found.size, found.checksum) == (len(data), hasher.value())
+    assert store.stat("old.safetensors") is None  # type: ignore[attr-defined]

@@ -27,7 +27,7 @@ from ckptfix.io.remote_answers import Listing
 from ckptfix.io.remote_errors import Failure, UnexpectedAnswer, _chain, parsed, remote_error
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
 from ckptfix.write.stores.common import Budget, index_last, mismatch, needs, request
-from ckptfix.write.stores.gcs_upload import GcsUpload, Part, crc32c, crc_text
+from ckptfix.write.stores.gcs_upload import Crc32cHash, GcsUpload, Part, crc32c, crc_text
 
 PIECE = 2**20
 TEMP = ".ckptfix-upload"  # where the parts of unfinished uploads live, under the prefix
@@ -174,7 +174,7 @@ class GcsStore:
             _check(url, resource, len(data), crc, part)
         except VerificationError:
             if not new:  # this run's own object, holding other bytes: not left there
-                self.delete(key)
+                self.remove(key)
             raise
         return resource
 
@@ -190,8 +190,8 @@ class GcsStore:
         url = f"gs://{self.bucket}/{key}"
         return self._json(url, "POST", "b/{}/o/{}/compose", self.bucket, key, json=document)
 
-    def delete(self, key: str) -> None:
-        """Delete `key`; one already gone is not an error."""
+    def remove(self, key: str) -> None:
+        """Delete the object `key`; one already gone is not an error."""
         with contextlib.suppress(RemoteNotFoundError):
             self._call(f"gs://{self.bucket}/{key}", "DELETE", "b/{}/o/{}", self.bucket, key)
 
@@ -230,7 +230,28 @@ class GcsStore:
         for upload in uploads:
             folder = self.key(f"{TEMP}/{upload.upload_id}/{upload.name}/")
             keys += [str(item["name"]) for item in self._objects(folder) if "name" in item]
-        for future in [self.pool.submit(self.delete, key) for key in keys]:
+        self._remove_all(keys)
+
+    def stat(self, name: str) -> StoredObject | None:
+        """One object and the CRC-32C the store holds for it, or None if there is none."""
+        try:
+            item = self._json(self.url_of(name), "GET", "b/{}/o/{}", self.bucket, self.key(name))
+        except RemoteNotFoundError:
+            return None
+        crc = item.get("crc32c")
+        return StoredObject(name, int(item.get("size", 0)), ("crc32c", str(crc)) if crc else None)
+
+    def hasher(self, size: int) -> Crc32cHash:
+        """What `stat` reports, computed on bytes (a composed object's CRC-32C is the whole
+        object's: it does not depend on the parts)."""
+        return Crc32cHash()
+
+    def delete(self, names: Sequence[str]) -> None:
+        """Delete objects now (several at once); those already gone are not an error."""
+        self._remove_all([self.key(name) for name in names])
+
+    def _remove_all(self, keys: Sequence[str]) -> None:
+        for future in [self.pool.submit(self.remove, key) for key in keys]:
             future.result()
 
     def begin(self, name: str, size: int) -> GcsUpload:
@@ -245,8 +266,7 @@ class GcsStore:
             crc = crc32c(bytes(data))
             self.put(self.key(name), memoryview(data), crc)
             published.append(StoredObject(name, len(data), ("crc32c", crc_text(crc))))
-        for name in delete:
-            self.delete(self.key(name))
+        self.delete(delete)
         return published
 
     def read(self, name: str, start: int, end: int) -> bytes:

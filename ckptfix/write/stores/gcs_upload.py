@@ -70,6 +70,19 @@ def crc_text(crc: int) -> str:
     return base64.b64encode(crc.to_bytes(4, "big")).decode()
 
 
+class Crc32cHash:
+    """The CRC-32C of bytes fed in order, as Cloud Storage reports it (`GcsStore.stat`)."""
+
+    def __init__(self) -> None:
+        self.crc = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        self.crc = crc32c(bytes(data), self.crc)
+
+    def value(self) -> tuple[str, str]:
+        return "crc32c", crc_text(self.crc)
+
+
 @dataclass(frozen=True)
 class Part:
     key: str
@@ -173,12 +186,25 @@ class GcsUpload:
             self.store.budget.give(len(buffer))
         return StoredObject(self.name, self.size, ("crc32c", crc_text(self.crc)))
 
-    def _composed(self) -> StoredObject:
+    def flush(self) -> None:
+        """Send what is left and wait until every part is stored and checked; nothing is
+        visible yet (an object of one part is sent whole by `complete`)."""
+        self._check_open()
+        if self.received != self.size:
+            self.abort()
+            raise _size_error(self.url, self.received, self.size)
+        if self.layout.parts > 1:
+            self._wait_parts()
+
+    def _wait_parts(self) -> None:
         if self.fill or self.buffer is not None:
             self._ship()
         for future in self.futures:
             future.exception()  # wait for every part
         self._raise_failure()
+
+    def _composed(self) -> StoredObject:
+        self._wait_parts()
         sources = [self.parts[index] for index in range(len(self.futures))]
         round_number = 0
         while len(sources) > COMPOSE_MAX:
@@ -208,15 +234,14 @@ class GcsUpload:
         elif crc != crc_text(self.crc):
             problem = ("CRC-32C", str(crc), crc_text(self.crc))
         if problem is not None:
-            self.store.delete(self.store.key(self.name))  # this run's own object: not kept
+            self.store.remove(self.store.key(self.name))  # this run's own object: not kept
             raise mismatch(self.url, *problem)
 
     def _delete_parts(self) -> None:
         with self._lock:
             keys = sorted(self.tried)
             self.tried = set()
-        for future in [self.store.pool.submit(self.store.delete, key) for key in keys]:
-            future.result()
+        self.store._remove_all(keys)
 
     def abort(self) -> None:
         """Stop: wait for the parts in flight, delete every temporary object (what cannot be

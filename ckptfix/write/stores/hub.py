@@ -65,6 +65,7 @@ class HubStore:
         self.api = HfApi()
         self.parent = self._head()
         self.operations: dict[str, Any] = {}  # path in repo -> its CommitOperationAdd
+        self.deletions: list[str] = []  # names `delete` was given: deleted by the commit
         self.stage = threading.Semaphore(1)
         self.staging: int | None = None  # the thread whose upload is staged
         self.published: str | None = None  # the commit publish() made
@@ -137,6 +138,25 @@ class HubStore:
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
         return None
 
+    def stat(self, name: str) -> StoredObject | None:
+        """A file at the revision, with its LFS SHA-256 (None for a file kept in git)."""
+        path = f"{self._root(self.published or self.parent)}/{name}"
+        try:
+            entry = request(self.session, self.url_of(name), partial(self.backend.info, path))
+        except RemoteNotFoundError:
+            return None
+        if entry.get("type") != "file":
+            return None
+        sha = entry.get("sha256")
+        return StoredObject(name, int(entry.get("size") or 0), ("sha256", sha) if sha else None)
+
+    def hasher(self, size: int) -> Sha256Hash:
+        return Sha256Hash()
+
+    def delete(self, names: Sequence[str]) -> None:
+        """Deleted by the commit `publish` makes, with everything else (one commit)."""
+        self.deletions += [name for name in names if name not in self.deletions]
+
     def begin(self, name: str, size: int) -> HubUpload:
         if self.staging == threading.get_ident():
             raise ValueError("one Hub upload at a time: complete or abort the open one first")
@@ -163,7 +183,8 @@ class HubStore:
             for name, data in index_last(files)
         ]
         added = [*self.operations.values(), *small]
-        deleted = [CommitOperationDelete(path_in_repo=self.path(name)) for name in delete]
+        gone = [*self.deletions, *(name for name in delete if name not in self.deletions)]
+        deleted = [CommitOperationDelete(path_in_repo=self.path(name)) for name in gone]
         try:
             info = request(
                 self.session, self.url, lambda: self._commit([*added, *deleted], message)
@@ -231,6 +252,19 @@ class HubStore:
         return UploadStats(bytes_sent=self._sent, requests=self.session.stats()["requests"])
 
 
+class Sha256Hash:
+    """The SHA-256 of bytes fed in order, as the Hub reports an LFS file's (`stat`)."""
+
+    def __init__(self) -> None:
+        self.sha = hashlib.sha256()
+
+    def update(self, data: bytes | memoryview) -> None:
+        self.sha.update(data)
+
+    def value(self) -> tuple[str, str]:
+        return "sha256", self.sha.hexdigest()
+
+
 def _expected(operation: Any) -> tuple[str, str, int]:
     """What the tree must say of a file a commit added: (what, its value, its size)."""
     info = operation.upload_info
@@ -252,6 +286,7 @@ class HubUpload:
         self.received = 0
         handle, self.staged = tempfile.mkstemp(prefix="ckptfix-hub-", suffix=".part")
         self.file = os.fdopen(handle, "wb")
+        self.staged_here = True  # the staged file exists and holds the staging place
         self.state = "open"
 
     def send(self, data: bytes | memoryview) -> None:
@@ -268,7 +303,10 @@ class HubUpload:
         self.sha.update(data)
         self.received += len(data)
 
-    def complete(self) -> StoredObject:
+    def flush(self) -> None:
+        """Upload the staged object and check it; it is not visible before the commit."""
+        if self.state == "sent":
+            return
         if self.state != "open":
             raise ValueError(f"the upload of {self.name} is {self.state}")
         try:
@@ -280,10 +318,18 @@ class HubUpload:
                 )
             self.file.close()
             operation = self._upload()
+        except BaseException:
+            self.abort()
+            raise
         finally:
-            self.abort()  # the staged file goes, whatever happened
-        self.state = "done"
+            self._unstage()  # the staged file goes, whatever happened
+        self.state = "sent"
         self.store.operations[self.store.path(self.name)] = operation
+
+    def complete(self) -> StoredObject:
+        """The object as uploaded (by `flush`, if it was not yet): part of the next commit."""
+        self.flush()
+        self.state = "done"
         return StoredObject(self.name, self.size, ("sha256", self.sha.hexdigest()))
 
     def _upload(self) -> Any:
@@ -374,9 +420,17 @@ class HubUpload:
             )
 
     def abort(self) -> None:
-        """Remove the staged file and free the staging place. Safe to call again."""
-        if self.state == "open":
+        """Forget the object: remove the staged file, free the staging place, and leave it
+        out of the commit if it was sent. Safe to call again."""
+        if self.state == "sent":
+            self.store.operations.pop(self.store.path(self.name), None)
+        self._unstage()
+        if self.state in ("open", "sent"):
             self.state = "aborted"
+
+    def _unstage(self) -> None:
+        if self.staged_here:
+            self.staged_here = False
             self.file.close()
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.staged)
