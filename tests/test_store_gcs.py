@@ -388,3 +388,11 @@ def test_stat_and_the_hasher_agree_and_delete_removes(gcs: HttpServer) -> None:
     assert store.stat("missing.safetensors") is None  # type: ignore[attr-defined]
     store.delete(["a.safetensors", "missing.safetensors"])  # type: ignore[attr-defined]
     assert stored(_bucket(gcs)) == {}
+
+
+def test_a_listing_without_end_is_refused_within_its_bound(gcs: HttpServer) -> None:
+    store = _store()
+    gcs.behaviour.hostile = "endless-pages"  # every page says another follows
+    with pytest.raises(RemoteError) as caught:
+        store.list()  # type: ignore[attr-defined]
+    assert caught.value.rule == "remote-error" and "\n" not in str(caught.value)

@@ -266,3 +266,43 @@ def test_stat_hasher_and_deletions_in_the_one_commit(hub: HttpServer) -> None:
     found = store.stat("model.safetensors")  # type: ignore[attr-defined]
     assert found is not None and (found.size, found.checksum) == (len(data), hasher.value())
     assert store.stat("old.safetensors") is None  # type: ignore[attr-defined]
+
+
+_KILLED = """
+import sys
+from huggingface_hub import constants
+constants.ENDPOINT, constants.HF_HUB_OFFLINE, constants.HF_HUB_DISABLE_XET = sys.argv[1], False, True
+from ckptfix.io.remote import Settings
+from ckptfix.write.stores.hub import HubStore
+store = HubStore("hf://org/model", settings=Settings(timeout=10, retries=0, backoff=0))
+for i in range(20):
+    upload = store.begin(f"model-{i:05d}.safetensors", 4 * 2**20)
+    for _ in range(4):
+        upload.send(bytes([i]) * 2**20)  # each object its own bytes: no LFS dedup
+    upload.complete()
+store.publish({}, [], message="never")
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_upload_commits_nothing_and_leaves_one_staged_file_at_most(
+    hub: HttpServer, tmp_path: Path
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    hub.behaviour.delay = 0.05
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root), "TMPDIR": str(tmp_path / "tmp")}
+    child = subprocess.Popen([sys.executable, "-c", _KILLED, hub.url], env=env)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # killed while its third object is in flight
+        if sum(1 for m, p, _ in hub.behaviour.log if m == "PUT") >= 20:
+            break
+        time.sleep(0.02)
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert _commits(hub) == [] and stored(hub.root) == {}
+    assert len(list((tmp_path / "tmp").glob("ckptfix-hub-*"))) <= 1

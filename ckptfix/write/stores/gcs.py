@@ -59,7 +59,6 @@ class GcsStore:
         self.session = RemoteSession(self.backend, settings)
         self.run = uuid.uuid4().hex[:12]
         self.budget = Budget(self.options.max_in_flight)
-        self.pool = ThreadPoolExecutor(max(1, self.options.concurrency), "ckptfix-gcs")
         self._sent = 0
         self._check_bucket()
 
@@ -251,8 +250,13 @@ class GcsStore:
         self._remove_all([self.key(name) for name in names])
 
     def _remove_all(self, keys: Sequence[str]) -> None:
-        for future in [self.pool.submit(self.remove, key) for key in keys]:
-            future.result()
+        """Delete `keys`, `concurrency` at a time."""
+        if not keys:
+            return
+        workers = max(1, min(self.options.concurrency, len(keys)))
+        with ThreadPoolExecutor(workers, "ckptfix-gcs-delete") as pool:
+            for future in [pool.submit(self.remove, key) for key in keys]:
+                future.result()
 
     def begin(self, name: str, size: int) -> GcsUpload:
         return GcsUpload(self, name, size)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -101,6 +101,7 @@ class GcsUpload:
         self.parts: dict[int, Part] = {}
         self.tried: set[str] = set()  # every temporary key asked for: deleted on abort
         self.futures: list[Future[None]] = []
+        self.pool: ThreadPoolExecutor | None = None
         self.failure: BaseException | None = None
         self.state = "open"
         self._lock = threading.Lock()
@@ -143,7 +144,10 @@ class GcsUpload:
         assert buffer is not None
         self.buffer, self.fill, self.part_crc = None, 0, 0
         size = len(buffer)  # the callback stays with the future: it must not hold the bytes
-        future = self.store.pool.submit(self._upload_part, index, buffer, crc)
+        if self.pool is None:  # the upload's own workers: gone when it ends
+            workers = max(1, self.store.options.concurrency)
+            self.pool = ThreadPoolExecutor(workers, "ckptfix-gcs-part")
+        future = self.pool.submit(self._upload_part, index, buffer, crc)
         del buffer
         future.add_done_callback(lambda done: self._done(done, size))
         self.futures.append(future)
@@ -175,7 +179,13 @@ class GcsUpload:
             self.abort()
             raise
         self.state = "done"
+        self._stop_workers()
         return found
+
+    def _stop_workers(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
 
     def _single(self) -> StoredObject:
         buffer = self._buffer()
@@ -258,6 +268,7 @@ class GcsUpload:
         if self.buffer is not None:
             self.store.budget.give(len(self.buffer))
             self.buffer = None
+        self._stop_workers()
         with contextlib.suppress(Exception):  # left for the next run's `dangling()`
             self._delete_parts()
 
