@@ -324,6 +324,9 @@ class _HubWriteHandler(_HubHandler):
         self._json({"files": files, "commitOid": self._state()["head"]}, True)
 
     def _batch(self, document: dict[str, Any]) -> None:
+        if self.server.behaviour.hostile == "malformed":  # `objects` that is no list
+            self._json({"transfer": "basic", "objects": "none"}, True)
+            return
         base, objects = self.server_url, []
         for item in document["objects"]:
             oid, size = item["oid"], item["size"]

@@ -221,6 +221,16 @@ def test_refusals_are_one_line_errors_without_the_token(
     assert stored(hub.root) == {}
 
 
+def test_an_answer_the_client_cannot_use_is_one_error(hub: HttpServer) -> None:
+    hub.behaviour.hostile = "malformed"
+    store = _store()
+    with pytest.raises(RemoteError) as caught:
+        upload_whole(store, "model.safetensors", pattern(3000))
+    line = str(caught.value)
+    assert caught.value.rule == "remote-error" and "\n" not in line
+    assert "not the Hub's API (ValueError: Malformed response from server)" in line
+
+
 def test_a_missing_repository_is_one_error(hub: HttpServer) -> None:
     with pytest.raises(RemoteError) as caught:
         _store("hf://org/none")

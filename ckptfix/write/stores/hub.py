@@ -27,22 +27,24 @@ import hashlib
 import os
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from ckptfix.core.errors import (
+    CkptfixError,
     RemoteChangedError,
     RemoteError,
     RemoteNotFoundError,
     VerificationError,
 )
 from ckptfix.io.remote import Info, RemoteSession, Settings
-from ckptfix.io.remote_errors import Failure, remote_error
+from ckptfix.io.remote_errors import Failure, UnexpectedAnswer, classify, remote_error
 from ckptfix.io.remote_hub import HubBackend, _split, parse_url
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
 from ckptfix.write.stores.common import index_last, mismatch, needs, request
 
+T = TypeVar("T")
 REGULAR_MAX = 10 * 2**20  # the Hub keeps larger files in LFS: a "regular" answer is refused
 
 
@@ -187,7 +189,9 @@ class HubStore:
         deleted = [CommitOperationDelete(path_in_repo=self.path(name)) for name in gone]
         try:
             info = request(
-                self.session, self.url, lambda: self._commit([*added, *deleted], message)
+                self.session,
+                self.url,
+                lambda: _client(lambda: self._commit([*added, *deleted], message or "ckptfix")),
             )
         except RemoteChangedError as exc:  # the Hub's 412: the parent is no longer the head
             raise RemoteError(
@@ -250,6 +254,20 @@ class HubStore:
 
     def stats(self) -> UploadStats:
         return UploadStats(bytes_sent=self._sent, requests=self.session.stats()["requests"])
+
+
+def _client(call: Callable[[], T]) -> T:
+    """`call()`, a request of huggingface_hub's: what it raises for an answer it cannot use
+    (ValueError "Malformed response", a KeyError, a RuntimeError around either) is an
+    unexpected answer; one that holds an HTTP status or a network failure is left for the
+    session to classify."""
+    try:
+        return call()
+    except (ValueError, KeyError, TypeError, AttributeError, RuntimeError) as exc:
+        if isinstance(exc, CkptfixError) or classify(exc, "hf") is not None:
+            raise
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0][:80] if str(exc) else ''}"
+        raise UnexpectedAnswer(f"not the Hub's API ({detail})") from exc
 
 
 class Sha256Hash:
@@ -344,7 +362,7 @@ class HubUpload:
         xet = is_xet_available()
         if not xet:
             operation.upload_info.sha256 = sha  # the client need not read the file again
-        request(store.session, self.url, lambda: self._preupload(operation))
+        request(store.session, self.url, lambda: _client(lambda: self._preupload(operation)))
         store._sent += self.size
         if operation._upload_mode == "regular":
             return self._regular(operation)
@@ -357,7 +375,7 @@ class HubUpload:
                 "the staged copy of the object",
             )
         if not xet:
-            request(store.session, self.url, lambda: self._check_lfs(sha))
+            request(store.session, self.url, lambda: _client(lambda: self._check_lfs(sha)))
         return operation
 
     def _preupload(self, operation: Any) -> None:
