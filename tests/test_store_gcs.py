@@ -396,3 +396,17 @@ def test_a_listing_without_end_is_refused_within_its_bound(gcs: HttpServer) -> N
     with pytest.raises(RemoteError) as caught:
         store.list()  # type: ignore[attr-defined]
     assert caught.value.rule == "remote-error" and "\n" not in str(caught.value)
+
+
+def test_an_object_resource_without_a_size_is_one_error(
+    gcs: HttpServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _store()
+    hostile = [{"name": "run/model/x.safetensors", "size": "many"}]
+    monkeypatch.setattr(store, "_objects", lambda prefix, limit=None: hostile)
+    with pytest.raises(RemoteError) as caught:
+        store.list()  # type: ignore[attr-defined]
+    assert str(caught.value) == (
+        f"error: gs://{BUCKET}/run/model/x.safetensors: unexpected answer from the server: an "
+        "object resource without a size (rule remote-error; check the endpoint)"
+    )

@@ -208,7 +208,7 @@ class GcsStore:
             if name and not name.startswith(f"{TEMP}/"):
                 crc = item.get("crc32c")
                 checksum = ("crc32c", str(crc)) if crc else None
-                found.append(StoredObject(name, int(item.get("size", 0)), checksum))
+                found.append(StoredObject(name, _size(item, self.url_of(name)), checksum))
         return found
 
     def dangling(self) -> Sequence[Dangling]:
@@ -238,7 +238,8 @@ class GcsStore:
         except RemoteNotFoundError:
             return None
         crc = item.get("crc32c")
-        return StoredObject(name, int(item.get("size", 0)), ("crc32c", str(crc)) if crc else None)
+        checksum = ("crc32c", str(crc)) if crc else None
+        return StoredObject(name, _size(item, self.url_of(name)), checksum)
 
     def hasher(self, size: int) -> Crc32cHash:
         """What `stat` reports, computed on bytes (a composed object's CRC-32C is the whole
@@ -299,6 +300,15 @@ async def _pieces(data: memoryview) -> AsyncIterator[memoryview]:
     the whole part in one write would be copied into the connection's buffer as it waits."""
     for start in range(0, len(data), PIECE):
         yield data[start : start + PIECE]
+
+
+def _size(item: Mapping[str, Any], url: str) -> int:
+    """An object resource's size (Cloud Storage writes it as a decimal string)."""
+    size = item.get("size")
+    if isinstance(size, bool) or not isinstance(size, str | int) or not str(size).isdigit():
+        what = "unexpected answer from the server: an object resource without a size"
+        raise remote_error(url, Failure("remote-error", what, "check the endpoint"), 1)
+    return int(size)
 
 
 def _object_of(key: str, root: str) -> str:
