@@ -64,6 +64,12 @@ class Behaviour:
     requests: int = 0
     bytes_sent: int = 0
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (method, path, Range)
+    # the stores' faults (tests/store_servers.py), each for the object names containing it
+    wrong_checksum: str | None = None  # report another checksum than the bytes stored have
+    drop_chunk: str | None = None  # keep the upload without its last 256 KiB (or half)
+    corrupt: str | None = None  # change a byte on receipt, before the checksum is checked
+    forced_message: str = "forced by the test"  # the message of a `forced` status
+    kept: dict[str, Any] = field(default_factory=dict)  # a write server's state besides files
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def reset(self) -> None:
@@ -88,6 +94,8 @@ class Behaviour:
             self.requests = 0
             self.bytes_sent = 0
             self.log = []
+            self.wrong_checksum = self.drop_chunk = self.corrupt = None
+            self.forced_message = "forced by the test"
 
     def take_failure(self, applies: bool = True) -> bool:
         """After `delay`: whether this request fails as one of the next `fail_next` (counted
@@ -525,20 +533,23 @@ class _HubHandler(_Handler):
 
     _listing_type = "application/json"
 
-    def _tree(self, relative: str, *, body: bool) -> None:
-        folder = self.server.root / relative
+    def _tree(self, relative: str, *, body: bool, root: Path | None = None) -> None:
+        """The entries of the folder `relative` of `root` (the server's root)."""
+        root = root or self.server.root
+        folder = root / relative
         if not folder.is_dir():
             self._json({"error": "not found"}, body, status=404)
             return
         entries = []
         for entry in sorted(folder.iterdir()):
-            path = entry.relative_to(self.server.root).as_posix()
+            path = entry.relative_to(root).as_posix()
             if entry.is_dir():
                 entries.append({"type": "directory", "oid": "0" * 40, "path": path})
             else:
                 size = entry.stat().st_size
                 oid = etag_of(entry).strip('"').replace("-", "")[:40].ljust(40, "0")
                 entries.append({"type": "file", "oid": oid, "size": size, "path": path})
+                self._tree_entry(entry, entries[-1])
         base = f"{relative}/".lstrip("/")
 
         def made_up(index: int) -> bytes:
@@ -560,6 +571,9 @@ class _HubHandler(_Handler):
         self._json(entries, body)
 
     _link = ""
+
+    def _tree_entry(self, file: Path, entry: dict[str, Any]) -> None:
+        """A file's tree entry, as a write server completes it (its git blob id, `lfs`)."""
 
     @property
     def server_url(self) -> str:
@@ -601,7 +615,7 @@ class _GcsHandler(_Handler):
         forced = self.server.behaviour.forced
         status = next((s for k, s in forced.items() if name and name.endswith(k)), None)
         if status is not None:
-            self._gcs_error(status, "forced by the test")
+            self._gcs_error(status, behaviour.forced_message)
         elif not bucket.is_dir():
             self._gcs_error(404, "no such bucket")
         elif not name:
@@ -611,7 +625,7 @@ class _GcsHandler(_Handler):
         elif route.group(1) == "download/storage":
             self._serve(f"/{bucket.name}/{name}", body=body)
         else:
-            self._json(_object_resource(bucket, name), body)
+            self._json(object_resource(bucket, name, behaviour), body)
 
     def _portal_page(self, *, body: bool) -> None:
         page = b"<html><body>Sign in to the network</body></html>"
@@ -632,7 +646,7 @@ class _GcsHandler(_Handler):
             if delimiter and delimiter in rest:
                 prefixes.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
             else:
-                items.append(_object_resource(bucket, name))
+                items.append(object_resource(bucket, name, self.server.behaviour))
 
         def made_up(index: int) -> bytes:
             item = {
@@ -676,8 +690,23 @@ def _is_generation(path: Path, wanted: str | None) -> bool:
     return path.is_file() and wanted in (None, generation_of(path))
 
 
-def _object_resource(bucket: Path, name: str) -> dict[str, str]:
+def file_crc32c(path: Path) -> int:
+    import google_crc32c
+
+    crc = 0
+    with open(path, "rb") as handle:
+        while chunk := handle.read(8 << 20):
+            crc = google_crc32c.extend(crc, chunk)
+    return int(crc)
+
+
+def object_resource(bucket: Path, name: str, behaviour: Behaviour) -> dict[str, str]:
+    """An object's resource, its CRC-32C computed on the bytes stored (another one where
+    `behaviour.wrong_checksum` names the object)."""
     path = bucket / name
+    crc = file_crc32c(path)
+    if behaviour.wrong_checksum is not None and behaviour.wrong_checksum in name:
+        crc ^= 1
     return {
         "kind": "storage#object",
         "bucket": bucket.name,
@@ -687,6 +716,8 @@ def _object_resource(bucket: Path, name: str) -> dict[str, str]:
         "metageneration": "1",
         "etag": etag_of(path).strip('"'),
         "contentType": "application/octet-stream",
+        "crc32c": base64.b64encode(crc.to_bytes(4, "big")).decode(),
+        "timeCreated": "2026-01-01T00:00:00.000Z",
     }
 
 
