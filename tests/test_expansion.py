@@ -5,9 +5,9 @@ writing anything, unless asked (--allow-expansion); below that they are written 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
-import torch
 
 from ckptfix.plan import expansion
 from tests.helpers import cli, load_safetensors_folder, torch_bytes
@@ -15,7 +15,9 @@ from tests.helpers import cli, load_safetensors_folder, torch_bytes
 GIB_OF_F32 = 2**28  # elements: 1,073,741,824 bytes, over 1 GB
 
 
-def _saved(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
+def _saved(path: Path, tensors: dict[str, Any]) -> Path:
+    import torch
+
     torch.save(tensors, path)
     return path
 
@@ -23,6 +25,8 @@ def _saved(path: Path, tensors: dict[str, torch.Tensor]) -> Path:
 def test_a_large_expansion_is_refused_unless_asked(tmp_path: Path) -> None:
     """4 bytes expanded to 1 GiB: refused by convert (a dry run too), with the error line
     naming the tensor, the sizes and the way through; nothing is written."""
+    import torch
+
     source = _saved(
         tmp_path / "expanded.pt",
         {"mask": torch.zeros(1).expand(GIB_OF_F32), "w": torch.ones(2, 2)},
@@ -52,6 +56,8 @@ def test_a_large_expansion_is_refused_unless_asked(tmp_path: Path) -> None:
 def test_expansions_count_together(tmp_path: Path) -> None:
     """Two expansions of 600 MB each, neither over 1 GB alone: refused together, by dedupe
     as by convert, the message naming the larger."""
+    import torch
+
     source = _saved(
         tmp_path / "two.pt",
         {
@@ -78,6 +84,8 @@ def test_expansions_below_the_limits_and_allowed_ones_are_written_bitwise(
     """Written in full as torch expands them: a broadcast under 1 GB without asking, and (the
     limit lowered to 1 MB here, to keep the test small) one past the limit with
     --allow-expansion only."""
+    import torch
+
     state = {
         "bias": torch.arange(256, dtype=torch.float32).expand(64, 256),  # 64 KiB from 1 KiB
         "mask": torch.full((1, 1), 7, dtype=torch.int16).expand(1024, 1024),  # 2 MiB from 2
