@@ -2,7 +2,7 @@
 compare.
 
 That is the checkpoint a loader would load (the family a rewrite would choose, see
-plan.source), plus every name its `ckptfix.dropped` record says was written once as another
+ops.source), plus every name its `ckptfix.dropped` record says was written once as another
 (`dropped -> kept`: the dropped name stands for the kept tensor's bytes). Names can be
 compared through wrapper prefixes (`module.`, `_orig_mod.`, ...).
 """
@@ -28,7 +28,7 @@ from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
-from ckptfix.plan.source import choose_source, recorded
+from ckptfix.ops.source import choose_source, recorded
 
 _RECORD_FIX = "pass --no-alias-record to ignore it"
 
@@ -44,7 +44,7 @@ class TensorSet:
     checkpoint: Checkpoint | None = field(default=None, repr=False, compare=False)
     # The tensors a training layout casts on the way out, as written (ops.cast_source).
     cast_sources: dict[str, ByteSource] = field(default_factory=dict, repr=False, compare=False)
-    # The chosen files' string header metadata, and their index's metadata (plan.source).
+    # The chosen files' string header metadata, and their index's metadata (ops.source).
     metadata: dict[str, str] = field(default_factory=dict, compare=False)
     index_metadata: dict[str, Any] = field(default_factory=dict, compare=False)
     # Which copy of a DeepSpeed folder's weights was read, when it holds two (core.training).
