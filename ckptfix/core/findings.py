@@ -84,7 +84,7 @@ class Finding:
     file: str | None = None
     tensors: tuple[str, ...] = field(default=())
     # How to repair it: the command that does, or why none can (core.fixes; set for the
-    # checkpoint at hand by plan.repair_verdicts when a report is made).
+    # checkpoint at hand by plan.repair_verdicts when a report is shown: Report.with_fixes).
     fix: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, object]:
