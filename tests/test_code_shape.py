@@ -159,3 +159,40 @@ def test_the_layer_check_can_fail() -> None:
     assert upward_imports("plan", source) == [(1, "ops"), (2, "write"), (5, "cli")]
     assert upward_imports("core", "from ckptfix.formats.base import FileRead\n") == [(1, "formats")]
     assert upward_imports("ops", source) == [(5, "cli")]
+
+
+def _statements(body: list[ast.stmt]) -> int:
+    return sum(1 for stmt in body for node in ast.walk(stmt) if isinstance(node, ast.stmt))
+
+
+def written_twice(sources: dict[str, str], least: int = 3) -> list[list[str]]:
+    """Functions of `least` statements or more (its docstring aside) whose parameters and body
+    are the same, to the names, in two places: code written twice, to be written once."""
+    places: dict[str, list[str]] = {}
+    for where, source in sources.items():
+        for node in ast.walk(ast.parse(source)):
+            if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            if _statements(body) < least:
+                continue
+            shape = ast.dump(node.args) + ast.dump(ast.Module(body=body, type_ignores=[]))
+            places.setdefault(shape, []).append(f"{where}:{node.lineno} {node.name}")
+    return [found for found in places.values() if len(found) > 1]
+
+
+def test_no_function_is_written_twice() -> None:
+    sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in _modules()}
+    assert written_twice(sources) == []
+
+
+def test_the_twice_check_can_fail() -> None:
+    body = "    if fd >= 0:\n        os.close(fd)\n    return -1\n"
+    sources = {"a.py": f"def closed(fd):\n{body}", "b.py": f"class B:\n  def release(fd):\n{body}"}
+    assert written_twice(sources) == [["a.py:1 closed", "b.py:2 release"]]
+    assert (
+        written_twice({"a.py": "def f(x):\n    return x\n", "b.py": "def g(x):\n    return x\n"})
+        == []
+    )

@@ -17,7 +17,7 @@ from operator import attrgetter
 from typing import Any
 
 from ckptfix import checks
-from ckptfix.checks.tensors import common_wrapper_prefixes
+from ckptfix.checks.tensors import common_wrapper_prefixes, without_prefixes
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
@@ -131,17 +131,9 @@ def stripped_names(
         prefixes = common_wrapper_prefixes(names, training_checkpoint=training_checkpoint)
     else:
         prefixes = [strip] if strip else []
-    compared: dict[str, str] = {}
-    for name in names:
-        new = name
-        for prefix in prefixes:
-            if new.startswith(prefix):
-                new = new[len(prefix) :]
-        if new in compared:
-            raise UsageError(
-                "--strip-prefix",
-                f"{name!r} and {compared[new]!r} of {side} would both become {new!r}",
-                "strip a shorter prefix",
-            )
-        compared[new] = name
-    return compared, prefixes
+
+    def clash(name: str, other: str, new: str) -> UsageError:
+        what = f"{name!r} and {other!r} of {side} would both become {new!r}"
+        return UsageError("--strip-prefix", what, "strip a shorter prefix")
+
+    return without_prefixes(names, prefixes, clash), prefixes

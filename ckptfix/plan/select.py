@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from ckptfix.checks.tensors import common_wrapper_prefixes
+from ckptfix.checks.tensors import common_wrapper_prefixes, without_prefixes
 from ckptfix.core.dtypes import DTYPES, byte_size
 from ckptfix.core.errors import UsageError
 from ckptfix.core.memory import paused_gc
@@ -228,23 +228,13 @@ def _renames(tensors: Sequence[TensorInfo], options: SelectOptions) -> dict[str,
     prefixes = _prefixes(names, options)
     if not prefixes and len(set(names)) == len(names):
         return {}  # nothing renamed, no two names alike
-    renamed: dict[str, str] = {}
-    owners: dict[str, str] = {}
-    for tensor in tensors:
-        new = tensor.name
-        for prefix in prefixes:
-            if new.startswith(prefix):
-                new = new[len(prefix) :]
-        if new in owners:
-            raise UsageError(
-                "--strip-prefix",
-                f"{tensor.name!r} and {owners[new]!r} would both become {new!r}",
-                "strip less, or exclude one of them",
-            )
-        owners[new] = tensor.name
-        if new != tensor.name:
-            renamed[tensor.name] = new
-    return renamed
+
+    def clash(name: str, other: str, new: str) -> UsageError:
+        what = f"{name!r} and {other!r} would both become {new!r}"
+        return UsageError("--strip-prefix", what, "strip less, or exclude one of them")
+
+    owners = without_prefixes(names, prefixes, clash)
+    return {name: new for new, name in owners.items() if new != name}
 
 
 def _aliases(
