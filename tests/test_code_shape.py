@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.source_trees import parsed
+
 PACKAGE = Path(__file__).resolve().parent.parent / "ckptfix"
 TESTS = Path(__file__).resolve().parent
 
@@ -27,7 +29,7 @@ def test_modules_are_at_most_500_lines() -> None:
 def test_functions_are_at_most_60_lines() -> None:
     long = {}
     for path in _modules():
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path.read_text())):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 length = (node.end_lineno or node.lineno) - node.lineno + 1
                 if length > 60:
@@ -47,7 +49,7 @@ def test_the_checks_can_fail(tmp_path: Path) -> None:
 def imported_test_modules(source: str) -> list[str]:
     """The test modules (`tests.test_*`) a module's source imports."""
     found = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
@@ -109,7 +111,7 @@ def _type_checking_lines(tree: ast.Module) -> set[int]:
 def imported_layers(source: str) -> list[tuple[int, str]]:
     """(line, layer) of every `ckptfix.<layer>` a module's source imports at run time, the
     imports inside functions included."""
-    tree = ast.parse(source)
+    tree = parsed(source)
     typing_only = _type_checking_lines(tree)
     found = []
     for node in ast.walk(tree):
@@ -161,24 +163,23 @@ def test_the_layer_check_can_fail() -> None:
     assert upward_imports("ops", source) == [(5, "cli")]
 
 
-def _statements(body: list[ast.stmt]) -> int:
-    return sum(1 for stmt in body for node in ast.walk(stmt) if isinstance(node, ast.stmt))
-
-
 def written_twice(sources: dict[str, str], least: int = 3) -> list[list[str]]:
     """Functions of `least` statements or more (its docstring aside) whose parameters and body
-    are the same, to the names, in two places: code written twice, to be written once."""
+    are the same, to the names, in two places: code written twice, to be written once. (Their
+    lines compared as text, as ruff formats them, without comments.)"""
     places: dict[str, list[str]] = {}
     for where, source in sources.items():
-        for node in ast.walk(ast.parse(source)):
+        lines = source.splitlines()
+        for node in ast.walk(parsed(source)):
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
                 continue
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 body = body[1:]
-            if _statements(body) < least:
+            if not body or sum(isinstance(n, ast.stmt) for s in body for n in ast.walk(s)) < least:
                 continue
-            shape = ast.dump(node.args) + ast.dump(ast.Module(body=body, type_ignores=[]))
+            text = [line.strip() for line in lines[body[0].lineno - 1 : node.end_lineno]]
+            shape = ast.dump(node.args) + "\n".join(t for t in text if not t.startswith("#"))
             places.setdefault(shape, []).append(f"{where}:{node.lineno} {node.name}")
     return [found for found in places.values() if len(found) > 1]
 

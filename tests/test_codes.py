@@ -12,6 +12,7 @@ from ckptfix.core.codes import RECORDS
 from ckptfix.core.findings import CODES
 from ckptfix.core.fixes import FIXES, default_fix
 from ckptfix.reports.rules import rule
+from tests.source_trees import parsed
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ckptfix"
 
@@ -20,7 +21,7 @@ def reported_codes(source: str) -> set[str]:
     """The codes a module's source names as a finding's: the first argument of `finding(...)`
     and the `code = "..."` of its classes (the errors that report under their own code)."""
     codes = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if isinstance(node, ast.Call) and node.args:
             callee = node.func
             name = callee.id if isinstance(callee, ast.Name) else getattr(callee, "attr", "")

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.optional import OPTIONAL
+from tests.source_trees import parsed
 
 TESTS = Path(__file__).resolve().parent
 SUBSET = [
@@ -81,7 +82,7 @@ def unnamed_skips(source: str) -> list[int]:
     `importorskip` (whose reason names an extra, or nothing) instead of `needs`/`need`,
     which name the package and the extra that installs it."""
     lines = []
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(parsed(source)):
         if (
             isinstance(node, ast.Call)
             and ast.unparse(node.func).endswith("importorskip")
