@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from ckptfix.ops.report import FileSummary, Report
     from ckptfix.ops.rewrite import RewriteResult, convert, dedupe, reshard
     from ckptfix.ops.rewrite_options import ConvertOptions, DedupeOptions, ReshardOptions
-    from ckptfix.plan.source import InputRefusedError
+    from ckptfix.ops.source import InputRefusedError
 
 _EXPORTS = {
     "CkptfixError": "ckptfix.core.errors",
@@ -59,7 +59,7 @@ _EXPORTS = {
     "HashOptions": "ckptfix.ops.hash",
     "HashResult": "ckptfix.ops.hash",
     "InputNotFoundError": "ckptfix.core.errors",
-    "InputRefusedError": "ckptfix.plan.source",
+    "InputRefusedError": "ckptfix.ops.source",
     "Interrupted": "ckptfix.core.errors",
     "MappingError": "ckptfix.core.errors",
     "OpenFilesError": "ckptfix.core.errors",

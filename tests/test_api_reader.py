@@ -17,6 +17,7 @@ import ckptfix
 from tests import training_fixtures as fixtures
 from tests.builders import Factory, Spec, every_dtype_state, views_state_dict
 from tests.helpers import cli, torch_bytes
+from tests.optional import need
 from tests.remote_servers import http_server
 from tests.training_frameworks import ZERO_CONFIGS
 
@@ -162,7 +163,7 @@ def _ones(count: int) -> Any:
 
 
 def test_a_url_reads_as_the_local_folder(tmp_path: Path) -> None:
-    pytest.importorskip("aiohttp", reason="the remote extra is not installed")
+    need("aiohttp")
     import torch
 
     root = tmp_path / "served"

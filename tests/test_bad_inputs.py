@@ -23,6 +23,7 @@ from tests.helpers import cli, tree_snapshot
 from tests.hf_shard_builders import HF_SHARD_CASES
 from tests.hostile_answers import KINDS, applies, expected_rule
 from tests.megatron_cases import MEGATRON_CASES
+from tests.optional import need
 from tests.remote_servers import BACKENDS, served_model, serving
 from tests.zero_builders import ZERO_CASES
 
@@ -154,7 +155,7 @@ def test_every_command_refuses_a_hostile_server(
     endless or longer than asked; listings that never end or hold too much; redirects to
     other schemes, loops, chains) from each backend's server: one error line naming the
     URL and the rule, nothing written. (Memory and time: tests/test_remote_hostile.py.)"""
-    pytest.importorskip("aiohttp", reason="the remote extra is not installed")
+    need("aiohttp")
     monkeypatch.setenv("CKPTFIX_REMOTE_TIMEOUT", "15")  # the server shares this process
     monkeypatch.setenv("CKPTFIX_REMOTE_RETRIES", "0")
     model = served_model(tmp_path / "served")

@@ -32,39 +32,44 @@ SYNOPSES = "\n".join(page(name) for name in SYNOPSIS_PAGES)
 # --- (a) the findings table -----------------------------------------------------------------
 
 FINDINGS_HEADING = "## Findings"
-_ROW = re.compile(r"^\|\s*`(?P<code>[^`]+)`\s*\|\s*(?P<severity>[^|]+?)\s*\|")
+_ROW = re.compile(
+    r"^\|\s*`(?P<code>[^`]+)`\s*\|\s*(?P<severity>[^|]+?)\s*\|\s*(?P<summary>.*?)\s*\|\s*$"
+)
 
 
-def documented_findings(text: str) -> list[tuple[str, str]]:
-    """(code, severity) of each row of the findings table, in the page's order."""
+def documented_findings(text: str) -> list[tuple[str, str, str]]:
+    """(code, severity, meaning) of each row of the findings table, in the page's order."""
     return [
-        (match["code"], match["severity"])
+        (match["code"], match["severity"], match["summary"])
         for line in section(text, FINDINGS_HEADING).splitlines()
         if (match := _ROW.match(line))
     ]
 
 
 def findings_drift(text: str) -> list[str]:
-    """How the findings table differs from CODES: missing, unknown, doubled codes and
-    wrong severities."""
-    from ckptfix.core.findings import CODES
+    """How the findings table (docs/findings.md) differs from the records of the codes (core.codes):
+    missing, unknown, doubled codes, wrong severities and meanings."""
+    from ckptfix.core.codes import RECORDS
 
     rows = documented_findings(text)
-    documented = dict(rows)
+    documented = {code: (severity, summary) for code, severity, summary in rows}
     drift = [
         f"{code}: listed twice"
         for code in sorted(documented)
-        if [c for c, _ in rows].count(code) > 1
+        if [row[0] for row in rows].count(code) > 1
     ]
-    drift += [f"{code}: not in the docs" for code in CODES if code not in documented]
+    drift += [f"{code}: not in the docs" for code in RECORDS if code not in documented]
     drift += [
-        f"{code}: in the docs, not a finding code" for code in documented if code not in CODES
+        f"{code}: in the docs, not a finding code" for code in documented if code not in RECORDS
     ]
-    drift += [
-        f"{code}: the docs say {documented[code]}, the code says {severity.value}"
-        for code, severity in CODES.items()
-        if code in documented and documented[code] != severity.value
-    ]
+    for code, record in RECORDS.items():
+        if code not in documented:
+            continue
+        severity, summary = documented[code]
+        if severity != record.severity.value:
+            drift.append(f"{code}: the docs say {severity}, the code says {record.severity.value}")
+        if summary != record.summary:
+            drift.append(f"{code}: the docs say {summary!r}, its record {record.summary!r}")
     return drift
 
 
@@ -79,9 +84,14 @@ def test_the_findings_check_sees_drift() -> None:
     edited = edited.replace(
         "| `corrupt-file` |", "| `made-up` | error | never |\n| `corrupt-file` |"
     )
+    edited = edited.replace(
+        "| `empty-name` | warning | a tensor has an empty name |",
+        "| `empty-name` | warning | a tensor has no name |",
+    )
     assert findings_drift(edited) == [
         "non-finite: not in the docs",
         "made-up: in the docs, not a finding code",
+        "empty-name: the docs say 'a tensor has no name', its record 'a tensor has an empty name'",
         "dtype-mix: the docs say warning, the code says info",
     ]
 

@@ -22,6 +22,7 @@ from ckptfix.plan.select import OutTensor
 from ckptfix.write.gguf import GgufJob, needed_bytes
 from tests.gguf_files import PLAIN_TENSORS, Info, RawGguf, gstr, kv, write_gguf
 from tests.helpers import cli, one_error_line, read_weights, tree_snapshot
+from tests.optional import need
 
 _FIX = "re-download the file, or convert the model to GGUF again"
 
@@ -220,7 +221,7 @@ def test_metadata_floor_refuses_without_reading_a_value(tmp_path: Path) -> None:
 def test_nan_scales_decode_without_numpy_warnings() -> None:
     """A Q6_K block with an Inf scale decodes to NaN, as in ggml; numpy printed two
     RuntimeWarnings with their source lines among convert's output."""
-    pytest.importorskip("gguf")
+    need("gguf")
     from ckptfix.write.dequantize import dequantize_bytes
 
     block = bytearray(210)

@@ -18,6 +18,7 @@ import pytest
 from tests import hash_oracle
 from tests.builders import random_tensor
 from tests.helpers import Measured, measured
+from tests.optional import need
 from tests.remote_servers import http_server
 from tests.zero_builders import ZeroSpec, weights, zero_folder
 
@@ -152,7 +153,7 @@ def test_a_deepspeed_run_of_300_ranks(tmp_path: Path, spec: ZeroSpec) -> None:
 
 @pytest.fixture
 def served(shards: Path) -> Iterator[str]:
-    pytest.importorskip("aiohttp", reason="the remote extra is not installed")
+    need("aiohttp")
     with http_server(shards.parent) as server:
         yield f"{server.url}/{shards.name}/"
 

@@ -25,6 +25,7 @@ from tests.helpers import (
     torch_bytes,
 )
 from tests.megatron_writer import TOKENS
+from tests.optional import need
 
 if TYPE_CHECKING:
     import torch
@@ -195,7 +196,7 @@ def test_a_run_folder_reads_its_latest_iteration(megatron_saved: Path, tmp_path:
 
 
 def test_a_megatron_folder_over_http(megatron_saved: Path, tmp_path: Path) -> None:
-    pytest.importorskip("aiohttp", reason="the remote extra is not installed")
+    need("aiohttp")
     from tests.remote_servers import copy_tree, http_server
 
     folder = megatron_saved / "qwen3"

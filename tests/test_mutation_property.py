@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 
 from tests.answer_mutations import Mutation, mutations
 from tests.helpers import cli, read_tensors, torch_bytes
+from tests.optional import need
 from tests.remote_servers import BACKENDS, Served, served_model, serving
 
 EXAMPLES = max(int(os.environ.get("CKPTFIX_FUZZ_EXAMPLES", "300")) // 5, 40)
@@ -302,8 +303,7 @@ REMOTE_COMMANDS = ["inspect", "hash", "convert"]
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Served]]:
     """The same model served by each backend's test server, for the whole module; requests
     one at a time, so the answers of a run come in the same order every time."""
-    for package in ("aiohttp", "gcsfs", "botocore", "huggingface_hub"):
-        pytest.importorskip(package, reason="the remote extra is not installed")
+    need("aiohttp", "gcsfs", "botocore", "huggingface_hub")
     with pytest.MonkeyPatch.context() as env, contextlib.ExitStack() as stack:
         env.setenv("CKPTFIX_REMOTE_TIMEOUT", str(REMOTE_TIMEOUT))
         env.setenv("CKPTFIX_REMOTE_RETRIES", "1")

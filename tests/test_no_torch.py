@@ -57,7 +57,7 @@ def test_inspect_does_not_import_the_writers(factory: Factory) -> None:
         f"{str(path)!r}]\n"
         "try:\n    main()\nexcept SystemExit:\n"
         "    loaded = sorted(m for m in sys.modules if m.startswith(('ckptfix.write', "
-        "'ckptfix.plan', 'ckptfix.ops.rewrite')))\n"
+        "'ckptfix.plan', 'ckptfix.ops.rewrite', 'ckptfix.ops.source')))\n"
         "    print(loaded, file=sys.stderr)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)

@@ -6,6 +6,7 @@ hidden (tests/hidden/sitecustomize.py), read back from its JUnit report."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.optional import OPTIONAL
+from tests.source_trees import parsed
 
 TESTS = Path(__file__).resolve().parent
 SUBSET = [
@@ -73,3 +75,41 @@ def test_tests_needing_a_missing_package_skip_naming_it(tmp_path: Path) -> None:
         assert any(f"{OPTIONAL[name]}" in message for message in skipped), name
     # what needs none of them still runs
     assert sum(outcome == "passed" for outcome, _ in outcomes.values()) >= 10, outcomes
+
+
+def unnamed_skips(source: str) -> list[int]:
+    """Lines of a test module's source that skip for an optional package with pytest's own
+    `importorskip` (whose reason names an extra, or nothing) instead of `needs`/`need`,
+    which name the package and the extra that installs it."""
+    lines = []
+    for node in ast.walk(parsed(source)):
+        if (
+            isinstance(node, ast.Call)
+            and ast.unparse(node.func).endswith("importorskip")
+            and node.args
+            and not (
+                isinstance(node.args[0], ast.Constant)
+                and str(node.args[0].value).partition(".")[0]
+                not in {name.partition(".")[0] for name in OPTIONAL}
+            )
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_optional_packages_are_skipped_by_name() -> None:
+    found = {
+        path.name: lines
+        for path in sorted(TESTS.glob("*.py"))
+        if (lines := unnamed_skips(path.read_text()))
+    }
+    assert not found, found
+
+
+def test_the_skip_scan_can_fail() -> None:
+    source = (
+        'pytest.importorskip("aiohttp", reason="the remote extra is not installed")\n'
+        'importorskip("megatron.core")\nfor p in ("gcsfs",):\n    pytest.importorskip(p)\n'
+        'pytest.importorskip("mypy", reason="mypy (the dev extra) is not installed")\n'
+    )
+    assert unnamed_skips(source) == [1, 2, 4]

@@ -20,7 +20,7 @@ import pytest
 from ckptfix.core.errors import RemoteError, VerificationError
 from ckptfix.io.remote import Settings
 from ckptfix.write.stores.gcs_upload import layout
-from tests.optional import needs
+from tests.optional import need, needs
 from tests.remote_servers import HttpServer, file_crc32c
 from tests.store_servers import gcs_write_server, pattern, stored, upload_whole
 
@@ -306,7 +306,7 @@ _STREAMED = textwrap.dedent(
 @pytest.mark.slow
 def test_a_512_mb_object_streams_in_bounded_memory(gcs: HttpServer) -> None:
     """Peak RSS growth of the uploading process ≤ the 64 MiB budget + 32 MiB slack (measured: 67-68 MiB)."""
-    pytest.importorskip("psutil")
+    need("psutil")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     run = subprocess.run(
         [sys.executable, "-c", _STREAMED, f"gs://{BUCKET}/m"],

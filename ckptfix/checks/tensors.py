@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 
 from ckptfix.core.dtypes import DTYPES
@@ -113,6 +113,23 @@ def common_wrapper_prefixes(names: Sequence[str], *, training_checkpoint: bool) 
         found.append(prefix)
         current = [n[len(prefix) :] for n in current]
     return found
+
+
+def without_prefixes(
+    names: Iterable[str], prefixes: Sequence[str], clash: Callable[[str, str, str], Exception]
+) -> dict[str, str]:
+    """Name without `prefixes` (each removed where it starts what is left, in order:
+    `module.` then `_orig_mod.`) -> name; `clash(name, other, new)` is raised when two names
+    would become one (the rewrites' and diff's --strip-prefix)."""
+    owners: dict[str, str] = {}
+    for name in names:
+        new = name
+        for prefix in prefixes:
+            new = new.removeprefix(prefix)
+        if new in owners:
+            raise clash(name, owners[new], new)
+        owners[new] = name
+    return owners
 
 
 def wrapper_prefix_findings(

@@ -6,33 +6,46 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
-from enum import Enum
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 import ckptfix
 from ckptfix.cli.exits import Group, error_line
 from ckptfix.cli.help import PlainUsage
+from ckptfix.cli.options import (
+    AllowExpansionOption,
+    CloneOption,
+    DequantizeOption,
+    DryRunOption,
+    DtypeChoice,
+    DtypeOption,
+    FailOn,
+    ForceOption,
+    FormatOption,
+    JsonOption,
+    KeepOption,
+    KeyOption,
+    ManifestOption,
+    MaxShardOption,
+    NoVerifyOption,
+    OutOption,
+    OutputFormat,
+    ReplaceAnyOption,
+    ReportFormat,
+    SrcArgument,
+    ToHfOption,
+    ToOption,
+    ZeroWeights,
+    ZeroWeightsOption,
+    input_path,
+)
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD_TEXT, parse_size
 
 if TYPE_CHECKING:
     from ckptfix.ops.report import Report
     from ckptfix.ops.rewrite import RewriteResult
-
-
-def input_path(text: str) -> str:
-    """An input as commands take it: a URL as given, a local path as pathlib spells it."""
-    from ckptfix.io.urls import is_url
-
-    return text if is_url(text) else str(Path(text))
-
-
-# -o and --manifest are parsed as inputs are, not as Path: a Path would fold the // of a URL
-# into a relative path (`s3:/bucket/x`), which was then written; the operations refuse URLs.
-LOCAL_PATH: dict[str, Any] = {"parser": input_path, "metavar": "OUT"}
 
 
 app = typer.Typer(
@@ -44,29 +57,6 @@ app = typer.Typer(
     help="Find and fix what is wrong with model checkpoints.",
 )
 command = partial(app.command, cls=PlainUsage)
-
-
-class FailOn(str, Enum):
-    error = "error"
-    warning = "warning"
-    info = "info"
-    never = "never"
-
-
-class ZeroWeights(str, Enum):
-    master = "master"
-    module = "module"
-    universal = "universal"
-
-
-ZeroWeightsOption = Annotated[
-    ZeroWeights,
-    typer.Option(
-        "--zero-weights",
-        help="DeepSpeed: fp32 master weights from the optimizer partitions, the "
-        "training-dtype module copy (stages 0-2), or a universal checkpoint's fp32 weights.",
-    ),
-]
 
 
 def _version(value: bool) -> None:
@@ -83,59 +73,6 @@ def _root(
     ] = False,
 ) -> None:
     """Find and fix what is wrong with model checkpoints."""
-
-
-JsonOption = Annotated[
-    bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
-]
-MaxShardOption = Annotated[
-    str,
-    typer.Option(
-        "--max-shard",
-        metavar="SIZE",
-        help="Shard size limit: 5GB (10^9), 5GiB (2^30) or bytes.",
-    ),
-]
-
-
-ForceOption = Annotated[
-    bool,
-    typer.Option("--force", help="Replace a non-empty OUT that holds only checkpoint files."),
-]
-ReplaceAnyOption = Annotated[
-    bool,
-    typer.Option(
-        "--replace-any",
-        help="With --force: replace OUT even if it holds files that are not part of a checkpoint.",
-    ),
-]
-
-
-class ReportFormat(str, Enum):
-    text = "text"
-    json = "json"
-    github = "github"
-    gitlab = "gitlab"
-    sarif = "sarif"
-    junit = "junit"
-
-
-FormatOption = Annotated[
-    ReportFormat | None,
-    typer.Option(
-        "--format",
-        help="text (default), json, github (workflow commands), gitlab (Code Quality), "
-        "sarif or junit.",
-    ),
-]
-ManifestOption = Annotated[
-    str | None,
-    typer.Option(
-        "--manifest",
-        **{**LOCAL_PATH, "metavar": "M.json"},
-        help="Check every tensor against a manifest written by `ckptfix hash --manifest`.",
-    ),
-]
 
 
 @command()
@@ -240,13 +177,9 @@ def reshard(
             metavar="SRC", help="safetensors or GGUF file, model folder or split set, or a URL."
         ),
     ],
-    out: Annotated[
-        str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
-    ] = None,
+    out: OutOption = None,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
-    ] = False,
+    dry_run: DryRunOption = False,
     json_output: JsonOption = False,
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
@@ -270,74 +203,13 @@ def reshard(
     _show(result, json_output)
 
 
-class OutputFormat(str, Enum):
-    safetensors = "safetensors"
-    torch = "torch"
-
-
-class DtypeChoice(str, Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp32 = "fp32"
-    keep = "keep"
-
-
-class DecodeChoice(str, Enum):
-    bf16 = "bf16"
-    fp16 = "fp16"
-    fp32 = "fp32"
-
-
-SrcArgument = Annotated[  # str, not Path: a Path would fold the // of a URL
-    str, typer.Argument(metavar="SRC", help="Checkpoint file or model folder, or a URL.")
-]
-DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
-OutOption = Annotated[
-    str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
-]
-KeepOption = Annotated[
-    str,
-    typer.Option("--keep", help="Name kept for aliases: first, last, or a regex to prefer."),
-]
-CloneOption = Annotated[
-    bool, typer.Option("--clone", help="Write every alias as its own copy instead.")
-]
-NoVerifyOption = Annotated[bool, typer.Option("--no-verify", help="Skip reading the output back.")]
-AllowExpansionOption = Annotated[
-    bool,
-    typer.Option(
-        "--allow-expansion",
-        help="Write expanded (stride-0) tensors over 1,024x what they store and 1 GB in full.",
-    ),
-]
-DequantizeOption = Annotated[
-    DecodeChoice | None,
-    typer.Option("--dequantize", help="GGUF: decode block-quantized tensors to this dtype."),
-]
-ToOption = Annotated[OutputFormat, typer.Option("--to", help="Output format.")]
-DtypeOption = Annotated[
-    DtypeChoice, typer.Option("--dtype", help="Cast floating tensors (others keep theirs).")
-]
-ToHfOption = Annotated[
-    str | None,
-    typer.Option(
-        "--to-hf",
-        metavar="CONFIG",
-        help="Megatron: map to the Hugging Face model of this config.json (or folder), or "
-        "a model type its training arguments determine.",
-    ),
-]
-
-
 @command()
 def convert(
     src: SrcArgument,
     out: OutOption = None,
     to: ToOption = OutputFormat.safetensors,
     dtype: DtypeOption = DtypeChoice.keep,
-    key: Annotated[
-        str, typer.Option("--key", help="Where the tensors sit in a training checkpoint, or auto.")
-    ] = "auto",
+    key: KeyOption = "auto",
     strip_prefix: Annotated[
         str | None,
         typer.Option("--strip-prefix", metavar="PREFIX|auto", help="Remove a wrapper prefix."),

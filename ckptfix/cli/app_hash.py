@@ -9,23 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ckptfix.cli.app import (
-    LOCAL_PATH,
-    JsonOption,
-    ToHfOption,
-    _progress,
-    _write_json,
-    command,
-    input_path,
-)
-
-NoAliasRecordOption = Annotated[
-    bool,
-    typer.Option(
-        "--no-alias-record",
-        help="Leave out the names the ckptfix.dropped record maps to a kept tensor.",
-    ),
-]
+from ckptfix.cli.app import _progress, _write_json, command
+from ckptfix.cli.options import LOCAL_PATH, JsonOption, NoAliasRecordOption, ToHfOption, input_path
 
 
 @command("hash")

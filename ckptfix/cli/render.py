@@ -84,6 +84,7 @@ def _params(count: int) -> str:
 
 
 def report(result: Report, *, show_tensors: bool, fail_on: str) -> None:
+    result = result.with_fixes()  # each finding's fix, made where it is shown
     console = _console()
     console.print(_summary(result))
     if show_tensors and result.tensors:
@@ -255,6 +256,7 @@ def _heading(console: Console, title: str) -> None:
 
 def reports(results: list[Report], *, show_tensors: bool, fail_on: str) -> None:
     """Several reports in turn, each under a heading, then the combined verdict."""
+    results = [result.with_fixes() for result in results]
     console = _console()
     for number, result in enumerate(results, start=1):
         if number > 1:

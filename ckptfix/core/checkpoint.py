@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckptfix.core.errors import CkptfixError
 from ckptfix.core.tensor import TensorInfo, concatenated
 from ckptfix.core.training import TrainingLayout
-from ckptfix.formats.base import FileRead
-from ckptfix.formats.index import ShardIndex
-from ckptfix.io.source import ByteSource
+
+if TYPE_CHECKING:  # what the layers above fill it with: core imports none of them
+    from ckptfix.formats.base import FileRead
+    from ckptfix.formats.index import ShardIndex
+    from ckptfix.io.source import ByteSource
 
 
 @dataclass(frozen=True)

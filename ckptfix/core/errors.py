@@ -25,6 +25,16 @@ def _of_kind(cls: type[_E], kind: type[Any], *args: Any) -> _E:
     return error
 
 
+class Rejected(Exception):
+    """A parser's refusal of what it reads (a pickle's walk, strict JSON): the rule broken
+    and what; the reader that called it raises the CkptfixError that names the file."""
+
+    def __init__(self, rule: str, what: str) -> None:
+        super().__init__(what)
+        self.rule = rule
+        self.what = what
+
+
 class CkptfixError(Exception):
     """Base of every error ckptfix raises on purpose."""
 

@@ -1,77 +1,16 @@
-"""Findings: what inspect reports, with one fixed severity per code (docs/findings.md)."""
+"""Findings: what inspect reports, with one fixed severity per code (core.codes;
+docs/findings.md)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from enum import Enum
 
+from ckptfix.core.codes import RECORDS
+from ckptfix.core.codes import Severity as Severity  # where every module imports it from
 
-class Severity(str, Enum):
-    ERROR = "error"
-    WARNING = "warning"
-    INFO = "info"
-
-    @property
-    def rank(self) -> int:
-        return {"error": 3, "warning": 2, "info": 1}[self.value]
-
-
-CODES: dict[str, Severity] = {
-    "corrupt-file": Severity.ERROR,
-    "lfs-pointer": Severity.ERROR,
-    "unsafe-pickle": Severity.ERROR,
-    "index-missing-file": Severity.ERROR,
-    "index-missing-tensor": Severity.ERROR,
-    "duplicate-name": Severity.ERROR,
-    "index-unlisted-tensor": Severity.WARNING,
-    "index-total-size": Severity.WARNING,
-    "orphan-file": Severity.WARNING,
-    "mixed-formats": Severity.WARNING,
-    "shared-storage": Severity.WARNING,
-    "non-contiguous": Severity.WARNING,
-    "wasted-storage": Severity.WARNING,
-    "oversized-tensor": Severity.WARNING,
-    "huge-numel": Severity.WARNING,
-    "missing-format-metadata": Severity.WARNING,
-    "duplicate-content": Severity.WARNING,
-    "non-finite": Severity.WARNING,
-    "tied-config-mismatch": Severity.WARNING,
-    # A folder: separate loose checkpoints side by side (never merged), and a single file
-    # that its loader reads instead of the shards its index names.
-    "several-checkpoints": Severity.WARNING,
-    "shadowed-shards": Severity.WARNING,
-    # Beyond the first table of codes: shard file names whose N-of-M numbering is inconsistent or
-    # that have no index, a folder with no weight file at all, and tensors with an empty name (SECURITY.md: warn on them).
-    "no-weights": Severity.ERROR,
-    "shard-numbering": Severity.WARNING,
-    "empty-name": Severity.WARNING,
-    "unsupported-format": Severity.ERROR,  # e.g. TorchScript: refused, not guessed at
-    # `inspect --manifest`: the checkpoint is not the one a manifest describes (ops.manifest).
-    "manifest-mismatch": Severity.ERROR,
-    "manifest-missing-tensor": Severity.ERROR,
-    "manifest-extra-tensor": Severity.ERROR,
-    "manifest-unverified": Severity.ERROR,
-    "nested-checkpoint": Severity.INFO,
-    "wrapper-prefix": Severity.INFO,
-    "dtype-mix": Severity.INFO,
-    # Training checkpoints (torch.distributed.checkpoint, DeepSpeed ZeRO).
-    "missing-rank-file": Severity.ERROR,
-    "truncated-rank-file": Severity.ERROR,
-    "chunk-gap": Severity.ERROR,
-    "chunk-overlap": Severity.ERROR,
-    "chunk-out-of-range": Severity.ERROR,
-    "tag-missing": Severity.ERROR,
-    # One rank's file of a per-rank save read alone: pieces of larger tensors, not a model.
-    "tensor-piece": Severity.ERROR,
-    "training-state": Severity.INFO,
-    # DeepSpeed: the fp32 weights held twice (partitions and a universal checkpoint); one read.
-    "other-weights": Severity.INFO,
-    # GGUF: a llama.cpp split set whose parts do not make one model; tensor data that is
-    # all zeros where a download should have written it.
-    "split-set": Severity.ERROR,
-    "zero-filled": Severity.WARNING,
-}
+# One severity per code, from its record (core.codes).
+CODES: dict[str, Severity] = {code: record.severity for code, record in RECORDS.items()}
 
 
 @dataclass(frozen=True)
@@ -84,7 +23,7 @@ class Finding:
     file: str | None = None
     tensors: tuple[str, ...] = field(default=())
     # How to repair it: the command that does, or why none can (core.fixes; set for the
-    # checkpoint at hand by plan.repair_verdicts when a report is made).
+    # checkpoint at hand by plan.repair_verdicts when a report is shown: Report.with_fixes).
     fix: str | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, object]:

@@ -24,6 +24,11 @@ _SIZE_RE = re.compile(r"(?P<number>[0-9]+(?:\.[0-9]+)?)(?P<unit>[A-Za-z]*)")
 ACCEPTED = "a byte count, or a number with KB MB GB TB (powers of 1000) or KiB MiB GiB TiB"
 
 
+def padded(size: int, alignment: int) -> int:
+    """`size` rounded up to a multiple of `alignment`."""
+    return -(-size // alignment) * alignment
+
+
 def parse_size(text: str, option: str = "--max-shard") -> int:
     """Parse a size the Hugging Face way: `5GB` = 5*10**9, `5GiB` = 5*2**30, `123` bytes.
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ckptfix.core.errors import CorruptFileError
-from ckptfix.core.findings import Finding
+from ckptfix.core.findings import Finding, finding
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.source import ByteSource
 
@@ -81,6 +81,17 @@ class Registry:
 
 
 FORMATS = Registry()
+
+
+def empty_names(count: int, label: str) -> list[Finding]:
+    """The finding about `count` tensors of a file stored under the empty name (none for 0)."""
+    if not count:
+        return []
+    message = (
+        f"{count} tensor(s) have an empty name, which loaders cannot address "
+        "(rename them at export)"
+    )
+    return [finding("empty-name", message, file=label, tensors=[""])]
 
 
 def head_of(source: ByteSource) -> bytes:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ckptfix.core.dtypes import DTYPES, byte_size
 from ckptfix.core.errors import CorruptFileError
+from ckptfix.core.sizes import padded
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import FileRead
 from ckptfix.formats.gguf_header import (
@@ -82,10 +83,6 @@ class GgufFile(FileRead):
     def architecture(self) -> str | None:
         found = self.key("general.architecture")
         return found.value if found is not None and isinstance(found.value, str) else None
-
-
-def padded(size: int, alignment: int) -> int:
-    return -(-size // alignment) * alignment
 
 
 def _integer(key: GgufKey, label: str) -> int:

@@ -15,6 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ckptfix.core.errors import Rejected
+
 # Bounds a real checkpoint never reaches: a 1,000,000-tensor state dict pickles to about
 # 116 MB in 30 million opcodes, of which about 4 million build containers. At these bounds
 # the walk takes seconds and the unpickler's memory stays within about 1 GiB.
@@ -28,13 +30,8 @@ MAX_LINE = 2**16
 MEMO_SLACK = 1024
 
 
-class PickleRejected(Exception):
+class PickleRejected(Rejected):
     """The walk found a shape the unpickler must not see; `rule` names it."""
-
-    def __init__(self, rule: str, what: str) -> None:
-        super().__init__(what)
-        self.rule = rule
-        self.what = what
 
 
 class PickleTruncated(PickleRejected):

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.sizes import format_size
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.base import FileRead, ReadOptions
+from ckptfix.formats.base import FileRead, ReadOptions, empty_names
 from ckptfix.formats.tensor_dict import PickleCheckpoint, check_views, find_tensor_dict
 from ckptfix.io.source import ByteSource
 
@@ -71,18 +71,7 @@ def pickle_checks(file: FileRead) -> list[Finding]:
 
 
 def _empty_names(file: PickleFile) -> list[Finding]:
-    empty = sum(1 for tensor in file.tensors if tensor.name == "")
-    if not empty:
-        return []
-    return [
-        finding(
-            "empty-name",
-            f"{empty} tensor(s) have an empty name, which loaders cannot address "
-            "(rename them at export)",
-            file=file.label,
-            tensors=[""],
-        )
-    ]
+    return empty_names(sum(1 for tensor in file.tensors if tensor.name == ""), file.label)
 
 
 def _overlap(first: tuple[int, int], second: tuple[int, int]) -> bool:

@@ -20,7 +20,7 @@ from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
+from ckptfix.formats.base import FORMATS, FileRead, ReadOptions, empty_names
 from ckptfix.formats.safetensors_columns import read_columns
 from ckptfix.formats.safetensors_encode import (
     METADATA_KEY,
@@ -446,17 +446,9 @@ class SafetensorsFormat:
                     file=file.label,
                 )
             )
-        empty = file.empty_names if isinstance(file, SafetensorsFile) else 0
-        if empty:
-            found.append(
-                finding(
-                    "empty-name",
-                    f"{empty} tensor(s) have an empty name, which loaders cannot address "
-                    "(rename them at export)",
-                    file=file.label,
-                    tensors=[""],
-                )
-            )
+        found += empty_names(
+            file.empty_names if isinstance(file, SafetensorsFile) else 0, file.label
+        )
         return found
 
 

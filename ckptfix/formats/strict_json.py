@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from ckptfix.core.errors import CorruptFileError
+from ckptfix.core.errors import CorruptFileError, Rejected
 
 _REEXPORT = "re-download or re-export the file"
 
@@ -26,11 +26,8 @@ class _Negative:
         return self.text
 
 
-class _JsonRejected(Exception):
-    def __init__(self, rule: str, what: str) -> None:
-        super().__init__(what)
-        self.rule = rule
-        self.what = what
+class _JsonRejected(Rejected):
+    """The document breaks a rule of strict JSON; `rule` names it."""
 
 
 def _unicode(text: str) -> None:

@@ -28,6 +28,8 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from ckptfix.core.sizes import padded
+
 ARCHIVE = "archive"
 ALIGNMENT = 64
 FORMAT_VERSION = b"1"
@@ -71,7 +73,7 @@ class ZipEntry:
         """The record `name` of `size` bytes whose local header starts at `header_offset`."""
         unpadded = header_offset + _LOCAL.size + len(name.encode()) + 4  # + "FB", length
         unpadded += len(_zip64_local(size, header_offset))
-        return cls(name, size, header_offset, -(-unpadded // ALIGNMENT) * ALIGNMENT)
+        return cls(name, size, header_offset, padded(unpadded, ALIGNMENT))
 
     @property
     def zip64(self) -> bool:

@@ -24,6 +24,11 @@ _FIX = "regenerate the index, or fix the entry by hand"  # as formats.index has 
 _FIXES = {"config": "check that config.json is the model's own; save it again with the model"}
 
 
+def inside(child: str, parent: str) -> bool:
+    """Whether the path `child` is `parent` or below it (both spelt alike: absolute, real)."""
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
 class Folder(Protocol):
     """The file system a checkpoint folder lives on, addressed by path (or URL)."""
 

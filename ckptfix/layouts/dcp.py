@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from ckptfix.core.checkpoint import Checkpoint, FileRecord
-from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.dtypes import DTYPES, numel_of
 from ckptfix.core.errors import (
     CkptfixError,
     CorruptFileError,
@@ -237,7 +237,7 @@ class _Loader:
             self._chunk_problem("chunk-overlap", entry, what, sorted({a.source, b.source}))
             return False
         covered = sum(chunk_nbytes(entry, chunk) for chunk in entry.chunks)
-        total = _numel(entry.size) * DTYPES[entry.dtype].bits // 8
+        total = numel_of(entry.size) * DTYPES[entry.dtype].bits // 8
         if covered != total:
             files = sorted({box.source for box in boxes}) or None
             what = f"the chunks of {entry.fqn!r} cover {covered:,} of its {total:,} bytes"
@@ -261,15 +261,8 @@ class _Loader:
         return _tensor_info(name, entry, pieces, os.path.join(self.root, METADATA))
 
 
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
-
-
 def _tensor_info(name: str, entry: TensorEntry, pieces: list[Piece], empty: str) -> TensorInfo:
-    nbytes = _numel(entry.size) * DTYPES[entry.dtype].bits // 8
+    nbytes = numel_of(entry.size) * DTYPES[entry.dtype].bits // 8
     first = pieces[0] if pieces else Piece(empty, 0, 0)
     single = len(pieces) == 1 and first.count == 1 and first.at == 0
     return TensorInfo(

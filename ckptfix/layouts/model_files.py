@@ -54,7 +54,7 @@ _AUTO_MAP_FILES = (
 )
 MAX_AUTO_MAP_FILE = 16 * 1024 * 1024
 
-TRAINING = "training state"  # left-out reasons (plan.source)
+TRAINING = "training state"  # left-out reasons (ops.source)
 NOT_MODEL = "not read by a loader of the model"
 
 

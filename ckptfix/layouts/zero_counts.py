@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
+from ckptfix.core.sizes import padded
 from ckptfix.formats.zero import OptimStates, Shape
 from ckptfix.layouts.zero_weights import numel
 
@@ -116,7 +117,7 @@ def _stage12_sizes(
     for index, (view, group) in enumerate(zip(states.groups, shapes, strict=True)):
         total = sum(numel(shape) for shape in group.values()) + _padding(states, index)
         whole = world * view.numel
-        if whole > _aligned(total, 2 * world) or (rank < world - 1 and whole < total):
+        if whole > padded(total, 2 * world) or (rank < world - 1 and whole < total):
             return Contradiction(
                 states.label,
                 f"partition_count says {world} ranks, each holding about 1/{world} of "
@@ -128,10 +129,6 @@ def _stage12_sizes(
 def _padding(states: OptimStates, index: int) -> int:
     paddings = states.alignment_paddings
     return sum(paddings[index]) if paddings is not None and index < len(paddings) else 0
-
-
-def _aligned(value: int, align: int) -> int:
-    return -(-value // align) * align
 
 
 def missing_ranks(

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ckptfix.core.sizes import padded
 from ckptfix.core.tensor import Piece
 
 Shape = tuple[int, ...]
@@ -56,11 +57,6 @@ def slice_pieces(segments: Sequence[Segment], start: int, count: int, at: int) -
     return pieces
 
 
-def _aligned(value: int, world: int) -> int:
-    align = 2 * world
-    return -(-value // align) * align
-
-
 def stage12(
     groups: Sequence[Sequence[Segment]],
     shapes: Sequence[dict[str, Shape]],
@@ -82,7 +78,7 @@ def stage12(
             weights[name] = slice_pieces(segments, offset, numel(shape), 0)
             offset += numel(shape) + pad
         available = sum(segment.numel for segment in segments)
-        if _aligned(offset, world) != _aligned(available, world):
+        if padded(offset, 2 * world) != padded(available, 2 * world):
             raise ReconstructionError(
                 f"group {index}: the parameters take {offset} elements, the partitions hold {available}"
             )

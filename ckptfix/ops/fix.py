@@ -31,9 +31,9 @@ from ckptfix.io.urls import is_url
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
+from ckptfix.ops.source import STAGING_FOLDER, other_entries
 from ckptfix.plan.repair import ASIDE, RepairPlan
 from ckptfix.plan.repair_plan import plan_repair
-from ckptfix.plan.source import STAGING_FOLDER, other_entries
 from ckptfix.write.output import check_free_space, wrap_os_error
 from ckptfix.write.repair import (
     RepairJob,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import replace
+from functools import partial
 
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
@@ -39,7 +41,9 @@ def inspect(
     with load(path, read) as checkpoint:
         with paused_gc():  # the checks and the report: passes over every tensor
             found = checks.run(checkpoint, options)
-            report = report_of(checkpoint, found, max_shard=limit)
+            # The report inspect shows: each finding with its fix (a manifest's findings
+            # come after, with their code's).
+            report = report_of(checkpoint, found, max_shard=limit).with_fixes()
         if manifest is not None:
             from ckptfix.ops.manifest import read_manifest, verified_report
 
@@ -63,7 +67,7 @@ def _pipeline_report(
     for part in parts:
         with load(os.path.join(root, part), read) as checkpoint:
             found = checks.run(checkpoint, options)
-            reports.append(report_of(checkpoint, found, max_shard=options.max_shard))
+            reports.append(report_of(checkpoint, found, max_shard=options.max_shard).with_fixes())
     findings = sorted(
         (item for report in reports for item in report.findings),
         key=lambda item: -item.severity.rank,
@@ -84,11 +88,11 @@ def _pipeline_report(
     )
 
 
-def _annotated(checkpoint: Checkpoint, findings: list[Finding], max_shard: int) -> Annotated:
+def _annotated(checkpoint: Checkpoint, max_shard: int, findings: Sequence[Finding]) -> Annotated:
     """The findings with their `fix`; the repair planner is imported only when there are
     findings to plan for (a clean inspect loads no planner)."""
     if not findings:
-        return Annotated([])
+        return Annotated(list(findings))
     from ckptfix.plan.repair_verdicts import annotate
 
     return annotate(checkpoint, findings, max_shard)
@@ -98,8 +102,8 @@ def report_of(
     checkpoint: Checkpoint, findings: list[Finding], *, max_shard: int = DEFAULT_MAX_SHARD
 ) -> Report:
     """The report of a checkpoint: its files, the tensors its loader loads, and the findings,
-    each with its `fix` (what `ckptfix fix` would do about it, or what else repairs it)."""
-    annotated = _annotated(checkpoint, findings, max_shard)
+    each given its `fix` (what `ckptfix fix` would do about it, or what else repairs it) when
+    the report is shown (`Report.with_fixes`), not here: a rewrite or a hash shows none."""
     files = [
         FileSummary(record.label, record.format, record.size, len(record.tensors), record.metadata)
         for record in checkpoint.files
@@ -118,9 +122,8 @@ def report_of(
         format=checkpoint.kind,
         files=tuple(files),
         tensors=checkpoint.model_tensors,
-        findings=tuple(annotated.findings),
-        repairable=annotated.repairable,
-        fix_refused=annotated.refused,
+        findings=tuple(findings),
+        annotator=partial(_annotated, checkpoint, max_shard),
         layout=checkpoint.training.to_dict() if checkpoint.training is not None else None,
         checkpoint=checkpoint.choice.to_dict() if checkpoint.choice is not None else None,
     )

@@ -17,6 +17,7 @@ from ckptfix.core.errors import CkptfixError, CorruptFileError, UsageError, Writ
 from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.signals import current as current_signals
+from ckptfix.io.folder import inside
 from ckptfix.io.urls import is_url, refuse_url
 from ckptfix.ops.digest import (
     ALGORITHM,
@@ -86,7 +87,7 @@ def check_manifest_out(out: str | os.PathLike[str], source: str) -> bool:
     if not os.path.isfile(target):
         raise UsageError(shown, "is not a regular file", "name a file for the manifest")
     if not is_url(source) and any(
-        _within(path(shown), path(source)) for path in (os.path.abspath, os.path.realpath)
+        inside(path(shown), path(source)) for path in (os.path.abspath, os.path.realpath)
     ):  # abspath too: a cache snapshot's file is a link into its blobs
         raise UsageError(
             shown,
@@ -94,10 +95,6 @@ def check_manifest_out(out: str | os.PathLike[str], source: str) -> bool:
             "write the manifest to a new file, or outside the checkpoint",
         )
     return True
-
-
-def _within(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
 def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str], source: str) -> bool:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from ckptfix.core.findings import Finding, Severity, error_line
+from ckptfix.core.fixes import Annotated
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo, bytes_by_dtype, parameter_count
 
@@ -56,6 +57,31 @@ class Report:
     # where each finding's `fix` says it).
     repairable: int = 0
     fix_refused: tuple[str, ...] = ()
+    # What gives the findings their `fix`, `repairable` and `fix_refused` (the repair plan
+    # `ckptfix fix` would make: ops.inspect.report_of), called only where the report is
+    # shown (`with_fixes`): a rewrite or a hash that shows none never plans a repair.
+    annotator: Callable[[Sequence[Finding]], Annotated] | None = field(
+        default=None, compare=False, repr=False
+    )
+
+    def with_fixes(self) -> Report:
+        """The report with each finding's `fix` and the counts of what `ckptfix fix` would
+        repair, computed once."""
+        if self.annotator is None:
+            return self
+        return self._with_fixes
+
+    @cached_property
+    def _with_fixes(self) -> Report:
+        assert self.annotator is not None
+        annotated = self.annotator(self.findings)
+        return replace(
+            self,
+            findings=tuple(annotated.findings),
+            repairable=annotated.repairable,
+            fix_refused=annotated.refused,
+            annotator=None,
+        )
 
     @property
     def tensor_count(self) -> int:
@@ -101,7 +127,7 @@ class Report:
 
     def to_dict(self) -> dict[str, object]:
         with paused_gc():  # one dict per tensor: 1,000,000 of them for the largest headers
-            return self._document(_tensor_dicts(self.tensors))
+            return self.with_fixes()._document(_tensor_dicts(self.tensors))
 
     def json_chunks(self, batch: int = 10_000) -> Iterator[bytes]:
         """`json_bytes(self.to_dict())`, byte for byte, in pieces: the tensor list is
@@ -112,7 +138,7 @@ class Report:
             yield json_bytes(self.to_dict())
             return
         marker = "\x00ckptfix-tensors\x00"
-        whole = json_bytes(self._document([marker]))
+        whole = json_bytes(self.with_fixes()._document([marker]))
         head, tail = whole.split(b"    " + json_bytes(marker), 1)
         yield head
         for start in range(0, len(self.tensors), batch):

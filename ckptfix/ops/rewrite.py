@@ -28,6 +28,7 @@ from ckptfix.ops.rewrite_options import (
     RewriteOptions,
     WriteOptions,
 )
+from ckptfix.ops.source import STAGING_FOLDER, RewriteSource, open_checkpoint, recorded
 from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.plan.config_dtype import TARGET_NAMES, ConfigEdit, retype
 from ckptfix.plan.coverage import missing_name
@@ -41,7 +42,6 @@ from ckptfix.plan.shards import (
     plan_shards,
     with_shared,
 )
-from ckptfix.plan.source import STAGING_FOLDER, RewriteSource, open_checkpoint, recorded
 from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
 from ckptfix.write.extras import carried_as_file, copy_extra, write_generated
@@ -379,7 +379,7 @@ def convert(
             recorded=opened.aliases,
             dequantize=CAST_TARGETS.get(options.dequantize or ""),
         )
-        selection = select(opened.declared, choice, opened.checkpoint.source)
+        selection = select(opened.declared, choice, opened.equal_groups)
         write = WriteOptions(
             options.shard_bytes,
             options.to,
@@ -426,7 +426,7 @@ def dedupe(
             ties=_config_ties(opened.checkpoint, opened.tensors),
             recorded=opened.aliases,
         )
-        selection = select(opened.declared, choice, opened.checkpoint.source)
+        selection = select(opened.declared, choice, opened.equal_groups)
         write = WriteOptions(
             options.shard_bytes,
             dry_run=options.dry_run,

@@ -24,10 +24,10 @@ from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.rewrite import RewriteResult, carry_over, nearest_folder, stage_and_commit
 from ckptfix.ops.rewrite_options import WriteOptions
+from ckptfix.ops.source import RewriteSource
 from ckptfix.plan.gguf_parts import MAX_PARTS, PartEntry, PartKeys, plan_parts
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
-from ckptfix.plan.source import RewriteSource
 from ckptfix.write.gguf import GgufJob, PartWriter, needed_bytes
 from ckptfix.write.output import check_free_space, wrap_os_error
 from ckptfix.write.safetensors import write_shards

@@ -2,7 +2,7 @@
 compare.
 
 That is the checkpoint a loader would load (the family a rewrite would choose, see
-plan.source), plus every name its `ckptfix.dropped` record says was written once as another
+ops.source), plus every name its `ckptfix.dropped` record says was written once as another
 (`dropped -> kept`: the dropped name stands for the kept tensor's bytes). Names can be
 compared through wrapper prefixes (`module.`, `_orig_mod.`, ...).
 """
@@ -17,7 +17,7 @@ from operator import attrgetter
 from typing import Any
 
 from ckptfix import checks
-from ckptfix.checks.tensors import common_wrapper_prefixes
+from ckptfix.checks.tensors import common_wrapper_prefixes, without_prefixes
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UsageError
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
@@ -28,7 +28,7 @@ from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
-from ckptfix.plan.source import choose_source, recorded
+from ckptfix.ops.source import choose_source, recorded
 
 _RECORD_FIX = "pass --no-alias-record to ignore it"
 
@@ -44,7 +44,7 @@ class TensorSet:
     checkpoint: Checkpoint | None = field(default=None, repr=False, compare=False)
     # The tensors a training layout casts on the way out, as written (ops.cast_source).
     cast_sources: dict[str, ByteSource] = field(default_factory=dict, repr=False, compare=False)
-    # The chosen files' string header metadata, and their index's metadata (plan.source).
+    # The chosen files' string header metadata, and their index's metadata (ops.source).
     metadata: dict[str, str] = field(default_factory=dict, compare=False)
     index_metadata: dict[str, Any] = field(default_factory=dict, compare=False)
     # Which copy of a DeepSpeed folder's weights was read, when it holds two (core.training).
@@ -131,17 +131,9 @@ def stripped_names(
         prefixes = common_wrapper_prefixes(names, training_checkpoint=training_checkpoint)
     else:
         prefixes = [strip] if strip else []
-    compared: dict[str, str] = {}
-    for name in names:
-        new = name
-        for prefix in prefixes:
-            if new.startswith(prefix):
-                new = new[len(prefix) :]
-        if new in compared:
-            raise UsageError(
-                "--strip-prefix",
-                f"{name!r} and {compared[new]!r} of {side} would both become {new!r}",
-                "strip a shorter prefix",
-            )
-        compared[new] = name
-    return compared, prefixes
+
+    def clash(name: str, other: str, new: str) -> UsageError:
+        what = f"{name!r} and {other!r} of {side} would both become {new!r}"
+        return UsageError("--strip-prefix", what, "strip a shorter prefix")
+
+    return without_prefixes(names, prefixes, clash), prefixes

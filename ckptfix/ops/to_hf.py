@@ -12,9 +12,9 @@ from ckptfix.core.errors import UsageError
 from ckptfix.layouts.megatron import MegatronLayout
 from ckptfix.mappings.apply import Mapped, map_tensors
 from ckptfix.mappings.hf_config import Target, read_target
+from ckptfix.ops.source import RewriteSource
 from ckptfix.ops.tensorset import TensorSet
 from ckptfix.plan.config_dtype import TARGET_NAMES, retype
-from ckptfix.plan.source import RewriteSource
 
 CONFIG = "config.json"
 

@@ -5,7 +5,7 @@ in the header's `__metadata__` (a JSON string) or, for a sharded output, in the 
 metadata (an object). Each dropped name stands for the kept tensor's bytes: the checkpoint
 declares it as surely as a stored name. Hashes and diffs count it (ops.tensorset), and a
 rewrite of such a checkpoint keeps it: as an alias again, a name on the kept tensor's
-storage in a `.bin`, or its own copy with --clone (plan.source, plan.select).
+storage in a `.bin`, or its own copy with --clone (ops.source, plan.select).
 """
 
 from __future__ import annotations

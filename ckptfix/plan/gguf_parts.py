@@ -15,15 +15,12 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from ckptfix.core.sizes import padded
 from ckptfix.plan.align import Run, residue, shareable
 from ckptfix.plan.shards import OutputName, PlannedShard, ShardPlan
 
 PREFIX = 24  # magic, version, tensor count, key/value count
 MAX_PARTS = 65_535  # split.count and split.no are UINT16 (llama.cpp reads them so)
-
-
-def padded(size: int, alignment: int) -> int:
-    return -(-size // alignment) * alignment
 
 
 @dataclass(frozen=True)

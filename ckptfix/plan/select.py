@@ -10,14 +10,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from ckptfix.checks.tensors import common_wrapper_prefixes
-from ckptfix.checks.values import content_groups
+from ckptfix.checks.tensors import common_wrapper_prefixes, without_prefixes
 from ckptfix.core.dtypes import DTYPES, byte_size
 from ckptfix.core.errors import UsageError
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.io.gather import fragmented
-from ckptfix.io.source import ByteSource
 
 _GLOB_MAGIC = re.compile(r"[*?[]")
 
@@ -151,20 +149,25 @@ class SelectOptions:
     dequantize: str | None = None  # decode block-quantized (GGUF) tensors to this dtype
 
 
+# The groups of tensors that hold equal bytes (checks.values.content_groups over the
+# checkpoint's sources): the caller reads them, so that a plan is made of data alone.
+EqualGroups = Callable[[Sequence[TensorInfo]], list[list[TensorInfo]]]
+
+
 def select(
     tensors: Sequence[TensorInfo],
     options: SelectOptions,
-    sources: Callable[[str], ByteSource] | None = None,
+    equal_groups: EqualGroups | None = None,
 ) -> Selection:
-    """Decide names and dtypes; `sources` gives the bytes `by_content` compares."""
+    """Decide names and dtypes; `equal_groups` finds the equal tensors `by_content` merges."""
     with paused_gc():  # an object per tensor, none in a cycle
-        return _select(tensors, options, sources)
+        return _select(tensors, options, equal_groups)
 
 
 def _select(
     tensors: Sequence[TensorInfo],
     options: SelectOptions,
-    sources: Callable[[str], ByteSource] | None,
+    equal_groups: EqualGroups | None,
 ) -> Selection:
     check_keep(options.keep)
     kept_equal: tuple[tuple[str, ...], ...] = ()
@@ -181,10 +184,10 @@ def _select(
     if not options.clone:
         dropped.update(_aliases(kept, options.keep, renamed, options.recorded))
     if options.by_content:
-        if sources is None:
-            raise ValueError("by_content needs the sources to read tensor bytes from")
+        if equal_groups is None:
+            raise ValueError("by_content needs equal_groups to find equal tensors")
         remaining = [t for t in kept if renamed.get(t.name, t.name) not in dropped]
-        groups = _equal_groups(remaining, renamed, sources)
+        groups = [[renamed.get(t.name, t.name) for t in g] for g in equal_groups(remaining)]
         ties = {renamed.get(h, h): renamed.get(e, e) for h, e in options.ties.items()}
         merged = _declared_ties(groups, ties)
         dropped.update(merged)
@@ -225,23 +228,13 @@ def _renames(tensors: Sequence[TensorInfo], options: SelectOptions) -> dict[str,
     prefixes = _prefixes(names, options)
     if not prefixes and len(set(names)) == len(names):
         return {}  # nothing renamed, no two names alike
-    renamed: dict[str, str] = {}
-    owners: dict[str, str] = {}
-    for tensor in tensors:
-        new = tensor.name
-        for prefix in prefixes:
-            if new.startswith(prefix):
-                new = new[len(prefix) :]
-        if new in owners:
-            raise UsageError(
-                "--strip-prefix",
-                f"{tensor.name!r} and {owners[new]!r} would both become {new!r}",
-                "strip less, or exclude one of them",
-            )
-        owners[new] = tensor.name
-        if new != tensor.name:
-            renamed[tensor.name] = new
-    return renamed
+
+    def clash(name: str, other: str, new: str) -> UsageError:
+        what = f"{name!r} and {other!r} would both become {new!r}"
+        return UsageError("--strip-prefix", what, "strip less, or exclude one of them")
+
+    owners = without_prefixes(names, prefixes, clash)
+    return {name: new for new, name in owners.items() if new != name}
 
 
 def _aliases(
@@ -264,15 +257,6 @@ def _aliases(
         key = (base.file, storage, base.byte_range, base.shape, base.strides, base.dtype)
         groups[key].append(renamed.get(t.name, t.name))
     return _drop_all_but_one(groups.values(), keep)
-
-
-def _equal_groups(
-    tensors: Sequence[TensorInfo], renamed: dict[str, str], sources: Callable[[str], ByteSource]
-) -> list[list[str]]:
-    """Output names of separately stored tensors with equal dtype, shape and bytes (see
-    values.content_groups: only tensors whose dtype and shape collide are read)."""
-    groups = content_groups(tensors, sources)
-    return [[renamed.get(t.name, t.name) for t in group] for group in groups]
 
 
 def _declared_ties(groups: Sequence[list[str]], ties: dict[str, str]) -> dict[str, str]:

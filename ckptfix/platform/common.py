@@ -29,3 +29,10 @@ def not_followed(path: str) -> OSError:
 def replaced_meanwhile(path: str) -> OSError:
     """Between the look at an entry and its open, another program put another in its place."""
     return OSError(errno.EBUSY, "was replaced while it was being opened", path)
+
+
+def closed(fd: int) -> int:
+    """Close `fd` unless it is closed already (-1); -1, to keep as what is left of it."""
+    if fd >= 0:
+        os.close(fd)
+    return -1

@@ -18,7 +18,13 @@ import os
 import stat
 from typing import TYPE_CHECKING, Protocol
 
-from ckptfix.platform.common import NotARegularFile, identity, not_followed, replaced_meanwhile
+from ckptfix.platform.common import (
+    NotARegularFile,
+    closed,
+    identity,
+    not_followed,
+    replaced_meanwhile,
+)
 
 if TYPE_CHECKING:
     from ckptfix.platform.portable import Platform
@@ -163,9 +169,7 @@ class FdFolder(_Closing):
         return os.path.join(self.path, name)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.fd = closed(self.fd)
 
 
 class PathFolder(_Closing):

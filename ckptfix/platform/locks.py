@@ -17,7 +17,7 @@ import os
 import stat
 from typing import TYPE_CHECKING, Protocol
 
-from ckptfix.platform.common import identity
+from ckptfix.platform.common import closed, identity
 
 if TYPE_CHECKING:
     from ckptfix.platform.portable import Platform
@@ -67,9 +67,7 @@ class FolderFlock:
         return cls(fd)
 
     def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        self.fd = closed(self.fd)
 
 
 def lock_file_path(folder: str) -> str:

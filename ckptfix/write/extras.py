@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from ckptfix.core.errors import SourceChangedError, WriteError
-from ckptfix.io.folder import unlistable
+from ckptfix.io.folder import inside, unlistable
 from ckptfix.io.source import unreadable_file
 from ckptfix.layouts.hub import blobs_of
 from ckptfix.platform import system
@@ -71,10 +71,6 @@ def _special(mode: int) -> bool:
 def special_files(root: str, names: Sequence[str]) -> list[str]:
     """FIFOs, sockets and devices among the named entries of `root` and in their folders."""
     return [relative for relative, info in _walk(root, names) if _special(info.st_mode)]
-
-
-def _inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
 @dataclass(frozen=True)
@@ -133,7 +129,7 @@ def _blob(root: str, relative: str) -> str | None:
         return None
     resolved = os.path.realpath(source)
     blobs = blobs_of(root)
-    owned = _inside(resolved, root) or (blobs is not None and _inside(resolved, blobs))
+    owned = inside(resolved, root) or (blobs is not None and inside(resolved, blobs))
     return resolved if stat.S_ISREG(pointed.st_mode) and owned else None
 
 
@@ -179,10 +175,6 @@ def _folders_above(name: str) -> list[str]:
     """`a`, `a/b` for `a/b/c`."""
     parts = name.split(os.sep)[:-1]
     return [os.sep.join(parts[: count + 1]) for count in range(len(parts))]
-
-
-def _fsync_dir(path: str) -> None:
-    system().sync_folder(path)
 
 
 class _Carrier:
@@ -261,7 +253,7 @@ class _Carrier:
         """fsync the folders made and give them their source's permissions, innermost first
         and last of all: a read-only folder must not stop what is placed in it afterwards."""
         for target, mode in reversed(self.folders):
-            _fsync_dir(target)
+            system().sync_folder(target)
             os.chmod(target, stat.S_IMODE(mode))
 
 

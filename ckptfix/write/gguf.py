@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from ckptfix.core.errors import CorruptFileError, VerificationError
+from ckptfix.core.sizes import padded
 from ckptfix.formats.gguf_encode import (
     PartHeader,
     alignment_key,
@@ -34,7 +35,7 @@ from ckptfix.formats.gguf_file import read_gguf
 from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT, MAX_HEADER
 from ckptfix.io.source import LocalFile
 from ckptfix.plan.align import Run, residue, shareable
-from ckptfix.plan.gguf_parts import StartRange, choose_start, padded
+from ckptfix.plan.gguf_parts import StartRange, choose_start
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.write.copy import write_all

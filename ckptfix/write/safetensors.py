@@ -15,9 +15,10 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from itertools import accumulate, chain
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError, PlanError, VerificationError, WriteError
@@ -213,21 +214,29 @@ class ShardJob:
     tally: Tally = field(default_factory=Tally)  # cloned bytes, and how each was verified
 
 
-class ShardWriter:
-    """Copies on the calling thread; two workers verify, and a thread flushes and fsyncs,
-    behind it."""
+class FileWriter:
+    """What the safetensors and torch writers share: the plan and job, the worker jobs of
+    each output file (`write_with_workers` runs them) and the bytes written so far."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
         self.plan, self.job = plan, job
         self.files = FileJobs(workers)
         self.done = 0
-        self.fd = self.reader = -1  # the file last opened: its writer's and verifier's
-        self.window: Window | None = None  # where runs are gathered (made on first use)
 
     def advance(self, count: int) -> None:
         self.done += count
         if self.job.progress is not None:
             self.job.progress(self.done, self.plan.total_size)
+
+
+class ShardWriter(FileWriter):
+    """Copies on the calling thread; two workers verify, and a thread flushes and fsyncs,
+    behind it."""
+
+    def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
+        super().__init__(plan, job, workers)
+        self.fd = self.reader = -1  # the file last opened: its writer's and verifier's
+        self.window: Window | None = None  # where runs are gathered (made on first use)
 
     def verify_later(self, reader: int, display: str, placed: list[Part]) -> None:
         if self.job.verify:
@@ -440,28 +449,50 @@ def write_shards(
     it every FLUSH_EVERY bytes and fsyncs each finished shard (FileJobs.flush), so the disk
     writes back while copying and verification go on.
     """
-    labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
-    before = {label: job.sources(label).change_token() for label in labels}
     if job.cloning is None:
         job.cloning = find_cloning(streamed_labels(job.tensors.values()), job.sources, job.staging)
+
+    def shards(writer: ShardWriter) -> list[WrittenFile]:
+        return [
+            writer.shard(shard, metadata)
+            for shard, metadata in zip(plan.shards, job.metadata, strict=True)
+        ]
+
+    return write_with_workers(plan, job, partial(writer_type, plan, job), shards)
+
+
+_W = TypeVar("_W", bound=FileWriter)
+
+
+def write_with_workers(
+    plan: ShardPlan,
+    job: ShardJob,
+    writer: Callable[[ThreadPoolExecutor], _W],
+    shards: Callable[[_W], list[WrittenFile]],
+) -> list[WrittenFile]:
+    """Run a writer (made on two worker threads that verify and sync each file it closes)
+    over the plan's shards, then write the index: the staging folder's contents, or an
+    error that cancels the verifications left (the staging folder is then discarded), or a
+    WriteError when a source changed while it was read (the safetensors and torch writers)."""
+    labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
+    before = {label: job.sources(label).change_token() for label in labels}
     written: list[WrittenFile] = []
     with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:
-        writer = writer_type(plan, job, workers)
+        made = writer(workers)
         try:
-            for shard, metadata in zip(plan.shards, job.metadata, strict=True):
-                written.append(writer.shard(shard, metadata))
+            written += shards(made)
             if plan.index_file is not None:
                 path = os.path.join(job.staging, plan.index_file)
                 display = os.path.join(job.out, plan.index_file)
                 size = write_index(path, plan, job.index_metadata, display)
                 written.append(WrittenFile(plan.index_file, size))
-            writer.files.finish()
+            made.files.finish()
         except BaseException:
             job.cancel.set()  # stop running verifications; the staging folder is discarded
             raise
         finally:
             workers.shutdown(wait=True)
-            writer.files.close()
+            made.files.close()
     if {label: job.sources(label).change_token() for label in labels} != before:
         raise WriteError(
             job.out, "a source file changed while it was being read", "run again on a stable copy"

@@ -29,7 +29,7 @@ from ckptfix.core.errors import OutputConflictError, UsageError, WriteError
 from ckptfix.core.signals import Signals, restore
 from ckptfix.core.signals import current as current_signals
 from ckptfix.io.descriptors import with_room
-from ckptfix.io.folder import unlistable
+from ckptfix.io.folder import inside, unlistable
 from ckptfix.io.urls import refuse_url
 from ckptfix.layouts.names import foreign_entries
 from ckptfix.platform import system
@@ -40,10 +40,6 @@ from ckptfix.write.tree import OutputState, blocked_folder, differences, record,
 # this file and its first line, never by its name alone (a user may name anything .ckptfix-*).
 MARKER = ".ckptfix-staging"
 _MAGIC = b"ckptfix staging folder; safe to delete when no ckptfix run is writing\n"
-
-
-def _inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
 def _some(names: Sequence[str], limit: int = 3) -> str:
@@ -116,7 +112,7 @@ def check_output(
     real_out = os.path.realpath(out)
     for source in sources:
         real_source = os.path.realpath(source)
-        if _inside(real_source, real_out) or _inside(real_out, real_source):
+        if inside(real_source, real_out) or inside(real_out, real_source):
             raise UsageError(
                 out,
                 f"output overlaps the input {source}",
@@ -241,10 +237,6 @@ def _umask() -> int:
     return current
 
 
-def _fsync_dir(path: str) -> None:
-    system().sync_folder(path)
-
-
 def _exchange(first: str, second: str) -> bool:
     """Atomically swap two paths; False where the system cannot."""
     return system().exchange(first, second)
@@ -348,7 +340,7 @@ class Staging:
             staged_file = os.path.join(self.path, name)
             os.chmod(staged_file, stat.S_IMODE(os.stat(target).st_mode))
             system().replace(staged_file, target)
-            _fsync_dir(os.path.dirname(target))
+            system().sync_folder(os.path.dirname(target))
             self.signals.committed = True
             self.replaced = (target,)
         self.signals.raise_deferred()
@@ -356,12 +348,12 @@ class Staging:
     def _swap(self) -> None:
         self.unmark()
         os.chmod(self.path, 0o777 & ~_umask())
-        _fsync_dir(self.path)
+        system().sync_folder(self.path)
         if self.claim.before is None:
             self._create_out()
         else:
             self._replace_out(self.claim.before)
-        _fsync_dir(os.path.dirname(self.claim.real))
+        system().sync_folder(os.path.dirname(self.claim.real))
 
     def _conflict(self, what: str, changed: Sequence[str] = ()) -> OutputConflictError:
         detail = f" ({_some(changed)})" if changed else ""

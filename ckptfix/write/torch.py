@@ -26,13 +26,13 @@ from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 
 from ckptfix.core.errors import (
     CkptfixError,
     OpenFilesError,
     PlanError,
     VerificationError,
-    WriteError,
 )
 from ckptfix.formats import read_file
 from ckptfix.formats.pickle_writer import TensorEntry, state_dict_pickle, torch_can_store
@@ -51,10 +51,16 @@ from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import PlannedShard, ShardPlan
 from ckptfix.platform import system
 from ckptfix.write.copy import COMPARE_CHUNK, Cancelled, copy_from, write_all
-from ckptfix.write.filejobs import MAX_OPEN_FILES, FileJobs
-from ckptfix.write.output import open_output, write_index
+from ckptfix.write.filejobs import MAX_OPEN_FILES
+from ckptfix.write.output import open_output
 from ckptfix.write.results import WrittenFile
-from ckptfix.write.safetensors import FLUSH_EVERY, ShardJob, produce
+from ckptfix.write.safetensors import (
+    FLUSH_EVERY,
+    FileWriter,
+    ShardJob,
+    produce,
+    write_with_workers,
+)
 
 _BUG = "this is a bug; please report it"
 READ_BACK_BATCH = 1024  # storages per read-back job, when they are small
@@ -105,21 +111,14 @@ class _Archive:
     batches: list[tuple[Future[list[int]], list[int]]] = field(default_factory=list)
 
 
-class _Writer:
+class _Writer(FileWriter):
     """Copies on the calling thread; two workers read back and verify, and a thread
     flushes, behind it."""
 
     def __init__(self, plan: ShardPlan, job: ShardJob, workers: ThreadPoolExecutor) -> None:
-        self.plan, self.job = plan, job
-        self.files = FileJobs(workers)
-        self.done = 0
+        super().__init__(plan, job, workers)
         self.unflushed = 0
         self.waiting: list[tuple[int, _ReadBack]] = []  # storages not yet handed over
-
-    def advance(self, count: int) -> None:
-        self.done += count
-        if self.job.progress is not None:
-            self.job.progress(self.done, self.plan.total_size)
 
     def open(self, shard: PlannedShard) -> _Archive:
         """Write a shard's records, all but the descriptors of its storages (CRCs still to
@@ -330,27 +329,6 @@ def write_torch_shards(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
     The index's weight_map lists every name, aliases included, in the shard that holds
     their storage (as transformers' save_pretrained writes it for .bin shards).
     """
-    labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
-    before = {label: job.sources(label).change_token() for label in labels}
-    written: list[WrittenFile] = []
-    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="ckptfix-finish") as workers:
-        writer = _Writer(plan, job, workers)
-        try:
-            written += _write_all(writer, plan.shards)
-            if plan.index_file is not None:
-                path = os.path.join(job.staging, plan.index_file)
-                display = os.path.join(job.out, plan.index_file)
-                size = write_index(path, plan, job.index_metadata, display)
-                written.append(WrittenFile(plan.index_file, size))
-            writer.files.finish()
-        except BaseException:
-            job.cancel.set()  # stop running verifications; the staging folder is discarded
-            raise
-        finally:
-            workers.shutdown(wait=True)
-            writer.files.close()
-    if {label: job.sources(label).change_token() for label in labels} != before:
-        raise WriteError(
-            job.out, "a source file changed while it was being read", "run again on a stable copy"
-        )
-    return written
+    return write_with_workers(
+        plan, job, partial(_Writer, plan, job), lambda writer: _write_all(writer, plan.shards)
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,6 +73,11 @@ class RewriteSource:
         """Names as a training framework saved them: `model.` counts as a wrapper prefix."""
         nested = any(item.code == "nested-checkpoint" for item in self.report.findings)
         return nested or checks.lightning_saved(self.checkpoint)
+
+    def equal_groups(self, tensors: Sequence[TensorInfo]) -> list[list[TensorInfo]]:
+        """The tensors with equal dtype, shape and bytes, read from this checkpoint's files
+        (what `plan.select` merges with `by_content`)."""
+        return checks.values.content_groups(tensors, self.checkpoint.source)
 
     @property
     def declared(self) -> tuple[TensorInfo, ...]:
