@@ -18,6 +18,7 @@ from ckptfix.cli.app import (
     command,
     input_path,
 )
+from ckptfix.cli.executor import CpusPerTaskOption, Executor, ExecutorOption, digester, joined
 
 NoAliasRecordOption = Annotated[
     bool,
@@ -44,6 +45,8 @@ def hash_command(
         ),
     ] = None,
     no_alias_record: NoAliasRecordOption = False,
+    executor: ExecutorOption = Executor.local,
+    cpus_per_task: CpusPerTaskOption = 1.0,
 ) -> None:
     """Fingerprint a checkpoint: a SHA-256 digest per tensor and one for the model, the same
     whatever the format, sharding, tensor order or metadata.
@@ -58,8 +61,15 @@ def hash_command(
         from ckptfix.ops.manifest import check_manifest_out
 
         check_manifest_out(manifest, input_path(path))  # before hashing, not after
-    with _progress(not json_output and sys.stderr.isatty(), "hashing") as advance:
-        options = HashOptions(alias_record=not no_alias_record, progress=advance)
+    with (
+        joined(executor, cpus_per_task) as cluster,
+        _progress(not json_output and sys.stderr.isatty(), "hashing") as advance,
+    ):
+        options = HashOptions(
+            alias_record=not no_alias_record,
+            progress=advance,
+            digester=digester(cluster, cpus_per_task),
+        )
         result = hash_checkpoint(input_path(path), options)
     if manifest is not None:
         from ckptfix.ops.manifest import write_manifest
@@ -73,6 +83,8 @@ def hash_command(
             document["remote"] = result.remote
         if result.weights_note is not None:
             document["weights_note"] = result.weights_note
+        if cluster is not None:  # how it was read, beside the manifest's own content
+            document["executor"] = cluster.to_dict()
         _write_json(document)
     else:
         from ckptfix.cli import render_hash
@@ -115,6 +127,8 @@ def diff(
     ] = DiffFailOn.any,
     no_alias_record: NoAliasRecordOption = False,
     to_hf: ToHfOption = None,
+    executor: ExecutorOption = Executor.local,
+    cpus_per_task: CpusPerTaskOption = 1.0,
 ) -> None:
     """Compare two checkpoints tensor by tensor, whatever their formats and sharding.
 
@@ -124,17 +138,24 @@ def diff(
     from ckptfix.ops.diff import DiffOptions
     from ckptfix.ops.diff import diff as run_diff
 
-    with _progress(not json_output and sys.stderr.isatty(), "comparing") as advance:
+    with (
+        joined(executor, cpus_per_task) as cluster,
+        _progress(not json_output and sys.stderr.isatty(), "comparing") as advance,
+    ):
         options = DiffOptions(
             values=values,
             strip_prefix=strip_prefix,
             alias_record=not no_alias_record,
             progress=advance,
             to_hf=to_hf,
+            digester=digester(cluster, cpus_per_task),
         )
         result = run_diff(input_path(a), input_path(b), options)
     if json_output:
-        _write_json(result.to_dict())
+        document = result.to_dict()
+        if cluster is not None:
+            document["executor"] = cluster.to_dict()
+        _write_json(document)
     else:
         from ckptfix.cli import render_hash
 
