@@ -20,6 +20,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "token"}
+# Ray's memory monitor kills the newest task when the machine is 95% full, which a shared
+# test machine can be for reasons of its own (the task is retried, but the runs slow down):
+# off for the test cluster, whose tasks hold a few MiB.
+NODE_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
 CPUS_PER_NODE = 1
 
 
@@ -40,7 +44,7 @@ def ray_cluster(temp_dir: Path) -> Iterator[str]:
         [sys.executable, __file__, str(temp_dir)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        env=cluster_env(),
+        env={**cluster_env(), **NODE_ENV},
         text=True,
         start_new_session=True,  # a Ctrl-C of the tests reaches the cluster through stdin
     )
@@ -57,6 +61,7 @@ def ray_cluster(temp_dir: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        process.stdout.close()
 
 
 def _serve(temp_dir: str) -> None:

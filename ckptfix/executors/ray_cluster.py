@@ -59,6 +59,7 @@ def connect() -> Cluster:
     ray = ray_module()
     quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
     started = False
+    _messages_to_stderr(ray)
     if not ray.is_initialized():
         try:
             ray.init(address="auto", **quiet)
@@ -68,6 +69,22 @@ def connect() -> Cluster:
             started = True
     address = ray.get_runtime_context().gcs_address
     return Cluster(address, started, max(1, int(ray.cluster_resources().get("CPU", 1))))
+
+
+def _messages_to_stderr(ray: ModuleType) -> None:
+    """Ray's driver prints the cluster's messages about its tasks (`(raylet) Task ... failed
+    due to oom`, retried) on stdout, which is the command's output (a JSON document): on
+    stderr instead. Ray reads its printer from its module at each message."""
+    worker = getattr(getattr(ray, "_private", None), "worker", None)
+    printer = getattr(worker, "print_to_stdstream", None)
+    if printer is None or getattr(printer, "ckptfix", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        printer({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.ckptfix = True  # type: ignore[attr-defined]
+    worker.print_to_stdstream = to_stderr  # type: ignore[union-attr]
 
 
 def disconnect() -> None:

@@ -6,13 +6,15 @@ and `inspect`, one task per path."""
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from ckptfix.core.errors import SourceChangedError, UsageError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.executors.ray_cluster import Cluster, Resources, Task, run_tasks
+from ckptfix.io.urls import is_url
 from ckptfix.ops.digest import REMOTE_CHUNK, LayoutKey, Progress, content_digests, layout_key
 from ckptfix.ops.report import Report
 from ckptfix.ops.tensorset import OpenArgs, TensorSet, opened
@@ -89,12 +91,15 @@ def hash_part(
 ) -> list[bytes]:
     """(A Ray task.) The content digests of `names`, read from the checkpoint opened again
     here; a name the driver planned at another place means the checkpoint changed."""
-    with opened(
-        opened_as.path,
-        key=opened_as.key,
-        alias_record=opened_as.alias_record,
-        zero_weights=opened_as.zero_weights,
-    ) as tensors:
+    with (
+        working_folder(opened_as.path, opened_as.cwd),
+        opened(
+            opened_as.path,
+            key=opened_as.key,
+            alias_record=opened_as.alias_record,
+            zero_weights=opened_as.zero_weights,
+        ) as tensors,
+    ):
         chosen = []
         for name, key in zip(names, expected, strict=True):
             tensor = tensors.tensors.get(name)
@@ -109,17 +114,34 @@ def hash_part(
         return [found[layout_key(tensor)] for tensor in chosen]
 
 
+@contextmanager
+def working_folder(path: str, cwd: str) -> Iterator[None]:
+    """In the driver's working folder while a relative local path is read, so that it names
+    the same file and the errors and reports name it as the driver's user wrote it. (A
+    worker process serves one driver's tasks, one at a time.)"""
+    if is_url(path) or os.path.isabs(path):
+        yield
+        return
+    previous = os.getcwd()
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(previous)
+
+
 def inspect_all(
     paths: Sequence[str], options: dict[str, Any], resources: Resources
 ) -> list[Report]:
     """`inspect` of each path, one Ray task each, in the order given."""
-    tasks = [Task(inspect_one, (path, options), 1) for path in paths]
+    tasks = [Task(inspect_one, (path, os.getcwd(), options), 1) for path in paths]
     reports: list[Report] = run_tasks(tasks, resources)
     return reports
 
 
-def inspect_one(path: str, options: dict[str, Any]) -> Report:
+def inspect_one(path: str, cwd: str, options: dict[str, Any]) -> Report:
     """(A Ray task.) The report of one path, as ckptfix.inspect gives it."""
     from ckptfix.ops.inspect import inspect
 
-    return inspect(os.fspath(path), **options)
+    with working_folder(path, cwd):
+        return inspect(path, **options)

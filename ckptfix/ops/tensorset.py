@@ -43,6 +43,7 @@ class OpenArgs:
     key: str = "auto"
     alias_record: bool = True
     zero_weights: str = "master"
+    cwd: str = "."  # the folder a relative path is relative to
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,8 @@ def opened(
             checkpoint, checks.run(checkpoint, checks.CheckOptions(DEFAULT_MAX_SHARD))
         )
         found = tensor_set(checkpoint, report, alias_record=alias_record)
-        yield replace(found, opened_as=OpenArgs(os.fspath(path), key, alias_record, zero_weights))
+        opened_as = OpenArgs(os.fspath(path), key, alias_record, zero_weights, os.getcwd())
+        yield replace(found, opened_as=opened_as)
 
 
 # The content digest of each distinct tensor among the named ones of a set, by layout key:
