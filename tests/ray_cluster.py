@@ -38,10 +38,10 @@ def cluster_env(address: str | None = None) -> dict[str, str]:
 
 
 @contextmanager
-def ray_cluster(temp_dir: Path) -> Iterator[str]:
-    """A head and a second node, CPUS_PER_NODE CPUs each; yields the address to join."""
+def ray_cluster(temp_dir: Path, nodes: int = 2) -> Iterator[str]:
+    """A head and `nodes - 1` more, CPUS_PER_NODE CPUs each; yields the address to join."""
     process = subprocess.Popen(
-        [sys.executable, __file__, str(temp_dir)],
+        [sys.executable, __file__, str(temp_dir), str(nodes)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         env={**cluster_env(), **NODE_ENV},
@@ -64,13 +64,14 @@ def ray_cluster(temp_dir: Path) -> Iterator[str]:
         process.stdout.close()
 
 
-def _serve(temp_dir: str) -> None:
+def _serve(temp_dir: str, nodes: int) -> None:
     from ray.cluster_utils import Cluster
 
     node_args = {"num_cpus": CPUS_PER_NODE, "include_dashboard": False, "temp_dir": temp_dir}
     cluster = Cluster(initialize_head=True, head_node_args=node_args)
     try:
-        cluster.add_node(num_cpus=CPUS_PER_NODE)
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=CPUS_PER_NODE)
         cluster.wait_for_nodes()
         sys.stdout.write(cluster.address + "\n")
         sys.stdout.flush()
@@ -80,4 +81,4 @@ def _serve(temp_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1])
+    _serve(sys.argv[1], int(sys.argv[2]))
