@@ -6,12 +6,12 @@ cluster is started before the runs and not timed; each run's own joining of it i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from bench import CKPTFIX, ROOT, Measure, data_size, ensure_inputs, median, run
