@@ -18,7 +18,14 @@ from ckptfix.cli.app import (
     command,
     input_path,
 )
-from ckptfix.cli.executor import CpusPerTaskOption, Executor, ExecutorOption, digester, joined
+from ckptfix.cli.executor import (
+    CpusPerTaskOption,
+    Executor,
+    ExecutorOption,
+    digester,
+    joined,
+    with_executor,
+)
 
 NoAliasRecordOption = Annotated[
     bool,
@@ -83,9 +90,7 @@ def hash_command(
             document["remote"] = result.remote
         if result.weights_note is not None:
             document["weights_note"] = result.weights_note
-        if cluster is not None:  # how it was read, beside the manifest's own content
-            document["executor"] = cluster.to_dict()
-        _write_json(document)
+        _write_json(with_executor(document, cluster))  # beside the manifest's own content
     else:
         from ckptfix.cli import render_hash
 
@@ -152,10 +157,7 @@ def diff(
         )
         result = run_diff(input_path(a), input_path(b), options)
     if json_output:
-        document = result.to_dict()
-        if cluster is not None:
-            document["executor"] = cluster.to_dict()
-        _write_json(document)
+        _write_json(with_executor(result.to_dict(), cluster))
     else:
         from ckptfix.cli import render_hash
 

@@ -62,6 +62,13 @@ def joined(executor: Executor, cpus_per_task: float) -> Iterator[Cluster | None]
         disconnect()
 
 
+def with_executor(document: dict[str, object], cluster: Cluster | None) -> dict[str, object]:
+    """A --json document with how it was read: the cluster, when it ran on one."""
+    if cluster is not None:
+        document["executor"] = cluster.to_dict()
+    return document
+
+
 def digester(cluster: Cluster | None, cpus_per_task: float) -> Digester | None:
     if cluster is None:
         return None
