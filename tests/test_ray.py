@@ -125,7 +125,7 @@ def test_a_data_error_in_a_task_is_the_one_line_error(address: str, tmp_path: Pa
         "inspect", _model(tmp_path), missing, "--executor", "ray", env=cluster_env(address)
     )
     local = ckptfix("inspect", _model(tmp_path), missing, env=cluster_env())
-    assert (ray.returncode, ray.stdout) == (local.returncode, local.stdout) == (2, "")
+    assert (ray.returncode, ray.stdout) == (local.returncode, local.stdout) == (2, ""), ray.stderr
     assert ray.stderr.splitlines()[-1] == local.stderr.splitlines()[-1]
     assert "Traceback" not in ray.stderr and str(missing) in ray.stderr
 
@@ -151,16 +151,11 @@ def test_a_source_changed_under_a_task(address: str, tmp_path: Path) -> None:
 
 
 def _kill_a_task_worker(stop: threading.Event, killed: list[int]) -> None:
-    """SIGKILL the first worker process found running hash_part (Ray names the process
-    after the task it runs)."""
+    """SIGKILL the first worker process found running hash_part."""
     while not stop.is_set() and not killed:
-        listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True)
-        for line in listing.stdout.splitlines():
-            pid, _, title = line.strip().partition(" ")
-            if title.startswith("ray::hash_part"):
-                os.kill(int(pid), signal.SIGKILL)
-                killed.append(int(pid))
-                return
+        for pid in _task_workers()[:1]:
+            os.kill(pid, signal.SIGKILL)
+            killed.append(pid)
         time.sleep(0.01)
 
 
@@ -181,3 +176,33 @@ def test_a_worker_killed_during_a_task_is_retried(address: str, tmp_path: Path) 
     assert killed, "no worker was found running a task"
     assert ray.returncode == 0, ray.stderr
     assert json.loads(ray.stdout)["digest"] == json.loads(local.stdout)["digest"]
+
+
+def _task_workers() -> list[int]:
+    """The worker processes running hash_part (Ray names a process after its task)."""
+    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True)
+    rows = [line.strip().partition(" ") for line in listing.stdout.splitlines()]
+    return [int(pid) for pid, _, title in rows if title.startswith("ray::hash_part")]
+
+
+def test_ctrl_c_cancels_the_tasks(address: str, tmp_path: Path) -> None:
+    _model(tmp_path / "served")
+    with http_server(tmp_path / "served") as server:
+        server.behaviour.delay = 0.5  # tasks that would run for seconds
+        command = [sys.executable, "-m", "ckptfix", "hash", f"{server.url}/m", "--executor", "ray"]
+        process = subprocess.Popen(
+            command, env=cluster_env(address), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        deadline = time.monotonic() + 60
+        while not _task_workers() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert _task_workers(), "no task started"
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while _task_workers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _task_workers()
+    assert process.returncode == 130 and out == b"", err
+    assert err.decode().splitlines()[-1] == "error: interrupted by SIGINT (rule interrupted)"
+    assert left == [], "tasks still running after the interruption"

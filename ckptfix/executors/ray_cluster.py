@@ -128,27 +128,39 @@ def run_tasks(
     for task in tasks:
         remote = remotes.setdefault(task.function, ray.remote(task.function))
         refs.append(remote.options(**options).remote(*task.args))
+    pending = list(refs)
     try:
-        return _gather(ray, refs, [task.weight for task in tasks], progress)
+        return _gather(ray, pending, [task.weight for task in tasks], progress)
     except BaseException:
-        for ref in refs:
-            ray.cancel(ref, force=True)
+        _cancel(ray, pending)
         raise
+
+
+def _cancel(ray: ModuleType, pending: list[Any]) -> None:
+    """Cancel the tasks not finished. Only those: Ray 2.60 aborts the driver ("Tried to
+    complete task that was not pending") when a task it is told to cancel finishes."""
+    if not pending:
+        return
+    _, running = ray.wait(pending, num_returns=len(pending), timeout=0)
+    for ref in running:
+        ray.cancel(ref, force=True)
 
 
 def _gather(
     ray: ModuleType,
-    refs: list[Any],
+    pending: list[Any],
     weights: list[int],
     progress: Callable[[int, int], None] | None,
 ) -> list[Any]:
-    position = {ref: index for index, ref in enumerate(refs)}
-    results: list[Any] = [None] * len(refs)
-    pending, done_bytes, total = list(refs), 0, sum(weights)
+    """The results of `pending`, which holds the tasks not yet finished as they finish."""
+    position = {ref: index for index, ref in enumerate(pending)}
+    results: list[Any] = [None] * len(pending)
+    done_bytes, total = 0, sum(weights)
     signals = current_signals()
     while pending:
-        ready, pending = ray.wait(pending, num_returns=1, timeout=_POLL)
+        ready, _ = ray.wait(pending, num_returns=1, timeout=_POLL)
         for ref in ready:
+            pending.remove(ref)
             results[position[ref]] = _result(ray, ref)
             done_bytes += weights[position[ref]]
             if progress is not None:
