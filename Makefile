@@ -40,7 +40,7 @@ $(BASE): pyproject.toml | $(PY)
 # from another package would pull the CUDA build instead.
 $(FULL): pyproject.toml | $(PY)
 	$(PIP) $(TORCH_PIN) 2> >(grep -v "^WARNING: Location" >&2)
-	DS_BUILD_OPS=0 $(PIP) $(KEEP_TORCH) -e '.[test,dev,remote]' 2> >(grep -v "^WARNING: Location" >&2)
+	DS_BUILD_OPS=0 $(PIP) $(KEEP_TORCH) -e '.[test,dev,remote,ray]' 2> >(grep -v "^WARNING: Location" >&2)
 	touch $@ $(BASE) $(DEMO)
 
 # A second venv for tests/loader_tf4.py: the same pinned CPU torch, transformers 4 (the `tf4`

@@ -683,6 +683,14 @@ def bench_gguf(repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_ray(repeat: int) -> None:
+    """hash with --executor ray on 1 and 2 Ray nodes against local: bench/ray_bench.py."""
+    import ray_bench
+
+    for row in ray_bench.bench_ray(repeat):
+        print(row, flush=True)
+
+
 def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
     print(
         f"\ninputs: {inputs['single'].name} ({data_size(inputs['single']) / 1e9:.2f} GB), "
@@ -716,6 +724,7 @@ def main() -> None:
         "library",
         "scale",
         "gguf",
+        "ray",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
@@ -745,6 +754,7 @@ def main() -> None:
         "library": lambda: bench_library(writes),
         "scale": lambda: bench_scale(args.repeat),
         "gguf": lambda: bench_gguf(writes),
+        "ray": lambda: bench_ray(args.repeat),
     }
     for job in [args.only] if args.only else jobs:
         runs[job]()

@@ -29,6 +29,7 @@ OPTIONAL = {
     "moto": "moto[server] (the test extra)",
     "peft": "peft (the test extra)",
     "psutil": "psutil (the test extra)",
+    "ray": "ray (the ray extra)",
     "pytorch_lightning": "pytorch-lightning (the test extra)",
     "sentence_transformers": "sentence-transformers (the test extra)",
     "transformers": "transformers (the test extra)",

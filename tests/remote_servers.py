@@ -58,6 +58,7 @@ class Behaviour:
     cdn: str = ""  # answer each file's request with a redirect to this server (same path)
     mutation: Callable[[bytes], bytes] | None = None  # applied to answer number `mutate_at`
     mutate_at: int = -1
+    mutate_on: bool = False  # every answer from `mutate_at` on, not only that one
     answers: int = 0  # answers sent while a mutation is set (from 0)
     authorized: list[str] = field(default_factory=list)  # paths asked with Authorization
     encodings: set[str] = field(default_factory=set)  # Accept-Encoding of every request
@@ -88,6 +89,7 @@ class Behaviour:
             self.cdn = ""
             self.mutation = None
             self.mutate_at = -1
+            self.mutate_on = False
             self.answers = 0
             self.authorized = []
             self.encodings = set()
@@ -143,7 +145,9 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with behaviour.lock:
             index, behaviour.answers = behaviour.answers, behaviour.answers + 1
-            mutation = behaviour.mutation if index == behaviour.mutate_at else None
+            at = behaviour.mutate_at
+            mutated = index == at or (behaviour.mutate_on and at >= 0 and index > at)
+            mutation = behaviour.mutation if mutated else None
         data = bytes(answer.held) if mutation is None else mutation(bytes(answer.held))
         self.close_connection = self.close_connection or mutation is not None
         with contextlib.suppress(OSError):

@@ -85,6 +85,7 @@ LAYERS = (
     "cli",
     "reports",
     "api",
+    "executors",
     "ops",
     "write",
     "plan",

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 import ckptfix
+from ckptfix.cli.executor import CpusPerTaskOption, Executor, ExecutorOption, inspect_reports
 from ckptfix.cli.exits import Group, error_line
 from ckptfix.cli.help import PlainUsage
 from ckptfix.cli.options import (
@@ -100,6 +101,8 @@ def inspect(
     ] = FailOn.error,
     manifest: ManifestOption = None,
     zero_weights: ZeroWeightsOption = ZeroWeights.master,
+    executor: ExecutorOption = Executor.local,
+    cpus_per_task: CpusPerTaskOption = 1.0,
 ) -> None:
     """Report problems in checkpoints without changing them.
 
@@ -112,17 +115,14 @@ def inspect(
     limit = parse_size(max_shard)
     # Every PATH is read before anything is printed: a missing one is a usage error (exit 2)
     # with nothing on stdout.
-    reports = [
-        ckptfix.inspect(
-            input_path(path),
-            max_shard=limit,
-            hash_values=hash_values,
-            scan_values=scan_values,
-            manifest=manifest,
-            read=ReadOptions(zero_weights=zero_weights.value),
-        )
-        for path in paths
-    ]
+    options = {
+        "max_shard": limit,
+        "hash_values": hash_values,
+        "scan_values": scan_values,
+        "manifest": manifest,
+        "read": ReadOptions(zero_weights=zero_weights.value),
+    }
+    reports = inspect_reports([input_path(p) for p in paths], options, executor, cpus_per_task)
     _print_reports(reports, chosen, show_tensors=tensors, fail_on=fail_on.value)
     for report in reports:
         for line in report.error_lines():

@@ -10,6 +10,14 @@ from typing import Annotated
 import typer
 
 from ckptfix.cli.app import _progress, _write_json, command
+from ckptfix.cli.executor import (
+    CpusPerTaskOption,
+    Executor,
+    ExecutorOption,
+    digester,
+    joined,
+    with_executor,
+)
 from ckptfix.cli.options import LOCAL_PATH, JsonOption, NoAliasRecordOption, ToHfOption, input_path
 
 
@@ -29,6 +37,8 @@ def hash_command(
         ),
     ] = None,
     no_alias_record: NoAliasRecordOption = False,
+    executor: ExecutorOption = Executor.local,
+    cpus_per_task: CpusPerTaskOption = 1.0,
 ) -> None:
     """Fingerprint a checkpoint: a SHA-256 digest per tensor and one for the model, the same
     whatever the format, sharding, tensor order or metadata.
@@ -43,8 +53,15 @@ def hash_command(
         from ckptfix.ops.manifest import check_manifest_out
 
         check_manifest_out(manifest, input_path(path))  # before hashing, not after
-    with _progress(not json_output and sys.stderr.isatty(), "hashing") as advance:
-        options = HashOptions(alias_record=not no_alias_record, progress=advance)
+    with (
+        joined(executor, cpus_per_task) as cluster,
+        _progress(not json_output and sys.stderr.isatty(), "hashing") as advance,
+    ):
+        options = HashOptions(
+            alias_record=not no_alias_record,
+            progress=advance,
+            digester=digester(cluster, cpus_per_task),
+        )
         result = hash_checkpoint(input_path(path), options)
     if manifest is not None:
         from ckptfix.ops.manifest import write_manifest
@@ -58,7 +75,7 @@ def hash_command(
             document["remote"] = result.remote
         if result.weights_note is not None:
             document["weights_note"] = result.weights_note
-        _write_json(document)
+        _write_json(with_executor(document, cluster))  # beside the manifest's own content
     else:
         from ckptfix.cli import render_hash
 
@@ -100,6 +117,8 @@ def diff(
     ] = DiffFailOn.any,
     no_alias_record: NoAliasRecordOption = False,
     to_hf: ToHfOption = None,
+    executor: ExecutorOption = Executor.local,
+    cpus_per_task: CpusPerTaskOption = 1.0,
 ) -> None:
     """Compare two checkpoints tensor by tensor, whatever their formats and sharding.
 
@@ -109,17 +128,21 @@ def diff(
     from ckptfix.ops.diff import DiffOptions
     from ckptfix.ops.diff import diff as run_diff
 
-    with _progress(not json_output and sys.stderr.isatty(), "comparing") as advance:
+    with (
+        joined(executor, cpus_per_task) as cluster,
+        _progress(not json_output and sys.stderr.isatty(), "comparing") as advance,
+    ):
         options = DiffOptions(
             values=values,
             strip_prefix=strip_prefix,
             alias_record=not no_alias_record,
             progress=advance,
             to_hf=to_hf,
+            digester=digester(cluster, cpus_per_task),
         )
         result = run_diff(input_path(a), input_path(b), options)
     if json_output:
-        _write_json(result.to_dict())
+        _write_json(with_executor(result.to_dict(), cluster))
     else:
         from ckptfix.cli import render_hash
 

@@ -60,6 +60,12 @@ class CkptfixError(Exception):
         # The error line, also for the OSError kinds, whose own str() would show errno.
         return self.line()
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled by its fields: the default (the class called on `args`, the error line)
+        # cannot rebuild an error whose __init__ takes the path and the rule. An error
+        # raised in a Ray task crosses to the driver this way (ckptfix.executors).
+        return (_restored, (type(self), dict(self.__dict__)))
+
     @property
     def label(self) -> str:
         """What the error line names: the rule broken, else the finding code, else the kind."""
@@ -94,6 +100,16 @@ class CkptfixError(Exception):
         """The one line the CLI prints: `error: <file>: <what> (rule <code>; <how to fix>)`."""
         where = f"{self.path}: " if self.path else ""
         return f"error: {where}{self.message()}"
+
+
+def _restored(kind: type[CkptfixError], fields: dict[str, Any]) -> CkptfixError:
+    """An error unpickled: its fields set again, without its __init__ (see __reduce__)."""
+    error = _of_kind(CkptfixError, kind)
+    error.__dict__.update(fields)
+    Exception.__init__(error, error.line())
+    if isinstance(error, OSError):
+        _os_fields(error, error.what, error.path)
+    return error
 
 
 def _os_fields(error: OSError, what: str, path: str | None) -> None:
@@ -181,6 +197,13 @@ class SourceChangedError(WriteError):
         self, path: str | None, what: str = "file ended early: it changed during the run"
     ) -> None:
         super().__init__(path, what, "run again on a stable copy")
+
+
+class ClusterError(CkptfixError):
+    """An executor's cluster could not run a task (its worker or node lost past the retries,
+    the cluster gone)."""
+
+    kind = "cluster-failed"
 
 
 class OpenFilesError(WriteError):

@@ -32,7 +32,7 @@ from ckptfix.ops.digest import (
     small_range,
     tensor_digest,
 )
-from ckptfix.ops.tensorset import TensorSet, opened, stripped_names
+from ckptfix.ops.tensorset import Digester, TensorSet, opened, stripped_names
 
 SCHEMA_VERSION = 1
 # --fail-on: which differences make `diff` exit 1.
@@ -134,6 +134,9 @@ class DiffOptions:
     workers: int = WORKERS
     progress: Progress | None = None
     to_hf: str | None = None  # map the Megatron side to this Hugging Face model (ops.to_hf)
+    # Who reads and hashes the tensors: this process (None) or an executor's tasks, which
+    # hash both sides whole; with values, differing pairs are then read here.
+    digester: Digester | None = None
 
 
 def diff(
@@ -253,12 +256,15 @@ def _compare(
     for name in names:
         tensor_a, tensor_b = left.tensor(name), right.tensor(name)
         pairs.setdefault((layout_key(tensor_a), layout_key(tensor_b)), (tensor_a, tensor_b))
-    small = {
-        key: pair
-        for key, pair in pairs.items()
-        if small_range(pair[0]) is not None and small_range(pair[1]) is not None
-    }
-    outcome = _compare_small(small, left, right, options)
+    if options.digester is None:
+        small = {
+            key: pair
+            for key, pair in pairs.items()
+            if small_range(pair[0]) is not None and small_range(pair[1]) is not None
+        }
+        outcome = _compare_small(small, left, right, options)
+    else:
+        outcome = _compare_digested(names, pairs, (left, right), options)
     outcome.update(
         _compare_each({k: v for k, v in pairs.items() if k not in outcome}, left, right, options)
     )
@@ -282,6 +288,38 @@ def _compare_small(
     digests_b = content_digests(
         [b for _, b in pairs.values()], right.tensors.source, workers=workers
     )
+    return _by_digest(pairs, digests_a, digests_b, options)
+
+
+def _compare_digested(
+    names: Sequence[str], pairs: Pairs, sides: tuple[_Side, _Side], options: DiffOptions
+) -> dict[tuple[LayoutKey, LayoutKey], PairResult]:
+    """Every pair by the content digests `options.digester` gives for each side; with
+    values, differing pairs are left to _compare_each."""
+    assert options.digester is not None
+    totals = [sum(pair[side].nbytes for pair in pairs.values()) for side in (0, 1)]
+    digests = []
+    for index, side in enumerate(sides):
+        wanted = list(dict.fromkeys(side.names[name] for name in names))
+        digests.append(options.digester(side.tensors, wanted, _shifted(options, totals, index)))
+    return _by_digest(pairs, digests[0], digests[1], options)
+
+
+def _shifted(options: DiffOptions, totals: list[int], index: int) -> Progress | None:
+    """Progress over both sides for the side at `index` (A's bytes come first)."""
+    progress = options.progress
+    if progress is None:
+        return None
+    before, total = sum(totals[:index]), sum(totals)
+    return lambda done, _: progress(before + done, total)
+
+
+def _by_digest(
+    pairs: Pairs,
+    digests_a: dict[LayoutKey, bytes],
+    digests_b: dict[LayoutKey, bytes],
+    options: DiffOptions,
+) -> dict[tuple[LayoutKey, LayoutKey], PairResult]:
     outcome = {}
     for key, (tensor_a, tensor_b) in pairs.items():
         digest = digests_a[layout_key(tensor_a)]

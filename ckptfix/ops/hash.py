@@ -20,7 +20,7 @@ from ckptfix.ops.digest import (
     model_digest,
     tensor_digest,
 )
-from ckptfix.ops.tensorset import TensorSet, opened
+from ckptfix.ops.tensorset import Digester, TensorSet, opened
 
 SCHEMA_VERSION = 1
 
@@ -96,13 +96,17 @@ class HashOptions:
     alias_record: bool = True  # names recorded as dropped -> kept hash like the kept tensor
     workers: int = WORKERS
     progress: Progress | None = None
+    # Who reads and hashes the tensors: this process (None) or an executor's tasks.
+    digester: Digester | None = None
 
 
 def hash_checkpoint(path: str | os.PathLike[str], options: HashOptions | None = None) -> HashResult:
     """Hash the checkpoint a loader would load from `path` (a file or a model folder)."""
     options = options or HashOptions()
     with opened(path, key=options.key, alias_record=options.alias_record) as tensors:
-        result = hash_tensor_set(tensors, workers=options.workers, progress=options.progress)
+        result = hash_tensor_set(
+            tensors, workers=options.workers, progress=options.progress, digester=options.digester
+        )
         remote = tensors.checkpoint.remote if tensors.checkpoint is not None else None
         if remote is not None:
             result = replace(result, remote=remote.session.stats())
@@ -110,12 +114,19 @@ def hash_checkpoint(path: str | os.PathLike[str], options: HashOptions | None = 
 
 
 def hash_tensor_set(
-    tensors: TensorSet, *, workers: int = WORKERS, progress: Progress | None = None
+    tensors: TensorSet,
+    *,
+    workers: int = WORKERS,
+    progress: Progress | None = None,
+    digester: Digester | None = None,
 ) -> HashResult:
     with paused_gc():  # several small objects per tensor: 1,000,000 tensors for some headers
-        contents = content_digests(
-            list(tensors.tensors.values()), tensors.source, workers=workers, progress=progress
-        )
+        if digester is None:
+            contents = content_digests(
+                list(tensors.tensors.values()), tensors.source, workers=workers, progress=progress
+            )
+        else:
+            contents = digester(tensors, list(tensors.tensors), progress)
         return result_of(tensors.path, tensors.tensors, contents, tensors.aliases)
 
 

@@ -10,9 +10,9 @@ compared through wrapper prefixes (`module.`, `_orig_mod.`, ...).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
@@ -25,12 +25,25 @@ from ckptfix.core.tensor import TensorInfo
 from ckptfix.core.training import weights_note
 from ckptfix.formats.base import ReadOptions
 from ckptfix.io.source import ByteSource
+from ckptfix.ops.digest import LayoutKey, Progress
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
 from ckptfix.ops.source import choose_source, recorded
 
 _RECORD_FIX = "pass --no-alias-record to ignore it"
+
+
+@dataclass(frozen=True)
+class OpenArgs:
+    """What `opened` was given: enough for another process (a Ray task) to open the same
+    checkpoint and find the same tensors by name."""
+
+    path: str
+    key: str = "auto"
+    alias_record: bool = True
+    zero_weights: str = "master"
+    cwd: str = "."  # the folder a relative path is relative to
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,8 @@ class TensorSet:
     index_metadata: dict[str, Any] = field(default_factory=dict, compare=False)
     # Which copy of a DeepSpeed folder's weights was read, when it holds two (core.training).
     weights_note: str | None = None
+    # How it was opened, when `opened` opened it (a set mapped to other names has none).
+    opened_as: OpenArgs | None = field(default=None, compare=False)
 
     def source(self, label: str) -> ByteSource:
         cast = self.cast_sources.get(label)
@@ -118,7 +133,14 @@ def opened(
         report = report_of(
             checkpoint, checks.run(checkpoint, checks.CheckOptions(DEFAULT_MAX_SHARD))
         )
-        yield tensor_set(checkpoint, report, alias_record=alias_record)
+        found = tensor_set(checkpoint, report, alias_record=alias_record)
+        opened_as = OpenArgs(os.fspath(path), key, alias_record, zero_weights, os.getcwd())
+        yield replace(found, opened_as=opened_as)
+
+
+# The content digest of each distinct tensor among the named ones of a set, by layout key:
+# read here (local_digests) or by an executor's tasks (ckptfix.executors).
+Digester = Callable[[TensorSet, Sequence[str], Progress | None], dict[LayoutKey, bytes]]
 
 
 def stripped_names(
