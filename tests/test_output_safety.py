@@ -726,11 +726,16 @@ def test_a_signal_in_other_code_waits_for_a_safe_point() -> None:
 
 
 _SPIN = """
+import time
+
+
 def spin(condition, signals):
-    while True:
+    deadline = time.monotonic() + 60  # a lost interrupt fails the test instead of hanging it
+    while time.monotonic() < deadline:
         with condition:
             pass
         signals.raise_deferred()
+    raise AssertionError("the interrupt never arrived")
 """
 
 
