@@ -14,10 +14,16 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ckptfix.core.dtypes import DTYPES
-from ckptfix.core.errors import CorruptFileError, SourceChangedError
+from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.tensor import Piece, TensorInfo
-from ckptfix.io.source import ByteSource, LocalFile, descriptor, past_end, read_into
-from ckptfix.platform import system
+from ckptfix.io.source import (
+    ByteSource,
+    LocalFile,
+    descriptor,
+    past_end,
+    preadv_exact,
+    read_into,
+)
 
 CHUNK = 16 * 2**20
 
@@ -89,12 +95,7 @@ def _read_into(source: ByteSource, fd: int | None, offset: int, target: memoryvi
         return
     if offset + len(target) > source.size:
         raise past_end(source.label, offset + len(target), source.size)
-    done = 0
-    while done < len(target):  # one call reads at most about 2 GiB on Linux
-        count = system().read_into(fd, target[done : done + 2**30], offset + done)
-        if count == 0:
-            raise SourceChangedError(source.label)  # shorter than it was: it changed
-        done += count
+    preadv_exact(fd, offset, [target], source.label)  # short only if the file changed
 
 
 def tensor_bytes(sources: Sources | ByteSource, tensor: TensorInfo) -> bytes:
