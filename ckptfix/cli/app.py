@@ -8,31 +8,34 @@ import sys
 from collections.abc import Callable, Iterator
 from enum import Enum
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 import ckptfix
 from ckptfix.cli.exits import Group, error_line
 from ckptfix.cli.help import PlainUsage
+from ckptfix.cli.options import (
+    LOCAL_PATH,
+    ExcludeOption,
+    ForceOption,
+    JsonOption,
+    KeyOption,
+    MaxShardOption,
+    OutOption,
+    ReplaceAnyOption,
+    ResumeOption,
+    StripPrefixOption,
+    UploadConcurrencyOption,
+    VerifyReadbackOption,
+    input_path,
+    uploads,
+)
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD_TEXT, parse_size
 
 if TYPE_CHECKING:
     from ckptfix.ops.report import Report
     from ckptfix.ops.rewrite import RewriteResult
-
-
-def input_path(text: str) -> str:
-    """An input as commands take it: a URL as given, a local path as pathlib spells it."""
-    from ckptfix.io.urls import is_url
-
-    return text if is_url(text) else str(Path(text))
-
-
-# -o and --manifest are parsed as inputs are, not as Path: a Path would fold the // of a URL
-# into a relative path (`s3:/bucket/x`), which was then written; the operations refuse URLs.
-LOCAL_PATH: dict[str, Any] = {"parser": input_path, "metavar": "OUT"}
 
 
 app = typer.Typer(
@@ -83,32 +86,6 @@ def _root(
     ] = False,
 ) -> None:
     """Find and fix what is wrong with model checkpoints."""
-
-
-JsonOption = Annotated[
-    bool, typer.Option("--json", help="Print one JSON document on stdout instead of tables.")
-]
-MaxShardOption = Annotated[
-    str,
-    typer.Option(
-        "--max-shard",
-        metavar="SIZE",
-        help="Shard size limit: 5GB (10^9), 5GiB (2^30) or bytes.",
-    ),
-]
-
-
-ForceOption = Annotated[
-    bool,
-    typer.Option("--force", help="Replace a non-empty OUT that holds only checkpoint files."),
-]
-ReplaceAnyOption = Annotated[
-    bool,
-    typer.Option(
-        "--replace-any",
-        help="With --force: replace OUT even if it holds files that are not part of a checkpoint.",
-    ),
-]
 
 
 class ReportFormat(str, Enum):
@@ -240,9 +217,7 @@ def reshard(
             metavar="SRC", help="safetensors or GGUF file, model folder or split set, or a URL."
         ),
     ],
-    out: Annotated[
-        str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
-    ] = None,
+    out: OutOption = None,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print the plan; write nothing.")
@@ -253,6 +228,9 @@ def reshard(
     in_place: Annotated[
         bool, typer.Option("--in-place", help="Rewrite SRC itself, swapping it atomically.")
     ] = False,
+    upload_concurrency: UploadConcurrencyOption = 8,
+    verify_readback: VerifyReadbackOption = False,
+    resume: ResumeOption = False,
 ) -> None:
     """Rewrite a checkpoint into verified shards of at most --max-shard bytes.
 
@@ -265,7 +243,16 @@ def reshard(
     limit = parse_size(max_shard)
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
     with _progress(show_progress) as advance:
-        options = ReshardOptions(limit, dry_run, force, replace_any, advance, in_place=in_place)
+        upload = uploads(upload_concurrency, verify_readback, resume)
+        options = ReshardOptions(
+            limit,
+            dry_run,
+            force,
+            replace_any,
+            advance,
+            in_place=in_place,
+            **upload,  # type: ignore[arg-type]
+        )
         result = run_reshard(input_path(src), out, options)
     _show(result, json_output)
 
@@ -292,9 +279,6 @@ SrcArgument = Annotated[  # str, not Path: a Path would fold the // of a URL
     str, typer.Argument(metavar="SRC", help="Checkpoint file or model folder, or a URL.")
 ]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
-OutOption = Annotated[
-    str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
-]
 KeepOption = Annotated[
     str,
     typer.Option("--keep", help="Name kept for aliases: first, last, or a regex to prefer."),
@@ -335,17 +319,9 @@ def convert(
     out: OutOption = None,
     to: ToOption = OutputFormat.safetensors,
     dtype: DtypeOption = DtypeChoice.keep,
-    key: Annotated[
-        str, typer.Option("--key", help="Where the tensors sit in a training checkpoint, or auto.")
-    ] = "auto",
-    strip_prefix: Annotated[
-        str | None,
-        typer.Option("--strip-prefix", metavar="PREFIX|auto", help="Remove a wrapper prefix."),
-    ] = None,
-    exclude: Annotated[
-        list[str] | None,
-        typer.Option("--exclude", metavar="GLOB", help="Leave out matching tensors (repeatable)."),
-    ] = None,
+    key: KeyOption = "auto",
+    strip_prefix: StripPrefixOption = None,
+    exclude: ExcludeOption = None,
     keep: KeepOption = "first",
     clone: CloneOption = False,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
@@ -358,6 +334,9 @@ def convert(
     allow_expansion: AllowExpansionOption = False,
     dequantize: DequantizeOption = None,
     to_hf: ToHfOption = None,
+    upload_concurrency: UploadConcurrencyOption = 8,
+    verify_readback: VerifyReadbackOption = False,
+    resume: ResumeOption = False,
 ) -> None:
     """Convert a PyTorch, safetensors, GGUF, DCP, DeepSpeed or Megatron checkpoint into verified safetensors (or torch) shards.
 
@@ -387,6 +366,7 @@ def convert(
             allow_expansion=allow_expansion,
             dequantize=dequantize.value if dequantize is not None else None,
             to_hf=to_hf,
+            **uploads(upload_concurrency, verify_readback, resume),  # type: ignore[arg-type]
         )
         result = run_convert(input_path(src), out, options)
     _show(result, json_output)
@@ -407,6 +387,9 @@ def dedupe(
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
     allow_expansion: AllowExpansionOption = False,
+    upload_concurrency: UploadConcurrencyOption = 8,
+    verify_readback: VerifyReadbackOption = False,
+    resume: ResumeOption = False,
 ) -> None:
     """Write shared (and, with --by-content, identical) tensors once, as safetensors.
 
@@ -428,6 +411,7 @@ def dedupe(
             clone=clone,
             keep=keep,
             allow_expansion=allow_expansion,
+            **uploads(upload_concurrency, verify_readback, resume),  # type: ignore[arg-type]
         )
         result = run_dedupe(input_path(src), out, options)
     _show(result, json_output)

@@ -7,16 +7,9 @@ from typing import Annotated
 
 import typer
 
-from ckptfix.cli.app import (
-    DryRunOption,
-    JsonOption,
-    OutOption,
-    _progress,
-    _write_json,
-    command,
-    input_path,
-)
+from ckptfix.cli.app import DryRunOption, _progress, _write_json, command
 from ckptfix.cli.exits import error_line
+from ckptfix.cli.options import JsonOption, OutOption, input_path
 
 
 @command("fix")

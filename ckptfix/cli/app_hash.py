@@ -9,15 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ckptfix.cli.app import (
-    LOCAL_PATH,
-    JsonOption,
-    ToHfOption,
-    _progress,
-    _write_json,
-    command,
-    input_path,
-)
+from ckptfix.cli.app import ToHfOption, _progress, _write_json, command
+from ckptfix.cli.options import LOCAL_PATH, JsonOption, input_path
 
 NoAliasRecordOption = Annotated[
     bool,

@@ -1,0 +1,95 @@
+"""Cutting an object's byte stream into upload parts and sending several at once, in bounded
+memory: what every multipart store (S3 today, GCS composed uploads) needs the same way.
+
+`part_size` picks the part size from the object's size and the store's part-count limit;
+`PartPump` takes the bytes in order, fills one part at a time and hands each full part to a
+worker thread, blocking while `concurrency` parts are in flight. Memory is therefore at most
+(concurrency + 1) parts; `in_flight` chooses a concurrency that keeps that under a byte bound.
+The first failure of any part stops the stream: `feed`, `finish` raise it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+MIB = 2**20
+PREFERRED_PART = 16 * MIB  # large enough that requests cost little, small enough to overlap
+
+
+def part_size(size: int, *, max_parts: int, minimum: int, preferred: int = PREFERRED_PART) -> int:
+    """The part size for an object of `size` bytes: `preferred`, or the smallest whole MiB
+    that keeps the object within `max_parts` parts; never under `minimum`."""
+    needed = -(-size // max_parts)
+    needed = -(-needed // MIB) * MIB
+    return max(preferred, minimum, needed)
+
+
+def in_flight(part: int, concurrency: int, max_bytes: int) -> int:
+    """Parts sent at once so that those and the one being filled stay within `max_bytes`
+    (at least one: a part larger than the bound is sent alone)."""
+    return max(1, min(concurrency, max_bytes // part - 1))
+
+
+class PartPump(Generic[T]):
+    """See the module docstring. `send(number, data)` runs on a worker thread (numbers from
+    1) and returns what `finish` gives back, in part order."""
+
+    def __init__(self, send: Callable[[int, bytes], T], part: int, concurrency: int) -> None:
+        self._send = send
+        self.part = part
+        self._slots = threading.Semaphore(concurrency)
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="ckptfix-upload")
+        self._buffer = bytearray()
+        self._futures: list[Future[T]] = []
+        self._closed = False
+
+    def feed(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(self.part - len(self._buffer), len(view))
+            self._buffer += view[:take]
+            view = view[take:]
+            if len(self._buffer) == self.part:
+                self._flush()
+
+    def finish(self) -> list[T]:
+        """Send what is left, wait for every part; their results in order."""
+        if self._buffer or not self._futures:
+            self._flush()
+        results = [future.result() for future in self._futures]
+        self.close()
+        return results
+
+    def close(self) -> None:
+        """Stop: parts not started are dropped, those under way are waited for."""
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _flush(self) -> None:
+        while not self._slots.acquire(timeout=0.1):
+            self._raise_failed()
+        self._raise_failed()
+        data, self._buffer = bytes(self._buffer), bytearray()
+        number = len(self._futures) + 1
+        try:
+            self._futures.append(self._pool.submit(self._run, number, data))
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _run(self, number: int, data: bytes) -> T:
+        try:
+            return self._send(number, data)
+        finally:
+            self._slots.release()
+
+    def _raise_failed(self) -> None:
+        for future in self._futures:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                future.result()
