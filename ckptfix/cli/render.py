@@ -286,7 +286,8 @@ def rewrite(result: RewriteResult) -> None:
     if note is not None:
         console.print(text(note, style="yellow"), soft_wrap=True)
     if result.written is None:
-        console.print(text("dry run: nothing was written", style="bold"))
+        where = f" to {result.destination}" if result.destination else ""
+        console.print(text(f"dry run: nothing was written{where}", style="bold"))
         return
     for line in _written_notes(result.written):
         console.print(line, soft_wrap=True)

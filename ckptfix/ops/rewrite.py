@@ -64,11 +64,14 @@ class RewriteResult:
     report: Report
     plan: ShardPlan
     written: WriteResult | None
+    destination: str | None = None  # an object-store OUT, as it may be printed
 
     def to_dict(self) -> dict[str, object]:
         document = self.report.to_dict()
         document["plan"] = self.plan.to_dict()
         document["written"] = self.written.to_dict() if self.written else None
+        if self.destination is not None:
+            document["destination"] = self.destination
         return document
 
 
@@ -193,7 +196,8 @@ def _write(
             check_torch_dtypes(selection.tensors, claim.out)
         headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
     if options.dry_run:
-        return RewriteResult(with_remote(source.report, source.checkpoint), plan, None)
+        destination = claim.out if isinstance(claim, StoreClaim) else None
+        return RewriteResult(with_remote(source.report, source.checkpoint), plan, None, destination)
     if isinstance(claim, StoreClaim):
         return _to_store(source, plan, claim, options, (tensors, shard_metadata, index_metadata))
     job = ShardJob(
@@ -240,7 +244,7 @@ def _to_store(
         out=claim.out, progress=options.progress,
     )  # fmt: skip
     written = write_to_store(plan, job, claim, lambda folder: _carry(source, plan, folder, options))
-    return RewriteResult(with_remote(source.report, source.checkpoint), plan, written)
+    return RewriteResult(with_remote(source.report, source.checkpoint), plan, written, claim.out)
 
 
 def _carry(

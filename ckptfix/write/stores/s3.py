@@ -251,7 +251,7 @@ class S3Store:
     def mark(self) -> None:
         """Put the marker (once per run) before anything else is uploaded."""
         if not self._marked:
-            self.put(MARKER, _MARKER_TEXT)
+            self.put(MARKER, _MARKER_TEXT, counted=False)
             self._marked = True
 
     def begin(self, name: str, size: int) -> SingleUpload | MultipartUpload:
@@ -260,14 +260,15 @@ class S3Store:
             return SingleUpload(self, name, size)
         return MultipartUpload(self, name, size)
 
-    def put(self, name: str, data: bytes) -> StoredObject:
-        """One PutObject with the object's SHA-256, compared with what S3 then reports."""
+    def put(self, name: str, data: bytes, *, counted: bool = True) -> StoredObject:
+        """One PutObject with the object's SHA-256, compared with what S3 then reports
+        (`counted`: its bytes are output data, as the marker's are not)."""
         digest = _b64(hashlib.sha256(data).digest())
         self.call(
             name, "put_object", Bucket=self.bucket, Key=self.key(name), Body=data,
             ChecksumSHA256=digest, ChecksumAlgorithm="SHA256",
         )  # fmt: skip
-        self.add_sent(len(data))
+        self.add_sent(len(data) if counted else 0)
         return self.verify(name, len(data), ("sha256", digest))
 
     def verify(self, name: str, size: int, checksum: tuple[str, str]) -> StoredObject:

@@ -1,0 +1,69 @@
+"""What the object-store output tests share: an S3 client of moto's server, a bucket per
+test, the bytes under a prefix, and a ckptfix run in a fresh process (for signals)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.builders import Factory, Spec
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = {"CKPTFIX_REMOTE_RETRIES": "1", "CKPTFIX_REMOTE_BACKOFF": "0.01"}
+NO_METADATA = {"AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def objects(s3: Any, bucket: str, prefix: str) -> dict[str, bytes]:
+    """name (relative to the prefix) -> bytes of every object under `prefix/`."""
+    found: dict[str, bytes] = {}
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    for page in pages:
+        for item in page.get("Contents", []):
+            body = s3.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+            found[item["Key"][len(prefix) + 1 :]] = body
+    return found
+
+
+def names(s3: Any, bucket: str, prefix: str) -> list[str]:
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+    return sorted(
+        item["Key"][len(prefix) + 1 :] for page in pages for item in page.get("Contents", [])
+    )
+
+
+def uploads(s3: Any, bucket: str) -> list[str]:
+    """Keys of the multipart uploads under way in `bucket`."""
+    return sorted(
+        item["Key"] for item in s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    )
+
+
+def folder_files(folder: Path) -> dict[str, bytes]:
+    return {
+        path.relative_to(folder).as_posix(): path.read_bytes()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+def big_model(factory: Factory, name: str = "m", shards: int = 4, seed: str = "") -> Path:
+    """`shards` shards of one 33,538,048-byte tensor each (two 16 MiB upload parts per
+    shard, header included), and a config.json."""
+    specs = [[Spec(f"{seed}w{i}", "F32", (4096, 2047))] for i in range(shards)]
+    folder = factory.sharded(name, specs)
+    factory.config(name)
+    return folder
+
+
+def ckptfix_process(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """`python -m ckptfix ARGS` in a fresh process of this tree, in its own session."""
+    environment = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        [sys.executable, "-m", "ckptfix", *args],
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
