@@ -58,11 +58,34 @@ def big_model(factory: Factory, name: str = "m", shards: int = 4, seed: str = ""
     return folder
 
 
-def ckptfix_process(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """`python -m ckptfix ARGS` in a fresh process of this tree, in its own session."""
+# The process's own peak RSS, printed last on stderr: VmHWM, of this program image only
+# (ru_maxrss after exec still holds the parent's peak, which moto's objects make large).
+_MEASURED = (
+    "import runpy, sys\n"
+    "try:\n"
+    "    runpy.run_module('ckptfix', run_name='__main__')\n"
+    "finally:\n"
+    "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
+    "    print('peak-rss-kib', hwm.split()[1], file=sys.stderr)\n"
+)
+
+
+def peak_rss(stderr: bytes) -> int:
+    """Bytes, from a process started with `measure=True`."""
+    last = stderr.decode().splitlines()[-1].split()
+    assert last[0] == "peak-rss-kib", stderr
+    return int(last[1]) * 1024
+
+
+def ckptfix_process(
+    args: list[str], env: dict[str, str], *, measure: bool = False
+) -> subprocess.Popen[bytes]:
+    """`python -m ckptfix ARGS` in a fresh process of this tree (`measure`: its peak RSS
+    printed last on stderr, see peak_rss)."""
     environment = {**os.environ, **env, "PYTHONPATH": str(ROOT)}
+    start = ["-c", _MEASURED] if measure else ["-m", "ckptfix"]
     return subprocess.Popen(
-        [sys.executable, "-m", "ckptfix", *args],
+        [sys.executable, *start, *args],
         env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -30,6 +30,7 @@ class Faults:
     refuse: Callable[[str, str], int | None] = lambda method, path: None  # a status, or None
     part_delay: float = 0.0
     on_part: Callable[[int], None] | None = None  # called with the part count, before sending
+    on_request: Callable[[str, str], None] | None = None  # (method, path) of every request
     parts: int = 0
     log: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -59,6 +60,8 @@ class _Handler(BaseHTTPRequestHandler):
         query = urllib.parse.parse_qs(split.query, keep_blank_values=True)
         with faults.lock:
             faults.log.append((self.command, self.path))
+        if faults.on_request is not None:
+            faults.on_request(self.command, self.path)
         status = faults.refuse(self.command, self.path)
         if status is not None:
             self._answer(status, {"Content-Type": "application/xml"}, _error(status))

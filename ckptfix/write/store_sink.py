@@ -116,6 +116,8 @@ class StoreSink:
             self.signals.raise_deferred()
             upload.send(chunk)
             self._advance(len(chunk) if counted else 0)
+        upload.flush()  # every part sent, while a signal may still stop the write
+        self.signals.raise_deferred()
         if self.single_file:
             self.deferred.append((name, size, upload))
         else:

@@ -67,6 +67,11 @@ class ObjectUpload(Protocol):
 
     def send(self, data: bytes | memoryview) -> None: ...
 
+    def flush(self) -> None:
+        """Send what is left and wait until the store has every byte; the object is still
+        not visible (a writer that completes it later, at publication, waits here first,
+        where a signal may still stop it)."""
+
     def complete(self) -> StoredObject: ...
 
     def abort(self) -> None: ...

@@ -10,7 +10,7 @@ The first failure of any part stops the stream: `feed`, `finish` raise it.
 
 from __future__ import annotations
 
-import threading
+import queue
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -37,29 +37,55 @@ def in_flight(part: int, concurrency: int, max_bytes: int) -> int:
 
 class PartPump(Generic[T]):
     """See the module docstring. `send(number, data)` runs on a worker thread (numbers from
-    1) and returns what `finish` gives back, in part order."""
+    1) and returns what `finish` gives back, in part order. The parts are `concurrency + 1`
+    buffers of `part` bytes, filled in turn and reused once their part is sent: memory is
+    exactly that, whatever the allocator does with buffers freed by other threads."""
 
-    def __init__(self, send: Callable[[int, bytes], T], part: int, concurrency: int) -> None:
+    def __init__(self, send: Callable[[int, bytearray], T], part: int, concurrency: int) -> None:
         self._send = send
         self.part = part
-        self._slots = threading.Semaphore(concurrency)
+        self._free: queue.Queue[bytearray] = queue.Queue()
+        self._made = 0
+        self._limit = concurrency + 1
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="ckptfix-upload")
-        self._buffer = bytearray()
+        self._buffer: bytearray | None = None
+        self._filled = 0
         self._futures: list[Future[T]] = []
         self._closed = False
 
     def feed(self, data: bytes | memoryview) -> None:
         view = memoryview(data).cast("B")
         while len(view):
-            take = min(self.part - len(self._buffer), len(view))
-            self._buffer += view[:take]
-            view = view[take:]
-            if len(self._buffer) == self.part:
+            buffer = self._current()
+            take = min(self.part - self._filled, len(view))
+            buffer[self._filled : self._filled + take] = view[:take]
+            view, self._filled = view[take:], self._filled + take
+            if self._filled == self.part:
                 self._flush()
 
+    def _current(self) -> bytearray:
+        if self._buffer is None:
+            if self._made < self._limit and self._free.empty():
+                self._made += 1
+                self._buffer = bytearray(self.part)
+            else:
+                self._buffer = self._take()
+        return self._buffer
+
+    def _take(self) -> bytearray:
+        """A buffer whose part has been sent (waiting while every one is in flight)."""
+        while True:
+            self._raise_failed()
+            try:
+                return self._free.get(timeout=0.1)
+            except queue.Empty:
+                continue
+
     def finish(self) -> list[T]:
-        """Send what is left, wait for every part; their results in order."""
-        if self._buffer or not self._futures:
+        """Send what is left, wait for every part; their results in order (again if
+        called again)."""
+        if not self._closed and (self._filled or not self._futures):
+            self._current()
             self._flush()
         results = [future.result() for future in self._futures]
         self.close()
@@ -72,22 +98,19 @@ class PartPump(Generic[T]):
             self._pool.shutdown(wait=True, cancel_futures=True)
 
     def _flush(self) -> None:
-        while not self._slots.acquire(timeout=0.1):
-            self._raise_failed()
         self._raise_failed()
-        data, self._buffer = bytes(self._buffer), bytearray()
+        buffer, filled = self._buffer, self._filled
+        assert buffer is not None
+        self._buffer, self._filled = None, 0
         number = len(self._futures) + 1
-        try:
-            self._futures.append(self._pool.submit(self._run, number, data))
-        except BaseException:
-            self._slots.release()
-            raise
+        self._futures.append(self._pool.submit(self._run, number, buffer, filled))
 
-    def _run(self, number: int, data: bytes) -> T:
+    def _run(self, number: int, buffer: bytearray, filled: int) -> T:
         try:
-            return self._send(number, data)
+            # the last part is shorter: its own copy (the buffer goes back to the pool)
+            return self._send(number, buffer if filled == len(buffer) else buffer[:filled])
         finally:
-            self._slots.release()
+            self._free.put(buffer)
 
     def _raise_failed(self) -> None:
         for future in self._futures:

@@ -327,6 +327,9 @@ class SingleUpload:
         self.data += data
         _check_size(self.store, self.name, len(self.data), self.size, final=False)
 
+    def flush(self) -> None:
+        """Nothing is sent before `complete`: one PutObject is the whole upload."""
+
     def complete(self) -> StoredObject:
         _check_size(self.store, self.name, len(self.data), self.size, final=True)
         return self.store.put(self.name, bytes(self.data))
@@ -360,7 +363,7 @@ class MultipartUpload:
         _check_size(self.store, self.name, self.fed, self.size, final=False)
         self.pump.feed(data)
 
-    def _part(self, number: int, data: bytes) -> dict[str, Any]:
+    def _part(self, number: int, data: bytearray) -> dict[str, Any]:
         digest = _b64(hashlib.sha256(data).digest())
         answer = self.store.call(
             self.name, "upload_part", Bucket=self.store.bucket, Key=self.store.key(self.name),
@@ -371,6 +374,10 @@ class MultipartUpload:
             raise UnexpectedAnswer(f"UploadPart {number} without an ETag")
         self.store.add_sent(len(data))
         return {"PartNumber": number, "ETag": etag, "ChecksumSHA256": digest}
+
+    def flush(self) -> None:
+        _check_size(self.store, self.name, self.fed, self.size, final=True)
+        self.pump.finish()
 
     def complete(self) -> StoredObject:
         _check_size(self.store, self.name, self.fed, self.size, final=True)
