@@ -3,17 +3,48 @@ test, the bytes under a prefix, and a ckptfix run in a fresh process (for signal
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tests.builders import Factory, Spec
+from tests.remote_servers import S3_ENV, moto_server
+from tests.store_proxy import Faults, Proxy, store_proxy
 
 ROOT = Path(__file__).resolve().parent.parent
 FAST = {"CKPTFIX_REMOTE_RETRIES": "1", "CKPTFIX_REMOTE_BACKOFF": "0.01"}
 NO_METADATA = {"AWS_EC2_METADATA_DISABLED": "true"}
+
+
+@contextlib.contextmanager
+def proxied_moto() -> Iterator[tuple[str, Proxy]]:
+    """moto's S3 server and the misbehaving proxy in front of it: (moto's URL, proxy)."""
+    with moto_server() as endpoint, store_proxy(endpoint) as proxy:
+        yield endpoint, proxy
+
+
+def fresh_env(proxy: Proxy, setenv: Any) -> dict[str, str]:
+    """No fault left by an earlier test; AWS_* set so that ckptfix reaches moto through
+    the proxy (`setenv`: monkeypatch.setenv). Returns the variables set."""
+    proxy.faults.__dict__.update(Faults().__dict__)
+    values = {**S3_ENV, **FAST, **NO_METADATA, "AWS_ENDPOINT_URL": proxy.url}
+    for name, value in values.items():
+        setenv(name, value)
+    return values
+
+
+def new_bucket(s3: Any, name: str) -> Iterator[str]:
+    """A bucket for one test, emptied afterwards (moto keeps objects in memory)."""
+    s3.create_bucket(Bucket=name)
+    yield name
+    for upload in s3.list_multipart_uploads(Bucket=name).get("Uploads", []):
+        s3.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+    for key in names(s3, name, ""):
+        s3.delete_object(Bucket=name, Key=key)
 
 
 def objects(s3: Any, bucket: str, prefix: str) -> dict[str, bytes]:

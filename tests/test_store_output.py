@@ -14,35 +14,40 @@ import pytest
 from tests.builders import Factory, Spec
 from tests.helpers import cli
 from tests.optional import needs
-from tests.remote_servers import S3_ENV, moto_server, upload_tree
-from tests.store_helpers import FAST, NO_METADATA, big_model, folder_files, names, objects, uploads
-from tests.store_proxy import Faults, Proxy, store_proxy
+from tests.remote_servers import upload_tree
+from tests.store_helpers import (
+    big_model,
+    folder_files,
+    fresh_env,
+    names,
+    new_bucket,
+    objects,
+    proxied_moto,
+    uploads,
+)
+from tests.store_proxy import Proxy
 
 pytestmark = [needs("botocore", "moto"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    with moto_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def proxy(endpoint: str) -> Iterator[Proxy]:
-    with store_proxy(endpoint) as running:
+def servers() -> Iterator[tuple[str, Proxy]]:
+    with proxied_moto() as running:
         yield running
 
 
 @pytest.fixture
-def s3(endpoint: str, proxy: Proxy, monkeypatch: pytest.MonkeyPatch) -> Any:
+def proxy(servers: tuple[str, Proxy], monkeypatch: pytest.MonkeyPatch) -> Proxy:
+    fresh_env(servers[1], monkeypatch.setenv)
+    return servers[1]
+
+
+@pytest.fixture
+def s3(servers: tuple[str, Proxy], proxy: Proxy) -> Any:
     """A boto3 client of moto itself; ckptfix reaches moto through the proxy."""
     import boto3
 
-    proxy.faults.__dict__.update(Faults().__dict__)  # no fault left by another test
-    for name, value in {**S3_ENV, **FAST, **NO_METADATA}.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
-    return boto3.client("s3", endpoint_url=endpoint)
+    return boto3.client("s3", endpoint_url=servers[0])
 
 
 _buckets = iter(range(10**6))
@@ -50,11 +55,7 @@ _buckets = iter(range(10**6))
 
 @pytest.fixture
 def bucket(s3: Any) -> Iterator[str]:
-    name = f"out-{next(_buckets)}"
-    s3.create_bucket(Bucket=name)
-    yield name
-    for key in names(s3, name, ""):  # moto keeps objects in memory: free them
-        s3.delete_object(Bucket=name, Key=key)
+    yield from new_bucket(s3, f"out-{next(_buckets)}")
 
 
 def _model(factory: Factory) -> Path:

@@ -20,49 +20,44 @@ import pytest
 from tests.builders import Factory
 from tests.helpers import cli
 from tests.optional import needs
-from tests.remote_servers import S3_ENV, moto_server
 from tests.store_helpers import (
-    FAST,
-    NO_METADATA,
     big_model,
     ckptfix_process,
     folder_files,
+    fresh_env,
     names,
+    new_bucket,
     objects,
     peak_rss,
+    proxied_moto,
     uploads,
 )
-from tests.store_proxy import Faults, Proxy, store_proxy
+from tests.store_proxy import Proxy
 
 pytestmark = [needs("botocore", "moto"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    with moto_server() as url:
-        yield url
-
-
-@pytest.fixture(scope="module")
-def proxy(endpoint: str) -> Iterator[Proxy]:
-    with store_proxy(endpoint) as running:
+def servers() -> Iterator[tuple[str, Proxy]]:
+    with proxied_moto() as running:
         yield running
 
 
 @pytest.fixture
-def env(proxy: Proxy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
-    proxy.faults.__dict__.update(Faults().__dict__)
-    values = {**S3_ENV, **FAST, **NO_METADATA, "AWS_ENDPOINT_URL": proxy.url}
-    for name, value in values.items():
-        monkeypatch.setenv(name, value)
-    return {**values, "MODEL_ROOT": str(tmp_path)}
+def proxy(servers: tuple[str, Proxy]) -> Proxy:
+    return servers[1]
 
 
 @pytest.fixture
-def s3(endpoint: str, env: dict[str, str]) -> Any:
+def env(proxy: Proxy, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    return {**fresh_env(proxy, monkeypatch.setenv), "MODEL_ROOT": str(tmp_path)}
+
+
+@pytest.fixture
+def s3(servers: tuple[str, Proxy], env: dict[str, str]) -> Any:
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint)
+    return boto3.client("s3", endpoint_url=servers[0])
 
 
 _buckets = iter(range(10**6))
@@ -70,13 +65,7 @@ _buckets = iter(range(10**6))
 
 @pytest.fixture
 def bucket(s3: Any) -> Iterator[str]:
-    name = f"sig-{next(_buckets)}"
-    s3.create_bucket(Bucket=name)
-    yield name
-    for upload in s3.list_multipart_uploads(Bucket=name).get("Uploads", []):
-        s3.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
-    for key in names(s3, name, ""):
-        s3.delete_object(Bucket=name, Key=key)
+    yield from new_bucket(s3, f"sig-{next(_buckets)}")
 
 
 def _run_until(
