@@ -326,3 +326,36 @@ def test_verify_readback_reads_every_object_back(
     assert run.json()["written"]["upload"]["read_back"] is True
     ranged = [p for m, p in proxy.faults.log if m == "GET" and "model.safetensors" in p]
     assert len(ranged) >= 4  # 67 MB read back in 16 MiB ranges
+
+
+def test_fix_writes_to_s3_what_it_writes_locally(s3: Any, bucket: str, tmp_path: Path) -> None:
+    factory = Factory(tmp_path)
+    factory.safetensors("f/model.safetensors", [Spec("w", "F32", (2048, 2048))], with_format=False)
+    factory.config("f")
+    local = cli("fix", tmp_path / "f", "-o", tmp_path / "local")
+    assert local.code == 0, local.stderr
+    run = cli("fix", tmp_path / "f", "-o", f"s3://{bucket}/out", "--json")
+    assert run.code == 0, run.stderr
+    _same_as_local(s3, bucket, tmp_path / "local")
+    assert run.json()["written"]["upload"]["bytes_sent"] == sum(
+        map(len, folder_files(tmp_path / "local").values())
+    )
+    again = cli("fix", tmp_path / "f", "-o", f"s3://{bucket}/out")
+    assert again.code == 2 and "not empty" in again.stderr
+
+
+def test_hash_writes_its_manifest_to_s3(s3: Any, bucket: str, tmp_path: Path) -> None:
+    folder = _model(Factory(tmp_path))
+    local = cli("hash", folder, "--manifest", tmp_path / "m.json", "--json")
+    assert local.code == 0, local.stderr
+    run = cli("hash", folder, "--manifest", f"s3://{bucket}/out/m.json", "--json")
+    assert run.code == 0, run.stderr
+    assert objects(s3, bucket, "out") == {"m.json": (tmp_path / "m.json").read_bytes()}
+    assert run.json()["manifest"]["replaced"] is False
+    again = cli("hash", folder, "--manifest", f"s3://{bucket}/out/m.json", "--json")
+    assert again.json()["manifest"]["replaced"] is True
+    checked = cli("inspect", folder, "--manifest", tmp_path / "m.json")
+    assert checked.code == 0, checked.stderr
+    upload_tree(s3, bucket, folder, "src")
+    inside = cli("hash", f"s3://{bucket}/src", "--manifest", f"s3://{bucket}/src/m.json")
+    assert inside.code == 2 and "inside the input" in inside.stderr

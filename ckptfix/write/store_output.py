@@ -13,6 +13,7 @@ checkpoint that the new one does not hold are deleted only after the new index i
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -28,7 +29,7 @@ from ckptfix.write.output import index_bytes
 from ckptfix.write.results import UploadReport, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, produce, shard_header
 from ckptfix.write.sink import CHUNK, ShardHeader
-from ckptfix.write.store_sink import StoreSink, StoreState
+from ckptfix.write.store_sink import StoreSink, StoreState, is_index
 from ckptfix.write.stores import open_store
 from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
 
@@ -182,9 +183,15 @@ def _write_shards(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[Writt
 
 def _write_extras(sink: StoreSink, carry: Callable[[str], object]) -> list[WrittenFile]:
     """The files beside the weights, carried into a scratch folder by the local rules, then
-    sent: small ones with the index at publication, larger ones streamed now."""
+    sent (see _send_files)."""
     folder = sink.scratch()
     carry(folder)
+    return _send_files(sink, folder)
+
+
+def _send_files(sink: StoreSink, folder: str) -> list[WrittenFile]:
+    """Every file under `folder`: small ones kept for publication (with the index, which
+    comes last), larger ones streamed now."""
     written = []
     for name, path in _extra_files(folder):
         size = os.path.getsize(path)
@@ -225,6 +232,28 @@ def write_to_store(
         except BaseException:
             sink.discard()
             raise
+    return _result(claim, written, sink)
+
+
+def write_folder_to_store(claim: StoreClaim, fill: Callable[[str], str]) -> WriteResult:
+    """An output that is built whole before it is sent (fix -o): `fill(scratch)` writes it
+    into a local scratch folder and returns its path; every file is then streamed, the
+    index published last, and what is stale deleted, as for the rewrites."""
+    with tempfile.TemporaryDirectory(prefix="ckptfix-store-") as scratch:
+        folder = fill(scratch)
+        files = [name for name, _ in _extra_files(folder)]
+        weights = [name for name in files if name.endswith((".safetensors", ".bin"))]
+        single = len(weights) == 1 and not any(is_index(name) for name in files)
+        with writing_to(claim.out) as signals:
+            sink = StoreSink(
+                claim.store, claim.options, claim.state, single_file=single, signals=signals
+            )
+            try:
+                written = _send_files(sink, folder)
+                sink.commit(_stale(claim, [item.path for item in written]))
+            except BaseException:
+                sink.discard()
+                raise
     return _result(claim, written, sink)
 
 
