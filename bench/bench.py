@@ -698,6 +698,12 @@ def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_store_write() -> None:
+    from store_write import bench_store  # bench/store_write.py: S3 outputs against boto3
+
+    bench_store()  # prints its rows as they are measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
@@ -716,6 +722,7 @@ def main() -> None:
         "library",
         "scale",
         "gguf",
+        "store",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
@@ -745,6 +752,7 @@ def main() -> None:
         "library": lambda: bench_library(writes),
         "scale": lambda: bench_scale(args.repeat),
         "gguf": lambda: bench_gguf(writes),
+        "store": lambda: bench_store_write(),
     }
     for job in [args.only] if args.only else jobs:
         runs[job]()
