@@ -31,6 +31,7 @@ class Faults:
     part_delay: float = 0.0
     on_part: Callable[[int], None] | None = None  # called with the part count, before sending
     on_request: Callable[[str, str], None] | None = None  # (method, path) of every request
+    listing: Callable[[bytes], bytes] | None = None  # rewrites ListObjectsV2 answers
     parts: int = 0
     log: list[tuple[str, str]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -91,6 +92,9 @@ class _Handler(BaseHTTPRequestHandler):
                 reply["Content-Length"] = answer.getheader("Content-Length") or "0"
         finally:
             connection.close()
+        listing = self.server.faults.listing
+        if listing is not None and self.command == "GET" and "list-type=2" in self.path:
+            data = listing(data)
         if self.command == "HEAD" and self.server.faults.lie_checksum:
             for name in [k for k in reply if k.lower() == "x-amz-checksum-sha256"]:
                 reply[name] = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="

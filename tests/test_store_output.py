@@ -359,3 +359,42 @@ def test_hash_writes_its_manifest_to_s3(s3: Any, bucket: str, tmp_path: Path) ->
     upload_tree(s3, bucket, folder, "src")
     inside = cli("hash", f"s3://{bucket}/src", "--manifest", f"s3://{bucket}/src/m.json")
     assert inside.code == 2 and "inside the input" in inside.stderr
+
+
+@pytest.mark.parametrize(
+    ("lie", "expected"),
+    [
+        (lambda xml: xml.replace(b"<Size>", b"<Size>-"), "without a size"),
+        (lambda xml: xml.replace(b"<Key>out/", b"<Key>elsewhere/"), "outside the prefix"),
+        (lambda xml: xml.replace(b"<Size>", b"<Size>x"), "rule remote-error"),
+    ],
+)
+def test_a_listing_that_lies_is_a_one_line_error(
+    s3: Any, bucket: str, proxy: Proxy, tmp_path: Path, lie: Any, expected: str
+) -> None:
+    folder = _model(Factory(tmp_path))
+    s3.put_object(Bucket=bucket, Key="out/config.json", Body=b"{}")
+    proxy.faults.listing = lie
+    run = cli("reshard", folder, "-o", f"s3://{bucket}/out", "--force")
+    assert run.code == 1 and len(run.error_lines) == 1 and expected in run.stderr, run.stderr
+    assert names(s3, bucket, "out") == ["config.json"]
+
+
+def test_resume_trusts_the_object_not_a_listing_that_lies_about_its_size(
+    s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
+) -> None:
+    folder = big_model(Factory(tmp_path), shards=2)
+    planned = cli("reshard", folder, "-o", tmp_path / "local", "--max-shard", "40MB")
+    assert planned.code == 0
+    shard = "model-00001-of-00002.safetensors"
+    size = (tmp_path / "local" / shard).stat().st_size
+    s3.put_object(Bucket=bucket, Key=f"out/{shard}", Body=b"short")
+    proxy.faults.listing = lambda xml: xml.replace(
+        b"<Size>5</Size>", f"<Size>{size}</Size>".encode()
+    )
+    run = cli(
+        "reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "40MB", "--resume", "--json"
+    )
+    assert run.code == 0, run.stderr
+    assert run.json()["written"]["upload"]["kept"] == []
+    _same_as_local(s3, bucket, tmp_path / "local")
