@@ -21,6 +21,7 @@ a killed run's, which the next run aborts; others are reported and left alone.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -102,6 +103,9 @@ class S3Store:
         self.bucket, self.prefix = split_url(url)
         self.options = options
         settings = settings or Settings.from_env()
+        # a connection per part in flight, beside the reads' (urllib3 warns past its pool)
+        wanted = options.concurrency + settings.concurrency
+        settings = dataclasses.replace(settings, concurrency=max(settings.concurrency, wanted))
         self.client = s3_client(settings)
         self.session = RemoteSession(S3Backend(self.client, settings.timeout), settings)
         self.listing_seconds = answer_seconds(settings.timeout)
