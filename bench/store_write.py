@@ -3,7 +3,7 @@ process on 127.0.0.1) against boto3's transfer manager uploading the same bytes.
 
 - a safetensors folder (llama-2gb-5shards, 2.2 GB) resharded local -> S3 and S3 -> S3, and a
   DCP folder (dcp-llama-2gb) converted local -> S3: ckptfix's wall time against the best of
-  boto3's `upload_file` (TransferConfig, 16 MiB parts, several concurrencies) sending the
+  boto3's `upload_file` (TransferConfig, 8 MiB parts as ckptfix's, several concurrencies) sending the
   files ckptfix wrote, in a fresh process each (target: at most 1.3x), and ckptfix's peak
   RSS, VmHWM of its own process (target: at most 256 MiB);
 - resume: ckptfix killed (SIGKILL) once half the shards are complete, then run again with
@@ -61,7 +61,7 @@ BOTO_UPLOAD = (
     "import os, sys, boto3\n"
     "from boto3.s3.transfer import TransferConfig\n"
     "folder, bucket, prefix, concurrency = sys.argv[1:5]\n"
-    "config = TransferConfig(multipart_threshold=16 * 2**20, multipart_chunksize=16 * 2**20,\n"
+    "config = TransferConfig(multipart_threshold=8 * 2**20, multipart_chunksize=8 * 2**20,\n"
     "                        max_concurrency=int(concurrency))\n"
     "client = boto3.client('s3')\n"
     "for name in sorted(os.listdir(folder)):\n"

@@ -81,7 +81,7 @@ def folder_files(folder: Path) -> dict[str, bytes]:
 
 
 def big_model(factory: Factory, name: str = "m", shards: int = 4, seed: str = "") -> Path:
-    """`shards` shards of one 33,538,048-byte tensor each (two 16 MiB upload parts per
+    """`shards` shards of one 33,538,048-byte tensor each (four 8 MiB upload parts per
     shard, header included), and a config.json."""
     specs = [[Spec(f"{seed}w{i}", "F32", (4096, 2047))] for i in range(shards)]
     folder = factory.sharded(name, specs)

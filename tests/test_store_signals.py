@@ -91,7 +91,7 @@ def _lines(stderr: bytes) -> list[str]:
     return [line for line in stderr.decode().splitlines() if line]
 
 
-@pytest.mark.parametrize("at_part", [1, 4, 7])
+@pytest.mark.parametrize("at_part", [1, 6, 15])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_stop_signal_aborts_the_uploads_and_publishes_nothing(
     s3: Any, bucket: str, proxy: Proxy, env: dict[str, str], at_part: int, signum: int
@@ -139,7 +139,7 @@ def test_a_signal_while_publishing_waits_and_the_output_is_complete(
     assert objects(s3, bucket, "out") == folder_files(tmp_path / "local")
 
 
-@pytest.mark.parametrize("at_part", [2, 5])
+@pytest.mark.parametrize("at_part", [2, 9])
 def test_after_sigkill_no_index_exists_and_the_next_run_aborts_the_uploads_left(
     s3: Any, bucket: str, proxy: Proxy, env: dict[str, str], at_part: int
 ) -> None:
@@ -175,9 +175,9 @@ def test_uploads_that_are_not_ckptfixs_are_reported_and_left(
 def test_resume_after_a_kill_half_way_sends_only_the_rest(
     s3: Any, bucket: str, proxy: Proxy, env: dict[str, str], tmp_path: Path
 ) -> None:
-    folder = big_model(Factory(tmp_path))  # 4 shards of 2 parts: killed as part 5 arrives
+    folder = big_model(Factory(tmp_path))  # 4 shards of 4 parts: killed as part 9 arrives
     args = ["reshard", str(folder), "-o", f"s3://{bucket}/out", "--max-shard", "40MB"]
-    assert _run_until(proxy, args, env, 5, signal.SIGKILL).returncode == -signal.SIGKILL
+    assert _run_until(proxy, args, env, 9, signal.SIGKILL).returncode == -signal.SIGKILL
     assert cli("reshard", folder, "-o", tmp_path / "local", "--max-shard", "40MB").code == 0
     total = sum(map(len, folder_files(tmp_path / "local").values()))
     first = cli("reshard", folder, *args[2:], "--resume", "--json")
@@ -254,4 +254,4 @@ def test_a_conversion_larger_than_tmpdir_streams_through(
     assert local.code == 0, local.stderr
     want = hashlib.sha256((tmp_path / "local" / "model.safetensors").read_bytes()).hexdigest()
     assert _sha256_of(s3, bucket, "out/model.safetensors") == want
-    assert peak_rss(err) < 320 * 2**20  # parts in flight (9 x 16 MiB) and the program
+    assert peak_rss(err) < 320 * 2**20  # parts in flight (9 x 8 MiB) and the program

@@ -18,7 +18,9 @@ from typing import Generic, TypeVar
 T = TypeVar("T")
 
 MIB = 2**20
-PREFERRED_PART = 16 * MIB  # large enough that requests cost little, small enough to overlap
+PREFERRED_PART = (
+    8 * MIB
+)  # as boto3's transfer manager: small enough to overlap, few enough requests
 
 
 def part_size(size: int, *, max_parts: int, minimum: int, preferred: int = PREFERRED_PART) -> int:
@@ -92,10 +94,13 @@ class PartPump(Generic[T]):
         return results
 
     def close(self) -> None:
-        """Stop: parts not started are dropped, those under way are waited for."""
+        """Stop: parts not started are dropped, those under way are waited for; the buffers
+        are let go now (the upload that owns this pump is in a cycle with it, and the
+        cyclic collector may not run for a long time)."""
         if not self._closed:
             self._closed = True
             self._pool.shutdown(wait=True, cancel_futures=True)
+        self._buffer, self._free = None, queue.Queue()
 
     def _flush(self) -> None:
         self._raise_failed()
