@@ -10,7 +10,7 @@ process on 127.0.0.1) against boto3's transfer manager uploading the same bytes.
   --resume: the share of the bytes it sent again (target: at most 55 %).
 
 moto keeps what it stores in memory (parts above 5 MiB spill to temporary files, but each
-completion joins its parts in memory): the outputs are cut into ~500 MB shards and every
+completion joins its parts in memory): the outputs are cut into ~250 MB shards and every
 object is deleted after each run. `--size half` uses the 0.5 GB inputs instead.
 """
 
@@ -38,7 +38,7 @@ S3_ENV = {
     "AWS_DEFAULT_REGION": "us-east-1",
     "AWS_EC2_METADATA_DISABLED": "true",
 }
-SHARDS = {"2gb": "500MB", "half": "120MB"}  # about 5 shards either way
+SHARDS = {"2gb": "250MB", "half": "60MB"}  # about 9 shards either way
 SHARD = SHARDS["2gb"]
 MOTO = (
     "import logging, sys, time\n"
@@ -179,15 +179,16 @@ def _compare(
     return _row(label, walls, peak, boto)
 
 
-def _resume(folder: Path, env: dict[str, str], client: Any) -> str:
-    """Kill ckptfix once half the shards are complete, then resume: bytes sent again."""
+def _resume(folder: Path, env: dict[str, str], client: Any, planned: int) -> str:
+    """Kill ckptfix once half of the `planned` shards are complete, then resume: the bytes
+    it sends again."""
     args = ["reshard", str(folder), "-o", "s3://bench/out", "--max-shard", SHARD]
     process = subprocess.Popen([PYTHON, "-m", "ckptfix", *args], env=env)
     shards = 0
     while process.poll() is None:
         listed = client.list_objects_v2(Bucket="bench", Prefix="out/").get("Contents", [])
         shards = len([item for item in listed if item["Key"].endswith(".safetensors")])
-        if shards >= 3:  # of about 5
+        if shards >= planned // 2:
             process.send_signal(signal.SIGKILL)
             break
         time.sleep(0.05)
@@ -198,7 +199,7 @@ def _resume(folder: Path, env: dict[str, str], client: Any) -> str:
     share = upload["bytes_sent"] / total
     _empty(client, "out/")
     return (
-        f"| resume after SIGKILL with {shards} of 5 shards complete | sent again: "
+        f"| resume after SIGKILL with {shards} of {planned} shards complete | sent again: "
         f"{upload['bytes_sent']:,} of {total:,} bytes ({share:.0%}; <= 55 %: "
         f"{'met' if share <= 0.55 else 'NOT met'}) | kept {upload['bytes_kept']:,} |"
     )
@@ -244,7 +245,8 @@ def bench_store(repeat: int = 2, size: str = "2gb") -> list[str]:
         )
         print(rows[-1], flush=True)
         _empty(client, "src/")
-        rows.append(_resume(sources["safetensors"], env, client))
+        planned = len(list(local.glob("*.safetensors")))
+        rows.append(_resume(sources["safetensors"], env, client, planned))
         print(rows[-1], flush=True)
     return rows
 

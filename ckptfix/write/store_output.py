@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ckptfix.core.errors import RemoteError, UsageError, WriteError
 from ckptfix.core.signals import writing_to
 from ckptfix.core.text import shown
 from ckptfix.io.gather import Sources
+from ckptfix.io.source import ByteSource, is_local
 from ckptfix.io.urls import climbs_out, is_url
 from ckptfix.layouts.names import CHECKPOINT_FILE
 from ckptfix.plan.select import OutTensor
@@ -125,9 +128,15 @@ def claim_store(
     return claim
 
 
+READ_AHEAD = 4  # ranged reads of a remote tensor in flight while its parts are sent
+READ_PIECE = 8 * 2**20
+
+
 @dataclass(frozen=True)
 class TensorPart:
-    """A planned tensor's output bytes (gathered, cast) as a sink's Part."""
+    """A planned tensor's output bytes (gathered, cast) as a sink's Part. A remote tensor
+    stored whole in one range is read READ_AHEAD ranges at a time (S3 -> S3: the reads
+    would otherwise wait for each other, one round trip each)."""
 
     sources: Sources
     tensor: OutTensor
@@ -137,7 +146,31 @@ class TensorPart:
         return self.tensor.nbytes
 
     def chunks(self, chunk: int = CHUNK) -> Iterator[bytes]:
+        stored = self.tensor.source
+        pieces = stored.pieces
+        whole = len(pieces) == 1 and pieces[0].view is None and pieces[0].count == 1
+        if whole and self.tensor.dtype == stored.dtype and stored.nbytes > READ_PIECE:
+            source = self.sources(pieces[0].source)
+            if not is_local(source):  # remote: every read is a round trip
+                return _read_ahead(source, pieces[0].offset, stored.nbytes)
         return produce(self.sources, self.tensor)
+
+
+def _read_ahead(source: ByteSource, offset: int, size: int) -> Iterator[bytes]:
+    """[offset, offset + size) of `source` in order, READ_AHEAD reads in flight."""
+    with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="ckptfix-read") as pool:
+        pending: deque[Future[bytes]] = deque()
+        at = 0
+        try:
+            while at < size or pending:
+                while at < size and len(pending) < READ_AHEAD:
+                    count = min(READ_PIECE, size - at)
+                    pending.append(pool.submit(source.read_at, offset + at, count))
+                    at += count
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
 
 
 def _stale(claim: StoreClaim, written: Sequence[str]) -> list[str]:
