@@ -21,7 +21,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -252,6 +251,10 @@ def bench_store(repeat: int = 2, size: str = "2gb") -> list[str]:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT / "bench"))
-    size = "half" if "--size" in sys.argv and sys.argv[-1] == "half" else "2gb"
-    bench_store(size=size)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size", choices=["2gb", "half"], default="2gb")
+    parser.add_argument("--repeat", type=int, default=2)
+    options = parser.parse_args()
+    bench_store(options.repeat, options.size)
