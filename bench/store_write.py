@@ -56,6 +56,17 @@ MEASURED = (
     "    hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0]\n"
     "    print('peak-rss-kib', hwm.split()[1], file=sys.stderr)\n"
 )
+BOTO_DOWNLOAD = (
+    "import os, sys, boto3\n"
+    "from boto3.s3.transfer import TransferConfig\n"
+    "bucket, prefix, folder = sys.argv[1:4]\n"
+    "os.makedirs(folder, exist_ok=True)\n"
+    "config = TransferConfig(multipart_chunksize=8 * 2**20, max_concurrency=8)\n"
+    "client = boto3.client('s3')\n"
+    "for item in client.list_objects_v2(Bucket=bucket, Prefix=prefix + '/')['Contents']:\n"
+    "    name = item['Key'].rsplit('/', 1)[1]\n"
+    "    client.download_file(bucket, item['Key'], os.path.join(folder, name), Config=config)\n"
+)
 BOTO_UPLOAD = (
     "import os, sys, boto3\n"
     "from boto3.s3.transfer import TransferConfig\n"
@@ -204,7 +215,33 @@ def _resume(folder: Path, env: dict[str, str], client: Any, planned: int) -> str
     )
 
 
-def bench_store(repeat: int = 2, size: str = "2gb") -> list[str]:
+def _s3_to_s3(
+    source: Path, local: Path, env: dict[str, str], client: Any, repeat: int
+) -> list[str]:
+    """reshard s3://bench/src -o s3://bench/out, against boto3 uploading the same bytes, and
+    against boto3 downloading the source (download_file) and uploading the output."""
+    subprocess.run(
+        [PYTHON, "-c", BOTO_UPLOAD, str(source), "bench", "src", "8"], env=env, check=True
+    )
+    label = "safetensors, S3 -> S3 (reshard)"
+    row = _compare(label, ["reshard", "s3://bench/src"], local, env, client, repeat)
+    print(row, flush=True)
+    start = time.perf_counter()
+    subprocess.run(
+        [PYTHON, "-c", BOTO_DOWNLOAD, "bench", "src", str(local.parent / "download")],
+        env=env, check=True,
+    )  # fmt: skip
+    download = time.perf_counter() - start
+    _empty(client, "src/")
+    line = (
+        f"| (S3 -> S3: boto3 download_file of the source, concurrency 8) | {download:.1f} s | "
+        "the reads alone, which moto answers by copying the whole object for every range | | |"
+    )
+    print(line, flush=True)
+    return [row, line]
+
+
+def bench_store(repeat: int = 2, size: str = "2gb", s3_to_s3: bool = True) -> list[str]:
     global SHARD
     SHARD = SHARDS[size]
     sources = inputs(size)
@@ -227,23 +264,9 @@ def bench_store(repeat: int = 2, size: str = "2gb") -> list[str]:
             )  # fmt: skip
             rows.append(_compare(label, [command, str(source)], local, env, client, repeat))
             print(rows[-1], flush=True)
-        subprocess.run(
-            [PYTHON, "-c", BOTO_UPLOAD, str(sources["safetensors"]), "bench", "src", "8"],
-            env=env, check=True,
-        )  # fmt: skip
         local = Path(scratch) / "safetensors"
-        rows.append(
-            _compare(
-                "safetensors, S3 -> S3 (reshard)",
-                ["reshard", "s3://bench/src"],
-                local,
-                env,
-                client,
-                repeat,
-            )
-        )
-        print(rows[-1], flush=True)
-        _empty(client, "src/")
+        if s3_to_s3:
+            rows += _s3_to_s3(sources["safetensors"], local, env, client, repeat)
         planned = len(list(local.glob("*.safetensors")))
         rows.append(_resume(sources["safetensors"], env, client, planned))
         print(rows[-1], flush=True)
@@ -256,5 +279,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size", choices=["2gb", "half"], default="2gb")
     parser.add_argument("--repeat", type=int, default=2)
+    parser.add_argument("--no-s3-to-s3", action="store_true", help="skip the S3 -> S3 rows")
     options = parser.parse_args()
-    bench_store(options.repeat, options.size)
+    bench_store(options.repeat, options.size, not options.no_s3_to_s3)
