@@ -706,6 +706,12 @@ def print_inspect(inputs: dict[str, Path], repeat: int) -> None:
         print(row, flush=True)
 
 
+def bench_store_write() -> None:
+    from store_write import bench_store  # bench/store_write.py: S3 outputs against boto3
+
+    bench_store()  # prints its rows as they are measured
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
@@ -725,6 +731,7 @@ def main() -> None:
         "scale",
         "gguf",
         "ray",
+        "store",
     ]
     parser.add_argument("--only", choices=jobs, default=None)
     args = parser.parse_args()
@@ -755,6 +762,7 @@ def main() -> None:
         "scale": lambda: bench_scale(args.repeat),
         "gguf": lambda: bench_gguf(writes),
         "ray": lambda: bench_ray(args.repeat),
+        "store": lambda: bench_store_write(),
     }
     for job in [args.only] if args.only else jobs:
         runs[job]()

@@ -229,9 +229,22 @@ def _values(
         return set().union(*(_values(source, part, function, called, seen) for part in parts))
     if isinstance(expr, ast.JoinedStr):
         return _fstring_values(source, expr, function, called, seen)
-    if not isinstance(expr, ast.Name) or function is None or (id(function), expr.id) in seen:
+    if not isinstance(expr, ast.Name) or function is None:
         return set()
-    return _name_values(source, expr.id, function, called, seen | {(id(function), expr.id)})
+    if (id(function), expr.id) in seen:
+        _TRACE.cuts += 1
+        return set()
+    # Each (function, name, called) is worked out once: without this the search walked every
+    # path of the call graph again (82 s by the end of round 3). A result reached without
+    # cutting a cycle does not depend on `seen`, so it is kept; one that cut a cycle is not.
+    key = (id(function), expr.id, called)
+    if key in _TRACE.known:
+        return _TRACE.known[key]
+    cuts = _TRACE.cuts
+    found = _name_values(source, expr.id, function, called, seen | {(id(function), expr.id)})
+    if _TRACE.cuts == cuts:
+        _TRACE.known[key] = found
+    return found
 
 
 def _fstring_values(
@@ -262,12 +275,32 @@ def _name_values(
             for passed in _passed(call, function, name):
                 found |= _values(source, passed, caller, callee, seen)
         return found
-    for node in ast.walk(function.node):
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == name for t in node.targets
-        ):
-            found |= _values(source, node.value, function, called, seen)
+    for value in _assignments(function).get(name, []):
+        found |= _values(source, value, function, called, seen)
     return found
+
+
+@dataclass
+class _Trace:
+    """What the value search has worked out, and how many cycles it has cut."""
+
+    known: dict[tuple[int, str, str], set[Origin]] = field(default_factory=dict)
+    cuts: int = 0
+
+
+_TRACE = _Trace()
+
+
+@cache
+def _assignments(function: _Function) -> dict[str, list[ast.expr]]:
+    """local name -> the values a function assigns to it (`name = ...`)."""
+    assigned: dict[str, list[ast.expr]] = {}
+    for node in ast.walk(function.node):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    assigned.setdefault(target.id, []).append(node.value)
+    return assigned
 
 
 @cache

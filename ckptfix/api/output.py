@@ -12,6 +12,8 @@ from typing import Any
 
 from ckptfix.api.types import ConfigLike
 from ckptfix.core.errors import CkptfixError, UsageError
+from ckptfix.core.text import redact
+from ckptfix.io.urls import is_url, refuse_unknown_scheme
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.plan.alias_record import DROPPED_KEY
 from ckptfix.write.output import check_free_space, wrap_os_error
@@ -89,10 +91,17 @@ def config_of(config: ConfigLike | None) -> tuple[dict[str, Any] | None, bytes |
     return parsed, raw
 
 
-def open_sink(out: str | os.PathLike[str], *, needed: int = 0) -> Sink:
+def open_sink(
+    out: str | os.PathLike[str], *, needed: int = 0, single_file: bool | None = None
+) -> Sink:
     """Claim OUT as the CLI's writes do without --force (a new folder, or an empty one; an
-    existing one is locked for the run) and stage the output beside it."""
+    existing one is locked for the run) and stage the output beside it. A URL (s3://) is an
+    empty prefix written through a StoreSink; `single_file` says whether the output is one
+    file (None: not known before the end, which a store cannot take yet)."""
     target = os.fspath(out)
+    refuse_unknown_scheme(target)
+    if is_url(target):
+        return _store_sink(target, single_file)
     try:
         claim = claim_output(target, [])
         try:
@@ -106,6 +115,22 @@ def open_sink(out: str | os.PathLike[str], *, needed: int = 0) -> Sink:
         raise
     except OSError as exc:
         raise wrap_os_error(exc, target) from exc
+
+
+def _store_sink(url: str, single_file: bool | None) -> Sink:
+    from ckptfix.write.store_output import claim_store
+    from ckptfix.write.store_sink import StoreSink
+    from ckptfix.write.stores.base import StoreOptions
+
+    if single_file is None:
+        raise UsageError(
+            redact(url),
+            "ckptfix.Writer cannot write to an object store yet (it names its shards last)",
+            "use ckptfix.save(..., out=URL), or a Writer to a local folder",
+        )
+    options = StoreOptions()
+    claim = claim_store(url, [], force=False, replace_any=False, write=True, options=options)
+    return StoreSink(claim.store, options, claim.state, single_file=single_file)
 
 
 def _existing(folder: str) -> str:

@@ -67,7 +67,8 @@ def save(
     shard_metadata, index_metadata = _metadata(header_metadata, plan)
     parts = {m.name: (m.dtype, m.shape, m) for m in memory.values()}
     needed = plan.total_size + HEADER_ROOM * len(memory) + len(config_bytes or b"")
-    with writing(open_sink(out, needed=needed)) as sink:
+    single = plan.index_file is None
+    with writing(open_sink(out, needed=needed, single_file=single)) as sink:
         written = write_plan(plan, parts, shard_metadata, index_metadata, sink)
         if config_bytes is not None:
             written.append(sink.write_file("config.json", config_bytes))

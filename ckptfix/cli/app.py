@@ -22,9 +22,11 @@ from ckptfix.cli.options import (
     DryRunOption,
     DtypeChoice,
     DtypeOption,
+    ExcludeOption,
     FailOn,
     ForceOption,
     FormatOption,
+    HfPrOption,
     JsonOption,
     KeepOption,
     KeyOption,
@@ -35,12 +37,17 @@ from ckptfix.cli.options import (
     OutputFormat,
     ReplaceAnyOption,
     ReportFormat,
+    ResumeOption,
     SrcArgument,
+    StripPrefixOption,
     ToHfOption,
     ToOption,
+    UploadConcurrencyOption,
+    VerifyReadbackOption,
     ZeroWeights,
     ZeroWeightsOption,
     input_path,
+    uploads,
 )
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD_TEXT, parse_size
 
@@ -186,6 +193,10 @@ def reshard(
     in_place: Annotated[
         bool, typer.Option("--in-place", help="Rewrite SRC itself, swapping it atomically.")
     ] = False,
+    upload_concurrency: UploadConcurrencyOption = 8,
+    verify_readback: VerifyReadbackOption = False,
+    resume: ResumeOption = False,
+    hf_pr: HfPrOption = False,
 ) -> None:
     """Rewrite a checkpoint into verified shards of at most --max-shard bytes.
 
@@ -198,7 +209,16 @@ def reshard(
     limit = parse_size(max_shard)
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
     with _progress(show_progress) as advance:
-        options = ReshardOptions(limit, dry_run, force, replace_any, advance, in_place=in_place)
+        upload = uploads(upload_concurrency, verify_readback, resume, hf_pr)
+        options = ReshardOptions(
+            limit,
+            dry_run,
+            force,
+            replace_any,
+            advance,
+            in_place=in_place,
+            **upload,
+        )
         result = run_reshard(input_path(src), out, options)
     _show(result, json_output)
 
@@ -210,14 +230,8 @@ def convert(
     to: ToOption = OutputFormat.safetensors,
     dtype: DtypeOption = DtypeChoice.keep,
     key: KeyOption = "auto",
-    strip_prefix: Annotated[
-        str | None,
-        typer.Option("--strip-prefix", metavar="PREFIX|auto", help="Remove a wrapper prefix."),
-    ] = None,
-    exclude: Annotated[
-        list[str] | None,
-        typer.Option("--exclude", metavar="GLOB", help="Leave out matching tensors (repeatable)."),
-    ] = None,
+    strip_prefix: StripPrefixOption = None,
+    exclude: ExcludeOption = None,
     keep: KeepOption = "first",
     clone: CloneOption = False,
     max_shard: MaxShardOption = DEFAULT_MAX_SHARD_TEXT,
@@ -230,6 +244,10 @@ def convert(
     allow_expansion: AllowExpansionOption = False,
     dequantize: DequantizeOption = None,
     to_hf: ToHfOption = None,
+    upload_concurrency: UploadConcurrencyOption = 8,
+    verify_readback: VerifyReadbackOption = False,
+    resume: ResumeOption = False,
+    hf_pr: HfPrOption = False,
 ) -> None:
     """Convert a PyTorch, safetensors, GGUF, DCP, DeepSpeed or Megatron checkpoint into verified safetensors (or torch) shards.
 
@@ -259,6 +277,7 @@ def convert(
             allow_expansion=allow_expansion,
             dequantize=dequantize.value if dequantize is not None else None,
             to_hf=to_hf,
+            **uploads(upload_concurrency, verify_readback, resume, hf_pr),
         )
         result = run_convert(input_path(src), out, options)
     _show(result, json_output)
@@ -279,6 +298,10 @@ def dedupe(
     force: ForceOption = False,
     replace_any: ReplaceAnyOption = False,
     allow_expansion: AllowExpansionOption = False,
+    upload_concurrency: UploadConcurrencyOption = 8,
+    verify_readback: VerifyReadbackOption = False,
+    resume: ResumeOption = False,
+    hf_pr: HfPrOption = False,
 ) -> None:
     """Write shared (and, with --by-content, identical) tensors once, as safetensors.
 
@@ -300,6 +323,7 @@ def dedupe(
             clone=clone,
             keep=keep,
             allow_expansion=allow_expansion,
+            **uploads(upload_concurrency, verify_readback, resume, hf_pr),
         )
         result = run_dedupe(input_path(src), out, options)
     _show(result, json_output)

@@ -9,7 +9,16 @@ import typer
 
 from ckptfix.cli.app import _progress, _write_json, command
 from ckptfix.cli.exits import error_line
-from ckptfix.cli.options import DryRunOption, JsonOption, OutOption, input_path
+from ckptfix.cli.options import (
+    DryRunOption,
+    HfPrOption,
+    JsonOption,
+    OutOption,
+    ResumeOption,
+    UploadConcurrencyOption,
+    VerifyReadbackOption,
+    input_path,
+)
 
 
 @command("fix")
@@ -28,6 +37,10 @@ def fix_command(
     ] = False,
     dry_run: DryRunOption = False,
     json_output: JsonOption = False,
+    upload_concurrency: UploadConcurrencyOption = 8,
+    verify_readback: VerifyReadbackOption = False,
+    resume: ResumeOption = False,
+    hf_pr: HfPrOption = False,
 ) -> None:
     """Repair what the shards make recoverable: the index, shard numbering, "format"
     metadata, stale copies and other weight families (taken out, never deleted).
@@ -37,10 +50,14 @@ def fix_command(
     """
     from ckptfix.core.errors import RepairRefusedError
     from ckptfix.ops.fix import FixOptions, fix
+    from ckptfix.write.stores.base import StoreOptions
 
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
     with _progress(show_progress) as advance:
-        result = fix(input_path(path), out, FixOptions(in_place, dry_run, advance))
+        upload = StoreOptions(
+            upload_concurrency, verify_readback=verify_readback, resume=resume, hf_pr=hf_pr
+        )
+        result = fix(input_path(path), out, FixOptions(in_place, dry_run, advance, upload))
     if json_output:
         _write_json(result.to_dict())
     else:

@@ -1,19 +1,25 @@
 """The options and arguments the commands share, each defined once (as `Annotated` types a
-command's parameters are declared with), with the choices they take."""
+command's parameters are declared with), with the choices they take, and those of the rewrites
+that write to an object store (`-o s3://bucket/prefix`)."""
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypedDict
 
 import typer
 
 
 def input_path(text: str) -> str:
     """An input as commands take it: a URL as given, a local path as pathlib spells it."""
-    from ckptfix.io.urls import is_url
+    from ckptfix.core.errors import UsageError
+    from ckptfix.io.urls import is_url, refuse_unknown_scheme
 
+    try:  # before pathlib folds `ftp://host/x` into the folder `ftp:/host/x`
+        refuse_unknown_scheme(text)
+    except UsageError as exc:
+        raise typer.BadParameter(f"{exc.path}: {exc.what}; {exc.fix}") from exc
     return text if is_url(text) else str(Path(text))
 
 
@@ -58,6 +64,12 @@ MaxShardOption = Annotated[
 ]
 
 
+OutOption = Annotated[
+    str | None,
+    typer.Option(
+        "-o", "--out", **LOCAL_PATH, help="Output folder to create, or s3://BUCKET/PREFIX."
+    ),
+]
 ForceOption = Annotated[
     bool,
     typer.Option("--force", help="Replace a non-empty OUT that holds only checkpoint files."),
@@ -120,9 +132,6 @@ SrcArgument = Annotated[  # str, not Path: a Path would fold the // of a URL
     str, typer.Argument(metavar="SRC", help="Checkpoint file or model folder, or a URL.")
 ]
 DryRunOption = Annotated[bool, typer.Option("--dry-run", help="Print the plan; write nothing.")]
-OutOption = Annotated[
-    str | None, typer.Option("-o", "--out", **LOCAL_PATH, help="Output folder to create.")
-]
 KeepOption = Annotated[
     str,
     typer.Option("--keep", help="Name kept for aliases: first, last, or a regex to prefer."),
@@ -166,3 +175,57 @@ NoAliasRecordOption = Annotated[
         help="Leave out the names the ckptfix.dropped record maps to a kept tensor.",
     ),
 ]
+StripPrefixOption = Annotated[
+    str | None,
+    typer.Option("--strip-prefix", metavar="PREFIX|auto", help="Remove a wrapper prefix."),
+]
+ExcludeOption = Annotated[
+    list[str] | None,
+    typer.Option("--exclude", metavar="GLOB", help="Leave out matching tensors (repeatable)."),
+]
+UploadConcurrencyOption = Annotated[
+    int,
+    typer.Option(
+        "--upload-concurrency",
+        min=1,
+        max=64,
+        metavar="N",
+        help="Object-store OUT: parts uploaded at once (at most 256 MiB of parts in memory).",
+    ),
+]
+VerifyReadbackOption = Annotated[
+    bool,
+    typer.Option(
+        "--verify-readback",
+        help="Object-store OUT: also read every object back and check its checksum again.",
+    ),
+]
+ResumeOption = Annotated[
+    bool,
+    typer.Option(
+        "--resume",
+        help="Object-store OUT: keep the objects already there whose size and checksum "
+        "match the plan; send the rest.",
+    ),
+]
+HfPrOption = Annotated[
+    bool,
+    typer.Option(
+        "--hf-pr", help="hf:// OUT: open a pull request instead of committing to the branch."
+    ),
+]
+
+
+class Uploads(TypedDict):
+    """The rewrite options the object-store options set (ops.rewrite_options.RewriteOptions)."""
+
+    upload_concurrency: int
+    verify_readback: bool
+    resume: bool
+    hf_pr: bool
+
+
+def uploads(concurrency: int, readback: bool, resume: bool, hf_pr: bool) -> Uploads:
+    return Uploads(
+        upload_concurrency=concurrency, verify_readback=readback, resume=resume, hf_pr=hf_pr
+    )

@@ -288,7 +288,8 @@ def rewrite(result: RewriteResult) -> None:
     if note is not None:
         console.print(text(note, style="yellow"), soft_wrap=True)
     if result.written is None:
-        console.print(text("dry run: nothing was written", style="bold"))
+        where = f" to {result.destination}" if result.destination else ""
+        console.print(text(f"dry run: nothing was written{where}", style="bold"))
         return
     for line in _written_notes(result.written):
         console.print(line, soft_wrap=True)
@@ -382,9 +383,11 @@ def _files_notes(plan: ShardPlan) -> list[Text]:
 
 def _written_notes(written: WriteResult) -> list[Text]:
     checked = (
-        "every tensor verified against its source"
-        if written.verified
-        else "not verified (--no-verify)"
+        "not verified (--no-verify)"
+        if not written.verified
+        else "every object checked against what was sent"
+        if written.upload is not None
+        else "every tensor verified against its source"
     )
     lines = [
         text(
@@ -394,6 +397,10 @@ def _written_notes(written: WriteResult) -> list[Text]:
         )
     ]
     lines += _zero_copy_notes(written)
+    if written.upload is not None:
+        from ckptfix.cli.render_upload import upload_notes
+
+        return lines + upload_notes(written, written.upload)
     if written.replaced:
         old = [os.path.relpath(path, written.path) for path in written.replaced]
         shown = ", ".join(old) if len(old) <= 3 else f"{', '.join(old[:2])} and {len(old) - 2} more"

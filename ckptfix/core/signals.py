@@ -126,3 +126,22 @@ def keep_command_signals() -> None:
 def current() -> Signals | None:
     """The Signals a command holds, if one does."""
     return _command
+
+
+@contextlib.contextmanager
+def writing_to(out: str) -> Iterator[Signals]:
+    """The command's Signals (or new ones, installed here) while a write to `out` that has
+    something to undo is under way: a SIGINT or SIGTERM then raises, at the write's next safe
+    point, so that the write is undone; restored at the end."""
+    command = current()
+    signals = command or Signals()
+    previous = signals.install() if signals is not command else {}
+    outer = signals.out, signals.writing
+    signals.out, signals.writing = out, True
+    try:
+        yield signals
+    finally:
+        with signals.held():
+            signals.out, signals.writing = outer
+            restore(previous)
+        signals.deferred = None

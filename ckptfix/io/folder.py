@@ -24,9 +24,10 @@ _FIX = "regenerate the index, or fix the entry by hand"  # as formats.index has 
 _FIXES = {"config": "check that config.json is the model's own; save it again with the model"}
 
 
-def inside(child: str, parent: str) -> bool:
-    """Whether the path `child` is `parent` or below it (both spelt alike: absolute, real)."""
-    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+def inside(child: str, parent: str, sep: str = os.sep) -> bool:
+    """Whether the path `child` is `parent` or below it (both spelt alike: absolute, real; a
+    URL and its prefix with `sep="/"`)."""
+    return child == parent or child.startswith(parent.rstrip(sep) + sep)
 
 
 class Folder(Protocol):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 from urllib.parse import unquote
 
 from ckptfix.core.errors import UsageError
+from ckptfix.core.text import redact
 
 REMOTE_SCHEMES = ("s3", "gs", "gcs", "hf", "http", "https")
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")  # RFC 3986's scheme
 _UPLOAD = "name a local path, and copy the result to the URL afterwards"
 
 
@@ -17,11 +20,25 @@ def is_url(path: str) -> bool:
     return bool(sep) and bool(rest) and scheme.lower() in REMOTE_SCHEMES
 
 
+def refuse_unknown_scheme(path: str) -> None:
+    """A `scheme://…` that is none of REMOTE_SCHEMES (`ftp://`, `file://`, `az://`) is a usage
+    error: taken for a local path it became a folder `ftp:` (with the URL's password in its
+    name, and printed). One-letter schemes are left alone: `C://x` is a Windows path."""
+    scheme, sep, _ = path.partition("://")
+    if sep and len(scheme) > 1 and _SCHEME.fullmatch(scheme) and not is_url(path):
+        raise UsageError(
+            redact(path),
+            f"{scheme}:// is not a URL scheme ckptfix reads or writes",
+            "use s3://, gs://, hf://, http(s):// or a local path",
+        )
+
+
 def refuse_url(path: str | os.PathLike[str], what: str, fix: str = _UPLOAD) -> None:
     """Outputs and manifests are local files: a URL given for one is a usage error (it was
     taken for a relative path, `s3:/bucket/x`, written there, and printed with its
     credentials). `what` completes "is a URL; ..."."""
     text = os.fspath(path)
+    refuse_unknown_scheme(text)
     if is_url(text):
         raise UsageError(text, f"is a URL; {what}", fix)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from ckptfix import checks
 from ckptfix.core.checkpoint import Checkpoint
@@ -27,7 +27,7 @@ from ckptfix.core.findings import Severity
 from ckptfix.core.fixes import LEFT_AS_IS
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD
 from ckptfix.io.folder import unlistable
-from ckptfix.io.urls import is_url
+from ckptfix.io.urls import is_url, refuse_unknown_scheme
 from ckptfix.ops.inspect import report_of
 from ckptfix.ops.load import load
 from ckptfix.ops.report import Report
@@ -46,6 +46,8 @@ from ckptfix.write.repair import (
 )
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.staging import Claim, claim_output, staged
+from ckptfix.write.store_output import StoreClaim, claim_store, write_folder_to_store
+from ckptfix.write.stores.base import StoreOptions
 from ckptfix.write.tree import first_link
 
 
@@ -54,6 +56,7 @@ class FixOptions:
     in_place: bool = False
     dry_run: bool = False
     progress: Progress | None = None
+    upload: StoreOptions = field(default_factory=StoreOptions)  # an object-store OUT
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,18 @@ def _refuse_hub_snapshot(source: str) -> None:
         )
 
 
-def _claim(source: str, out: str | os.PathLike[str] | None, options: FixOptions) -> Claim:
+def _claim(
+    source: str, out: str | os.PathLike[str] | None, options: FixOptions
+) -> Claim | StoreClaim:
     if options.in_place and not os.path.isdir(source):  # one file: replaced by a rename
         return Claim(source, os.path.realpath(source), None, None)
     target = source if options.in_place else os.fspath(out or "")
+    refuse_unknown_scheme(target)
+    if is_url(target):  # a new (empty) prefix, as a new folder: fix has no --force
+        return claim_store(
+            target, [source], force=False, replace_any=False, write=not options.dry_run,
+            options=options.upload,
+        )  # fmt: skip
     try:
         return claim_output(target, [source], in_place=options.in_place, write=not options.dry_run)
     except CkptfixError:  # already one line (an unreadable file is an OSError too)
@@ -266,10 +277,19 @@ def _write(
     checkpoint: Checkpoint,
     report: Report,
     plan: RepairPlan,
-    claim: Claim,
+    claim: Claim | StoreClaim,
     options: FixOptions,
     behind: frozenset[str],
 ) -> FixResult:
+    if isinstance(claim, StoreClaim):  # built and checked in a scratch folder, then sent
+
+        def fill(scratch: str) -> str:
+            local = os.path.join(scratch, "out")
+            with claim_output(local, []) as staged_claim:
+                _write(checkpoint, report, plan, staged_claim, options, behind)
+            return local
+
+        return FixResult(report, plan, write_folder_to_store(claim, fill))
     found = rewrites(checkpoint, plan, claim.out)
     job = RepairJob(
         checkpoint, plan, "", claim.out, options.in_place, lambda: None, options.progress

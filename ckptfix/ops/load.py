@@ -10,7 +10,7 @@ from ckptfix.core.errors import InputNotFoundError, UsageError
 from ckptfix.core.memory import paused_gc
 from ckptfix.formats import ReadOptions
 from ckptfix.io.folder import LOCAL, Folder
-from ckptfix.io.urls import is_url
+from ckptfix.io.urls import is_url, refuse_unknown_scheme
 from ckptfix.layouts.huggingface import load_file, load_folder
 
 
@@ -26,6 +26,7 @@ def load(path: str | os.PathLike[str], options: ReadOptions | None = None) -> Ch
 
 
 def _load(shown: str, options: ReadOptions) -> Checkpoint:
+    refuse_unknown_scheme(shown)
     if is_url(shown):
         return _load_url(shown, options)
     if not os.path.exists(shown):

@@ -17,8 +17,9 @@ from ckptfix.core.errors import CkptfixError, CorruptFileError, UsageError, Writ
 from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.signals import current as current_signals
+from ckptfix.core.text import redact
 from ckptfix.io.folder import inside
-from ckptfix.io.urls import is_url, refuse_url
+from ckptfix.io.urls import is_url, refuse_unknown_scheme, refuse_url
 from ckptfix.ops.digest import (
     ALGORITHM,
     WORKERS,
@@ -31,6 +32,7 @@ from ckptfix.ops.hash import SCHEMA_VERSION
 from ckptfix.ops.report import Report
 from ckptfix.ops.tensorset import tensor_set
 from ckptfix.platform import system
+from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
 
 MAX_MANIFEST = 10**9  # bytes: about 3,000,000 tensors
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -79,8 +81,10 @@ class ManifestCheck:
 def check_manifest_out(out: str | os.PathLike[str], source: str) -> bool:
     """Refuse a manifest path that would replace the checkpoint's own file (`hash model.bin
     --manifest model.bin`) or a file in its folder; True when OUT replaces another file."""
-    refuse_url(out, "a manifest is written only to a local file")
     shown = os.fspath(out)
+    refuse_unknown_scheme(shown)
+    if is_url(shown):
+        return _stored_manifest(shown, source)[2] is not None
     target = os.path.realpath(shown)
     if not os.path.lexists(target):
         return False
@@ -104,6 +108,9 @@ def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str], sou
     from ckptfix.core.text import json_bytes
 
     shown = os.fspath(out)
+    refuse_unknown_scheme(shown)
+    if is_url(shown):
+        return _put_manifest(document, shown, source)
     target = os.path.realpath(shown)
     replaced = check_manifest_out(out, source)
     folder = os.path.dirname(target)
@@ -113,6 +120,35 @@ def write_manifest(document: Mapping[str, Any], out: str | os.PathLike[str], sou
     with _held():
         _replace(shown, target, data)
     return replaced
+
+
+def _stored_manifest(url: str, source: str) -> tuple[ObjectStore, str, StoredObject | None]:
+    """The store holding a manifest URL (s3://bucket/prefix/name.json), the object's name
+    in it, and the object already there, if any."""
+    from ckptfix.write.stores import open_store
+
+    parent, _, name = url.rstrip("/").rpartition("/")
+    if "://" not in parent or not name or name in (".", ".."):
+        raise UsageError(redact(url), "names no object", "write --manifest s3://BUCKET/NAME.json")
+    if is_url(source) and inside(url, source.rstrip("/"), "/"):
+        raise UsageError(
+            redact(url),
+            f"is inside the input {redact(source)}; the manifest would be one of its files",
+            "write the manifest to another prefix",
+        )
+    store = open_store(parent, StoreOptions())
+    return store, name, store.stat(name)
+
+
+def _put_manifest(document: Mapping[str, Any], url: str, source: str) -> bool:
+    """The manifest as one object (one PutObject: atomic), checked against what the store
+    then holds; True when it replaced one."""
+    from ckptfix.core.text import json_bytes
+
+    store, name, before = _stored_manifest(url, source)
+    with _held():
+        store.publish({name: json_bytes(document) + b"\n"}, [], message="ckptfix manifest")
+    return before is not None
 
 
 @contextlib.contextmanager

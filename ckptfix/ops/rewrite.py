@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from operator import attrgetter
@@ -17,10 +17,10 @@ from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.formats.base import ReadOptions
 from ckptfix.io.folder import LOCAL
-from ckptfix.io.urls import is_url
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.report import Report
+from ckptfix.ops.rewrite_claim import Destination, claim
 from ckptfix.ops.rewrite_options import (
     ConvertOptions,
     DedupeOptions,
@@ -49,7 +49,8 @@ from ckptfix.write.output import check_free_space, check_names, check_quantized,
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
-from ckptfix.write.staging import MARKER, Claim, claim_output, staged
+from ckptfix.write.staging import MARKER, Claim, staged
+from ckptfix.write.store_output import StoreClaim, write_to_store
 from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
 from ckptfix.write.zerocopy import find_cloning, shareable_bytes, streamed_labels
 
@@ -63,11 +64,14 @@ class RewriteResult:
     report: Report
     plan: ShardPlan
     written: WriteResult | None
+    destination: str | None = None  # an object-store OUT, as it may be printed
 
     def to_dict(self) -> dict[str, object]:
         document = self.report.to_dict()
         document["plan"] = self.plan.to_dict()
         document["written"] = self.written.to_dict() if self.written else None
+        if self.destination is not None:
+            document["destination"] = self.destination
         return document
 
 
@@ -92,65 +96,6 @@ def nearest_folder(path: str) -> str:
     while not os.path.isdir(path):
         path = os.path.dirname(path)
     return path
-
-
-def _refuse_hub_snapshot(source: str) -> None:
-    """A Hugging Face cache snapshot's files are links into the repository's blobs/: files
-    written in their place would leave the cache's bookkeeping wrong and its blobs orphaned."""
-    from ckptfix.layouts.hub import snapshot_of
-
-    repo = snapshot_of(source)
-    if repo is not None:
-        raise UsageError(
-            source,
-            f"is a snapshot of the Hugging Face cache ({os.path.basename(repo)}): its files are "
-            "links into the cache's blobs/, which a rewrite in place would orphan",
-            "write the result elsewhere with -o OUT (what the links point to is copied)",
-        )
-
-
-def _claim(
-    source: str,
-    out: str | os.PathLike[str] | None,
-    *,
-    force: bool,
-    replace_any: bool,
-    in_place: bool,
-    dry_run: bool,
-) -> Claim:
-    """Check the paths, then claim the output for the run (see staging.claim_output)."""
-    if is_url(source) and in_place:
-        raise UsageError("--in-place", "cannot rewrite a URL in place", "use -o OUT")
-    if not is_url(source) and not os.path.exists(source):
-        raise UsageError(source, "no such file or directory", "check the path")
-    if replace_any and not force:
-        raise UsageError(
-            "--replace-any", "only applies with --force", "add --force, or drop --replace-any"
-        )
-    if in_place:
-        if out is not None and os.path.abspath(os.fspath(out)) != os.path.abspath(source):
-            raise UsageError("--in-place", "takes no -o folder other than SRC", "drop -o")
-        if not os.path.isdir(source):
-            raise UsageError(source, "--in-place needs a model folder", "use -o OUT for a file")
-        _refuse_hub_snapshot(source)
-        target = source
-    elif out is None:
-        raise UsageError("-o", "an output folder is required", "pass -o OUT, or --in-place")
-    else:
-        target = os.fspath(out)
-    try:
-        return claim_output(
-            target,
-            [source],
-            force=force,
-            replace_any=replace_any,
-            in_place=in_place,
-            write=not dry_run,
-        )
-    except CkptfixError:  # already one line (an unreadable file is an OSError too)
-        raise
-    except OSError as exc:
-        raise wrap_os_error(exc, target) from exc
 
 
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
@@ -227,7 +172,7 @@ def _metadata(source: RewriteSource, plan: ShardPlan) -> tuple[dict[str, str], d
 
 
 def _write(
-    source: RewriteSource, selection: Selection, claim: Claim, options: WriteOptions
+    source: RewriteSource, selection: Selection, claim: Destination, options: WriteOptions
 ) -> RewriteResult:
     """Plan the shards for a selection, then stage, write, verify and commit them."""
     with paused_gc():  # several objects per tensor, none in a cycle
@@ -251,7 +196,10 @@ def _write(
             check_torch_dtypes(selection.tensors, claim.out)
         headers = [] if torch else checked_headers(plan, tensors, shard_metadata, claim.out)
     if options.dry_run:
-        return RewriteResult(with_remote(source.report, source.checkpoint), plan, None)
+        destination = claim.out if isinstance(claim, StoreClaim) else None
+        return RewriteResult(with_remote(source.report, source.checkpoint), plan, None, destination)
+    if isinstance(claim, StoreClaim):
+        return _to_store(source, plan, claim, options, (tensors, shard_metadata, index_metadata))
     job = ShardJob(
         tensors,
         shard_metadata,
@@ -274,6 +222,45 @@ def _write(
         raise
     except OSError as exc:
         raise wrap_os_error(exc, claim.out) from exc
+
+
+def _to_store(
+    source: RewriteSource,
+    plan: ShardPlan,
+    claim: StoreClaim,
+    options: WriteOptions,
+    planned: tuple[dict[str, OutTensor], Sequence[Mapping[str, str]], dict[str, Any]],
+) -> RewriteResult:
+    """The write step of an object-store OUT (write.store_output)."""
+    if options.to == "torch":
+        raise UsageError(
+            "--to",
+            "torch output to an object store is not yet supported",
+            "write safetensors, or to a folder",
+        )
+    tensors, shard_metadata, index_metadata = planned
+    job = ShardJob(
+        tensors, shard_metadata, index_metadata, source.checkpoint.source, staging="",
+        out=claim.out, progress=options.progress,
+    )  # fmt: skip
+    written = write_to_store(plan, job, claim, lambda folder: _carry(source, plan, folder, options))
+    return RewriteResult(with_remote(source.report, source.checkpoint), plan, written, claim.out)
+
+
+def _carry(
+    source: RewriteSource, plan: ShardPlan, folder: str, options: WriteOptions
+) -> list[WrittenFile]:
+    """The files beside the weights, carried into `folder`: copied from a local folder or
+    downloaded from a remote one, the rewrite's own (generated) ones, config.json retyped."""
+    written: list[WrittenFile] = []
+    copied = [name for name in plan.copied_files if name not in source.generated]
+    if source.is_folder and source.checkpoint.remote is not None:
+        written += download_extra(source.checkpoint.remote, source.path, copied, folder)
+    elif source.is_folder:
+        written += copy_extra(source.path, copied, folder, link=options.in_place)
+    written += write_generated(folder, source.generated)
+    retype_config(folder, plan.config_edits, MAX_CONFIG_SIZE)
+    return written
 
 
 Write = Callable[[ShardPlan, ShardJob], list[WrittenFile]]
@@ -299,13 +286,7 @@ def stage_and_commit(
         staging.checkpoint()
         if MARKER in plan.copied_files:
             staging.unmark()  # the source's own file of that name takes its place
-        copied = [name for name in plan.copied_files if name not in source.generated]
-        if source.is_folder and source.checkpoint.remote is not None:
-            written += download_extra(source.checkpoint.remote, source.path, copied, staging.path)
-        elif source.is_folder:
-            written += copy_extra(source.path, copied, staging.path, link=options.in_place)
-        written += write_generated(staging.path, source.generated)
-        retype_config(staging.path, plan.config_edits, MAX_CONFIG_SIZE)
+        written += _carry(source, plan, staging.path, options)
         staging.commit()
     target = claim.out
     kept = set(plan.copied_files) if options.in_place else set()  # carried over: not replaced
@@ -324,20 +305,13 @@ def _opened(
     *,
     in_place: bool = False,
     **open_options: Any,
-) -> Iterator[tuple[RewriteSource, Claim]]:
+) -> Iterator[tuple[RewriteSource, Destination]]:
     """Claim the output, then load and check the source once; release both at the end."""
     source = os.fspath(src)
-    with _claim(
-        source,
-        out,
-        force=options.force,
-        replace_any=options.replace_any,
-        in_place=in_place,
-        dry_run=options.dry_run,
-    ) as claim:
+    with claim(source, out, options, in_place=in_place) as claimed:
         opened = open_checkpoint(source, max_shard=options.shard_bytes, **open_options)
         with opened.checkpoint:
-            yield recorded(opened), claim
+            yield recorded(opened), claimed
 
 
 def convert(
@@ -468,5 +442,11 @@ def reshard(
         if opened.gguf_stem is not None:  # a GGUF file or split set: GGUF parts
             from ckptfix.ops.rewrite_gguf import write_gguf
 
+            if isinstance(claim, StoreClaim):
+                raise UsageError(
+                    claim.out,
+                    "GGUF output to an object store is not yet supported",
+                    "write it to a folder",
+                )
             return write_gguf(opened, claim, replace(write, to="gguf"))
         return _write(opened, _as_they_are(opened), claim, write)

@@ -33,9 +33,17 @@ class RewriteOptions:
     force: bool = False  # replace an OUT that holds a checkpoint
     replace_any: bool = False  # with force: replace an OUT that holds other files too
     progress: Progress | None = None
+    # An object-store OUT (s3://, gs://, hf://): parts in flight, every object read back, and keeping the
+    # objects already there that match the plan (write.store_sink)
+    upload_concurrency: int = 8
+    verify_readback: bool = False
+    resume: bool = False
+    hf_pr: bool = False  # an hf:// OUT: a pull request instead of a commit to the branch
 
     def __post_init__(self) -> None:
         shard_size(self.max_shard)  # a bad size is a ValueError when the options are made
+        if self.upload_concurrency < 1:
+            raise ValueError("upload_concurrency must be at least 1")
 
     @property
     def shard_bytes(self) -> int:

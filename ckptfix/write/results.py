@@ -45,6 +45,32 @@ class ByteAccount:
 
 
 @dataclass(frozen=True)
+class UploadReport:
+    """What a write to an object store sent and did under the prefix (write.store_output)."""
+
+    bytes_sent: int  # object bytes sent, parts sent again after a failure included
+    requests: int  # every request made to the store, listings and checks included
+    bytes_kept: int = 0  # --resume: bytes of objects already there, not sent again
+    kept: tuple[str, ...] = ()  # --resume: those objects
+    removed_first: tuple[str, ...] = ()  # an earlier index, deleted before its shards
+    aborted: tuple[str, ...] = ()  # uploads a killed ckptfix run left, aborted
+    left: tuple[str, ...] = ()  # uploads under the prefix that are not ckptfix's, left alone
+    read_back: bool = False  # --verify-readback: every object read back and hashed again
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "bytes_sent": self.bytes_sent,
+            "requests": self.requests,
+            "bytes_kept": self.bytes_kept,
+            "kept": list(self.kept),
+            "removed_first": list(self.removed_first),
+            "aborted_uploads": list(self.aborted),
+            "other_uploads": list(self.left),
+            "read_back": self.read_back,
+        }
+
+
+@dataclass(frozen=True)
 class WriteResult:
     """What a write command produced: the final paths and sizes, and what it replaced."""
 
@@ -57,6 +83,7 @@ class WriteResult:
     # safetensors output only (None for torch output): cloned and copied bytes, and how
     # every tensor byte was verified
     account: ByteAccount | None = None
+    upload: UploadReport | None = None  # an object-store output only
 
     @property
     def bytes(self) -> int:
@@ -71,4 +98,5 @@ class WriteResult:
             "replaced": list(self.replaced),
             "verified_by": dict(self.account.verified_by) if self.account else None,
             "zero_copy": self.account.to_dict() if self.account else None,
+            "upload": self.upload.to_dict() if self.upload else None,
         }

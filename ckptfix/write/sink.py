@@ -4,8 +4,8 @@ This is the one seam between what those writers decide (a shard plan, each shard
 the bytes of each tensor as `Part`s) and where the bytes go. `LocalSink` is a staging folder
 beside OUT (write.staging): each file is created there, written, read back and compared with
 what was meant, fsynced, and the folder is swapped in as OUT by `commit()`; `discard()`
-leaves OUT as it was. A sink for object stores (s3://, gs://, hf://) implements the same
-methods; nothing above this module changes.
+leaves OUT as it was. The sink for object stores (s3://; gs://, hf:// later) implements
+the same methods (write.store_sink.StoreSink); nothing above this module changes.
 """
 
 from __future__ import annotations

@@ -45,6 +45,17 @@ class Dangling:
     name: str
     upload_id: str
     started: str | None = None  # the store's timestamp, as text
+    ours: bool = False  # started by a ckptfix run (the store's own marker says so)
+
+
+class ObjectHash(Protocol):
+    """The checksum a store reports for an object, computed over bytes fed in order: what
+    --resume compares an existing object with, without sending anything."""
+
+    def update(self, data: bytes | memoryview) -> None: ...
+
+    def value(self) -> tuple[str, str]:
+        """(algorithm, value) as `StoredObject.checksum` gives them for the same bytes."""
 
 
 class ObjectUpload(Protocol):
@@ -55,6 +66,11 @@ class ObjectUpload(Protocol):
     `VerificationError`). `abort` is safe to call at any time, more than once."""
 
     def send(self, data: bytes | memoryview) -> None: ...
+
+    def flush(self) -> None:
+        """Send what is left and wait until the store has every byte; the object is still
+        not visible (a writer that completes it later, at publication, waits here first,
+        where a signal may still stop it)."""
 
     def complete(self) -> StoredObject: ...
 
@@ -77,6 +93,18 @@ class ObjectStore(Protocol):
         """Uploads under the prefix started and never completed (none for stores without)."""
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None: ...
+
+    def stat(self, name: str) -> StoredObject | None:
+        """One object with the checksum the store holds for it (None if there is none)."""
+
+    def hasher(self, size: int) -> ObjectHash:
+        """A new ObjectHash for an object of `size` bytes (a composite checksum depends on
+        the part size, which depends on the size)."""
+
+    def delete(self, names: Sequence[str]) -> None:
+        """Delete objects now, before `publish` (an earlier index that would otherwise point
+        at shards being replaced). Stores that publish by one commit (the Hub) may make it
+        part of that commit instead."""
 
     def begin(self, name: str, size: int) -> ObjectUpload:
         """Start streaming object `name` of exactly `size` bytes (the part size is chosen from

@@ -1,0 +1,308 @@
+"""A rewrite's output in an object store (`-o s3://bucket/prefix`): the prefix claimed as a
+local OUT is (`claim_store`), then the planned shards streamed through a StoreSink
+(`write_to_store`).
+
+The claim follows the local rules: a prefix holding objects is refused unless --force (or
+--resume), and one holding objects that are not a checkpoint's files unless --replace-any
+too; an object whose name could not be a file's (control characters, `..`, a NUL) is never
+touched and stops the run. Multipart uploads a killed ckptfix run left under the prefix (its
+marker is there) are aborted; others are listed and left alone. Objects of the earlier
+checkpoint that the new one does not hold are deleted only after the new index is published.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from ckptfix.core.errors import RemoteError, UsageError, WriteError
+from ckptfix.core.signals import writing_to
+from ckptfix.core.text import shown
+from ckptfix.io.gather import Sources
+from ckptfix.io.source import ByteSource, is_local
+from ckptfix.io.urls import climbs_out, is_url
+from ckptfix.layouts.names import CHECKPOINT_FILE
+from ckptfix.plan.select import OutTensor
+from ckptfix.plan.shards import ShardPlan
+from ckptfix.write.output import index_bytes
+from ckptfix.write.results import UploadReport, WriteResult, WrittenFile
+from ckptfix.write.safetensors import ShardJob, produce, shard_header
+from ckptfix.write.sink import CHUNK, ShardHeader
+from ckptfix.write.store_sink import StoreSink, StoreState, is_index
+from ckptfix.write.stores import open_store
+from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
+
+
+@dataclass
+class StoreClaim:
+    """An output prefix for one run: the store, what it held, what was done about leftovers."""
+
+    out: str  # the URL as it may be printed
+    store: ObjectStore
+    options: StoreOptions
+    state: StoreState
+    replace_any: bool = False
+    aborted: tuple[str, ...] = ()
+    left: tuple[str, ...] = ()
+    real: str = field(default="")
+
+    def release(self) -> None:
+        """Nothing is locked: a store has no folder lock (two runs to one prefix is the
+        user's to avoid; the second finds the first's marker and objects)."""
+
+    def __enter__(self) -> StoreClaim:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _inside(child: str, parent: str) -> bool:
+    child, parent = child.rstrip("/"), parent.rstrip("/")
+    return child == parent or child.startswith(parent + "/")
+
+
+def _check_names(store: ObjectStore, objects: Sequence[StoredObject]) -> None:
+    for item in objects:
+        if climbs_out(item.name) or shown(item.name) != item.name or item.name.endswith("/"):
+            raise RemoteError(
+                store.display,
+                "store-object-name",
+                f"holds an object named {shown(item.name)!r}, which ckptfix will not replace "
+                "or delete (not a name a checkpoint's file can have)",
+                "choose another prefix, or remove that object yourself",
+            )
+
+
+def _check_existing(
+    store: ObjectStore, objects: Sequence[StoredObject], *, force: bool, replace_any: bool
+) -> None:
+    if not objects:
+        return
+    if not force:
+        raise UsageError(
+            store.display,
+            f"output prefix is not empty ({len(objects)} object(s))",
+            "pass --force to replace the checkpoint there, or --resume to keep what matches",
+        )
+    foreign = sorted(
+        item.name for item in objects if not CHECKPOINT_FILE.fullmatch(item.name.rpartition("/")[2])
+    )
+    if foreign and not replace_any:
+        some = ", ".join(shown(name) for name in foreign[:3])
+        raise UsageError(
+            store.display,
+            f"output prefix holds objects that are not part of a checkpoint: {some}"
+            + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""),
+            "pass --replace-any to replace them too, or choose another prefix",
+        )
+
+
+def claim_store(
+    url: str, sources: Sequence[str], *, force: bool, replace_any: bool, write: bool,
+    options: StoreOptions,
+) -> StoreClaim:  # fmt: skip
+    """Check that the prefix may be written (see the module docstring); for a write, abort
+    a killed run's uploads. --resume counts as --force for the objects already there."""
+    store = open_store(url, options)
+    for source in sources:
+        if is_url(source) and (_inside(source, url) or _inside(url, source)):
+            raise UsageError(
+                store.display, f"output overlaps the input {source}", "choose another -o"
+            )
+    objects = store.list()
+    _check_names(store, objects)
+    _check_existing(store, objects, force=force or options.resume, replace_any=replace_any)
+    state = StoreState({item.name: item for item in objects})
+    claim = StoreClaim(store.display, store, options, state, replace_any)
+    if write:
+        dangling = store.dangling()
+        ours = [upload for upload in dangling if upload.ours]
+        store.abort_dangling(ours)
+        claim.aborted = tuple(upload.name for upload in ours)
+        claim.left = tuple(upload.name for upload in dangling if not upload.ours)
+    return claim
+
+
+READ_AHEAD = 4  # ranged reads of a remote tensor in flight while its parts are sent
+READ_PIECE = 8 * 2**20
+
+
+@dataclass(frozen=True)
+class TensorPart:
+    """A planned tensor's output bytes (gathered, cast) as a sink's Part. A remote tensor
+    stored whole in one range is read READ_AHEAD ranges at a time (S3 -> S3: the reads
+    would otherwise wait for each other, one round trip each)."""
+
+    sources: Sources
+    tensor: OutTensor
+
+    @property
+    def nbytes(self) -> int:
+        return self.tensor.nbytes
+
+    def chunks(self, chunk: int = CHUNK) -> Iterator[bytes]:
+        stored = self.tensor.source
+        pieces = stored.pieces
+        whole = len(pieces) == 1 and pieces[0].view is None and pieces[0].count == 1
+        if whole and self.tensor.dtype == stored.dtype and stored.nbytes > READ_PIECE:
+            source = self.sources(pieces[0].source)
+            if not is_local(source):  # remote: every read is a round trip
+                return _read_ahead(source, pieces[0].offset, stored.nbytes)
+        return produce(self.sources, self.tensor)
+
+
+def _read_ahead(source: ByteSource, offset: int, size: int) -> Iterator[bytes]:
+    """[offset, offset + size) of `source` in order, READ_AHEAD reads in flight."""
+    with ThreadPoolExecutor(READ_AHEAD, thread_name_prefix="ckptfix-read") as pool:
+        pending: deque[Future[bytes]] = deque()
+        at = 0
+        try:
+            while at < size or pending:
+                while at < size and len(pending) < READ_AHEAD:
+                    count = min(READ_PIECE, size - at)
+                    pending.append(pool.submit(source.read_at, offset + at, count))
+                    at += count
+                yield pending.popleft().result()
+        finally:
+            for future in pending:
+                future.cancel()
+
+
+def _stale(claim: StoreClaim, written: Sequence[str]) -> list[str]:
+    """Objects of the earlier output the new one does not hold (deleted after the index):
+    checkpoint files, and with --replace-any the others too."""
+    new = set(written)
+    return sorted(
+        name
+        for name in claim.state.existing
+        if name not in new
+        and name not in claim.state.removed_first
+        and (claim.replace_any or CHECKPOINT_FILE.fullmatch(name.rpartition("/")[2]))
+    )
+
+
+def _extra_files(folder: str) -> Iterator[tuple[str, str]]:
+    """(object name, path) of every file under `folder`, sorted."""
+    for root, folders, files in os.walk(folder):
+        folders.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            yield os.path.relpath(path, folder).replace(os.sep, "/"), path
+
+
+def _file_chunks(path: str) -> Callable[[], Iterator[bytes]]:
+    def chunks() -> Iterator[bytes]:
+        with open(path, "rb") as handle:
+            while data := handle.read(CHUNK):
+                yield data
+
+    return chunks
+
+
+def _write_shards(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+    written = []
+    for shard, metadata in zip(plan.shards, job.metadata, strict=True):
+        data, entries = shard_header(shard, job.tensors, metadata)
+        header = ShardHeader(data, tuple(entries), metadata)
+        parts = [TensorPart(job.sources, job.tensors[name]) for name in shard.tensors]
+        written.append(sink.write_shard(shard.file, header, parts))
+    return written
+
+
+def _write_extras(sink: StoreSink, carry: Callable[[str], object]) -> list[WrittenFile]:
+    """The files beside the weights, carried into a scratch folder by the local rules, then
+    sent (see _send_files)."""
+    folder = sink.scratch()
+    carry(folder)
+    return _send_files(sink, folder)
+
+
+def _send_files(sink: StoreSink, folder: str) -> list[WrittenFile]:
+    """Every file under `folder`: small ones kept for publication (with the index, which
+    comes last), larger ones streamed now."""
+    written = []
+    for name, path in _extra_files(folder):
+        size = os.path.getsize(path)
+        if size <= CHUNK:
+            with open(path, "rb") as handle:
+                written.append(sink.write_file(name, handle.read()))
+        else:
+            written.append(sink.write_stream(name, size, _file_chunks(path)))
+    return written
+
+
+def write_to_store(
+    plan: ShardPlan, job: ShardJob, claim: StoreClaim, carry: Callable[[str], object]
+) -> WriteResult:
+    """Stream the planned shards, the carried files (`carry(folder)` puts them in a local
+    scratch folder) and the index into the store; publish; delete what is stale."""
+    labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
+    before = {label: job.sources(label).change_token() for label in labels}
+    with writing_to(claim.out) as signals:
+        sink = StoreSink(
+            claim.store, claim.options, claim.state,
+            single_file=plan.index_file is None, signals=signals,
+        )  # fmt: skip
+        sink.progress, sink.total = job.progress, plan.total_size
+        try:
+            written = _write_shards(sink, plan, job) + _write_extras(sink, carry)
+            if plan.index_file is not None:
+                data = index_bytes(plan, job.index_metadata)
+                written.append(sink.write_file(plan.index_file, data))
+            if {label: job.sources(label).change_token() for label in labels} != before:
+                raise WriteError(
+                    job.out,
+                    "a source changed while it was being read",
+                    "run again on a stable copy",
+                )
+            stale = _stale(claim, [item.path for item in written])
+            sink.commit(stale)
+        except BaseException:
+            sink.discard()
+            raise
+    return _result(claim, written, sink)
+
+
+def write_folder_to_store(claim: StoreClaim, fill: Callable[[str], str]) -> WriteResult:
+    """An output that is built whole before it is sent (fix -o): `fill(scratch)` writes it
+    into a local scratch folder and returns its path; every file is then streamed, the
+    index published last, and what is stale deleted, as for the rewrites."""
+    with tempfile.TemporaryDirectory(prefix="ckptfix-store-") as scratch:
+        folder = fill(scratch)
+        files = [name for name, _ in _extra_files(folder)]
+        weights = [name for name in files if name.endswith((".safetensors", ".bin"))]
+        single = len(weights) == 1 and not any(is_index(name) for name in files)
+        with writing_to(claim.out) as signals:
+            sink = StoreSink(
+                claim.store, claim.options, claim.state, single_file=single, signals=signals
+            )
+            try:
+                written = _send_files(sink, folder)
+                sink.commit(_stale(claim, [item.path for item in written]))
+            except BaseException:
+                sink.discard()
+                raise
+    return _result(claim, written, sink)
+
+
+def _result(claim: StoreClaim, written: Sequence[WrittenFile], sink: StoreSink) -> WriteResult:
+    stats, state = claim.store.stats(), claim.state
+    url = claim.out.rstrip("/")
+    report = UploadReport(
+        stats.bytes_sent,
+        stats.requests,
+        state.bytes_kept,
+        tuple(state.kept),
+        tuple(f"{url}/{name}" for name in state.removed_first),
+        claim.aborted,
+        claim.left,
+        claim.options.verify_readback,
+    )
+    files = tuple(WrittenFile(f"{url}/{item.path}", item.bytes) for item in written)
+    removed = tuple(f"{url}/{name}" for name in [*state.removed_first, *state.removed])
+    return WriteResult(url, files, True, removed, None, report)

@@ -1,0 +1,226 @@
+"""A `Sink` (write.sink) whose files go to an object store (write.stores): the same seam the
+library's writers and the CLI's rewrites write through, for s3:// (and later gs://, hf://)
+outputs.
+
+Each shard streams into `ObjectStore.begin(name, size)`: its header, then each part's chunks,
+as the parts make them (a tensor read from local or remote sources in bounded chunks, cast if
+asked), so memory stays at the upload's parts in flight. The store checks each object's
+checksum once it is complete. Small files (the index, config.json) are kept until `commit`,
+which puts them, the index last, then deletes what the earlier checkpoint held and the new one
+does not (`stale`). So nothing a loader takes as complete is there before the index:
+
+- A sharded output's shards are completed one by one under their final names; until the index
+  exists they are no checkpoint. An earlier index under the prefix that lists a name about to
+  be replaced is deleted before that shard is sent (`--force`): the old index never points at
+  a new shard. If the run then fails, the prefix holds no index at all.
+- A single-file output is completed only in `commit`: S3's completion of a multipart upload is
+  atomic, so the file is either the old one or the whole new one.
+
+--resume: a shard whose object already exists with the planned size is hashed here (the
+bytes are produced, not sent) and kept if the store's checksum for it is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ckptfix.core.errors import UsageError, VerificationError
+from ckptfix.core.signals import Signals
+from ckptfix.write.results import Progress, WrittenFile
+from ckptfix.write.sink import CHUNK, Part, ShardHeader
+from ckptfix.write.stores.base import ObjectStore, ObjectUpload, StoredObject, StoreOptions
+
+READBACK = 16 * 2**20  # bytes read back at a time by --verify-readback
+
+
+def is_index(name: str) -> bool:
+    return name.endswith(".index.json")
+
+
+@dataclass
+class StoreState:
+    """What a sink knows of the prefix before it writes: the objects there, and what this run
+    did about them."""
+
+    existing: Mapping[str, StoredObject] = field(default_factory=dict)
+    kept: list[str] = field(default_factory=list)  # --resume: objects not sent again
+    bytes_kept: int = 0
+    removed_first: list[str] = field(default_factory=list)  # earlier indexes, before a shard
+    removed: list[str] = field(default_factory=list)  # stale objects, after the index
+
+
+class StoreSink:
+    """See the module docstring. `single_file`: the output is one file with no index, whose
+    completion is its publication. `signals` are checked between chunks (a SIGINT or SIGTERM
+    kept while other code ran stops the upload there)."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        options: StoreOptions,
+        state: StoreState | None = None,
+        *,
+        single_file: bool = False,
+        signals: Signals | None = None,
+    ) -> None:
+        self.store = store
+        self.options = options
+        self.state = state or StoreState()
+        self.single_file = single_file
+        self.signals = signals or Signals()
+        self.progress: Progress | None = None
+        self.total = 0
+        self.done = 0
+        self.files: dict[str, bytes] = {}
+        self.open: list[ObjectUpload] = []
+        self.deferred: list[tuple[str, int, ObjectUpload]] = []
+        self.written: list[str] = []
+        self._scratch: str | None = None
+        self.closed = False
+
+    @property
+    def out(self) -> str:
+        return self.store.display
+
+    def write_shard(self, name: str, header: ShardHeader, parts: Sequence[Part]) -> WrittenFile:
+        size = len(header.data) + sum(part.nbytes for part in parts)
+
+        def chunks() -> Iterable[bytes | memoryview]:
+            yield header.data
+            for part in parts:
+                yield from part.chunks(CHUNK)
+
+        return self.write_stream(name, size, chunks, counted=True)
+
+    def write_stream(
+        self,
+        name: str,
+        size: int,
+        chunks: Callable[[], Iterable[bytes | memoryview]],
+        *,
+        counted: bool = False,
+    ) -> WrittenFile:
+        """Send an object of `size` bytes made by `chunks()` (called again for --resume's
+        check); `counted`: its bytes advance the progress."""
+        if self.options.resume and self._kept(name, size, chunks):
+            self._advance(size if counted else 0)
+            return WrittenFile(name, size)
+        self._before_replacing(name)
+        upload = self.store.begin(name, size)
+        self.open.append(upload)
+        for chunk in chunks():
+            self.signals.raise_deferred()
+            upload.send(chunk)
+            self._advance(len(chunk) if counted else 0)
+        upload.flush()  # every part sent, while a signal may still stop the write
+        self.signals.raise_deferred()
+        if self.single_file:
+            self.deferred.append((name, size, upload))
+        else:
+            self._complete(name, size, upload)
+        return WrittenFile(name, size)
+
+    def _advance(self, count: int) -> None:
+        self.done += count
+        if self.progress is not None and count:
+            self.progress(min(self.done, self.total), self.total)
+
+    def _complete(self, name: str, size: int, upload: ObjectUpload) -> None:
+        stored = upload.complete()
+        self.open.remove(upload)
+        self.written.append(name)
+        if self.options.verify_readback:
+            self._read_back(stored, size)
+
+    def _kept(
+        self, name: str, size: int, chunks: Callable[[], Iterable[bytes | memoryview]]
+    ) -> bool:
+        """Whether the object already there is exactly this one (size, then checksum)."""
+        listed = self.state.existing.get(name)
+        if listed is None or listed.size != size:
+            return False
+        stored = self.store.stat(name)
+        if stored is None or stored.size != size or stored.checksum is None:
+            return False
+        hasher = self.store.hasher(size)
+        for chunk in chunks():
+            self.signals.raise_deferred()
+            hasher.update(chunk)
+        if hasher.value() != stored.checksum:
+            return False
+        self.state.kept.append(name)
+        self.state.bytes_kept += size
+        return True
+
+    def _before_replacing(self, name: str) -> None:
+        """An earlier index must not list a shard while it is being replaced: it goes first."""
+        if name not in self.state.existing or self.state.removed_first:
+            return
+        indexes = sorted(n for n in self.state.existing if is_index(n) and n != name)
+        if indexes:
+            self.store.delete(indexes)
+            self.state.removed_first.extend(indexes)
+
+    def _read_back(self, stored: StoredObject, size: int) -> None:
+        hasher = self.store.hasher(size)
+        for start in range(0, size, READBACK):
+            self.signals.raise_deferred()
+            hasher.update(self.store.read(stored.name, start, min(start + READBACK, size)))
+        if hasher.value() != stored.checksum:
+            raise VerificationError(
+                f"{self.out}/{stored.name}",
+                "reads back different from what was sent",
+                "check the store and the endpoint, then run again",
+            )
+
+    def write_file(self, name: str, data: bytes) -> WrittenFile:
+        self.files[name] = data
+        return WrittenFile(name, len(data))
+
+    def rename(self, old: str, new: str) -> None:
+        raise UsageError(
+            self.out,
+            "ckptfix.Writer cannot write to an object store yet (it names its shards last)",
+            "use ckptfix.save(..., out=URL), or a Writer to a local folder",
+        )
+
+    def scratch(self) -> str:
+        if self._scratch is None:
+            self._scratch = tempfile.mkdtemp(prefix="ckptfix-store-")
+        return self._scratch
+
+    def commit(self, stale: Sequence[str] = ()) -> None:
+        """Complete a single file, then put the small files (the index last) and delete
+        `stale`. SIGINT and SIGTERM wait meanwhile: the output is then published whole."""
+        self.signals.raise_deferred()
+        with self.signals.held():
+            for name, size, upload in self.deferred:
+                self._complete(name, size, upload)
+            ordered = sorted(self.files, key=lambda name: (is_index(name), name))
+            self.store.publish(
+                {name: self.files[name] for name in ordered}, list(stale), message="ckptfix"
+            )
+            self.written.extend(ordered)
+            self.state.removed.extend(stale)
+            self.signals.committed = True
+        self._drop_scratch()
+        self.closed = True
+
+    def discard(self) -> None:
+        """Abort every upload under way; nothing more is published. Safe more than once."""
+        if self.closed:
+            return
+        self.closed = True
+        for upload in [*self.open]:
+            with contextlib.suppress(Exception):  # already failing: the first error stands
+                upload.abort()
+        self._drop_scratch()
+
+    def _drop_scratch(self) -> None:
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+            self._scratch = None

@@ -1,0 +1,413 @@
+"""s3://bucket/prefix as an output (`ObjectStore`), through botocore's S3 client.
+
+The client is the remote reads' (io.remote_s3: AWS_* configuration, endpoint, bounded
+answers) and every request goes through a `RemoteSession` (transient failures retried with
+backoff, the others one-line errors naming the redacted URL, requests counted).
+
+Objects larger than one part are multipart uploads with `ChecksumAlgorithm=SHA256` and the
+COMPOSITE checksum type: each part is sent with its SHA-256, and the object's checksum, as
+S3 reports it (HeadObject with ChecksumMode), is the SHA-256 of the parts' digests, base64,
+followed by `-N` (N parts; compared without it, which the value covers). That value is computed here while the bytes pass and compared
+with the one S3 reports once the upload is complete: the object then holds exactly the bytes
+that were sent. Smaller objects are one PutObject with the whole object's SHA-256, compared
+the same way. The part size depends only on the object's size (part_size), so --resume can
+compute the checksum an existing object must have without sending anything.
+
+A run writes a marker object (MARKER) under the prefix before its first upload and removes it
+once the output is published: multipart uploads left under a prefix that holds the marker are
+a killed run's, which the next run aborts; others are reported and left alone.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from ckptfix.core.errors import RemoteError, UsageError, VerificationError
+from ckptfix.core.text import redact
+from ckptfix.io.remote import RemoteSession, Settings
+from ckptfix.io.remote_answers import Listing, answer_seconds
+from ckptfix.io.remote_errors import UnexpectedAnswer, parsed
+from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
+from ckptfix.write.stores.parts import PartPump, in_flight, part_size
+
+MARKER = ".ckptfix-writing"
+_MARKER_TEXT = b"ckptfix writes an output here; safe to delete when no ckptfix run is writing\n"
+MIN_PART = 5 * 2**20  # S3's smallest part but the last
+MAX_PARTS = 10_000
+_DELETE_BATCH = 1000  # DeleteObjects' limit
+
+
+def split_url(url: str) -> tuple[str, str]:
+    """(bucket, key prefix ending in "/" or empty) of s3://bucket[/prefix]."""
+    rest = url.split("://", 1)[1]
+    bucket, _, prefix = rest.partition("/")
+    prefix = prefix.strip("/")
+    if not bucket or "@" in bucket or ":" in bucket:
+        raise UsageError(redact(url), "names no bucket", "write -o s3://BUCKET/PREFIX")
+    return bucket, prefix + "/" if prefix else ""
+
+
+def s3_part_size(size: int) -> int:
+    return part_size(size, max_parts=MAX_PARTS, minimum=MIN_PART)
+
+
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+class CompositeSha256:
+    """The checksum S3 reports for an object of `size` bytes uploaded as this module does
+    (see the module docstring)."""
+
+    def __init__(self, size: int) -> None:
+        self.part = s3_part_size(size)
+        self.single = size <= self.part
+        self.whole = hashlib.sha256()
+        self.digests: list[bytes] = []
+        self.filled = 0
+
+    def update(self, data: bytes | memoryview) -> None:
+        view = memoryview(data).cast("B")
+        if self.single:
+            self.whole.update(view)
+            return
+        while len(view):
+            take = min(self.part - self.filled, len(view))
+            self.whole.update(view[:take])
+            view, self.filled = view[take:], self.filled + take
+            if self.filled == self.part:
+                self._close_part()
+
+    def _close_part(self) -> None:
+        self.digests.append(self.whole.digest())
+        self.whole, self.filled = hashlib.sha256(), 0
+
+    def value(self) -> tuple[str, str]:
+        if self.single:
+            return ("sha256", _b64(self.whole.digest()))
+        digests = self.digests + ([self.whole.digest()] if self.filled else [])
+        return ("sha256", _b64(hashlib.sha256(b"".join(digests)).digest()))
+
+
+class S3Store:
+    """See the module docstring."""
+
+    def __init__(self, url: str, options: StoreOptions, settings: Settings | None = None) -> None:
+        from ckptfix.io.remote_s3 import S3Backend, s3_client
+
+        self.bucket, self.prefix = split_url(url)
+        self.options = options
+        settings = settings or Settings.from_env()
+        # a connection per part in flight, beside the reads' (urllib3 warns past its pool)
+        wanted = options.concurrency + settings.concurrency
+        settings = dataclasses.replace(settings, concurrency=max(settings.concurrency, wanted))
+        self.client = s3_client(settings)
+        self.session = RemoteSession(S3Backend(self.client, settings.timeout), settings)
+        self.listing_seconds = answer_seconds(settings.timeout)
+        self._display = redact(url.rstrip("/"))
+        self._marked = False
+        self._lock = threading.Lock()
+        self.bytes_sent = 0
+
+    @property
+    def display(self) -> str:
+        return self._display
+
+    def url_of(self, name: str) -> str:
+        return f"{self._display}/{name}"
+
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    def call(self, name: str, operation: str, **parameters: Any) -> Any:
+        """One request (retried when transient); errors name the object's URL."""
+        from botocore.parsers import ResponseParserError
+
+        method = getattr(self.client, operation)
+        request: Callable[[], Any] = lambda: parsed(  # noqa: E731
+            lambda: method(**parameters), "S3's XML", (ResponseParserError,)
+        )
+        url = self.url_of(name) if name else self._display
+        try:
+            return self.session.call(url, request)
+        except RemoteError as exc:
+            if exc.rule == "remote-forbidden":
+                raise RemoteError(
+                    url,
+                    "remote-forbidden",
+                    "access denied (HTTP 403)",
+                    "check that the credentials in use may list, write and delete objects "
+                    "under this prefix",
+                ) from exc
+            raise
+
+    def add_sent(self, count: int) -> None:
+        with self._lock:  # the pump's workers add from their threads
+            self.bytes_sent += count
+
+    def list(self) -> Sequence[StoredObject]:
+        """Every object under the prefix, sub-folders' included (our marker left out)."""
+        found: list[StoredObject] = []
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
+        bounds = Listing(self.listing_seconds)
+        with bounds.pages_of_this_thread():
+            while True:
+                page = self.call("", "list_objects_v2", **params)
+                items = page.get("Contents", [])
+                found += [item for item in map(self._listed, items) if item is not None]
+                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
+                bounds.page(len(items), more=bool(token))
+                if not token:
+                    return found
+                params["ContinuationToken"] = token
+
+    def _listed(self, item: Mapping[str, Any]) -> StoredObject | None:
+        key, size = item.get("Key"), item.get("Size")
+        if not isinstance(key, str) or not key.startswith(self.prefix):
+            raise UnexpectedAnswer("a listing entry outside the prefix asked for")
+        if not isinstance(size, int) or size < 0:
+            raise UnexpectedAnswer(f"a listing entry without a size ({key[:80]!r})")
+        name = key[len(self.prefix) :]
+        if name == MARKER:
+            self._marked = True
+            return None
+        return StoredObject(name, size) if name else None
+
+    def dangling(self) -> Sequence[Dangling]:
+        """Multipart uploads under the prefix never completed: ours if the marker is there."""
+        marked = self._marked or self.stat(MARKER) is not None
+        uploads: list[Dangling] = []
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
+        for _ in range(1000):
+            page = self.call("", "list_multipart_uploads", **params)
+            for item in page.get("Uploads", []):
+                key, upload_id = item.get("Key"), item.get("UploadId")
+                if not isinstance(key, str) or not isinstance(upload_id, str):
+                    raise UnexpectedAnswer("a multipart upload without a key or an id")
+                started = str(item["Initiated"]) if item.get("Initiated") else None
+                uploads.append(Dangling(key[len(self.prefix) :], upload_id, started, marked))
+            if not page.get("IsTruncated"):
+                break
+            params["KeyMarker"] = page.get("NextKeyMarker")
+            params["UploadIdMarker"] = page.get("NextUploadIdMarker")
+        return uploads
+
+    def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
+        for upload in uploads:
+            self.abort_upload(upload.name, upload.upload_id)
+
+    def abort_upload(self, name: str, upload_id: str) -> None:
+        try:
+            self.call(
+                name, "abort_multipart_upload", Bucket=self.bucket, Key=self.key(name),
+                UploadId=upload_id,
+            )  # fmt: skip
+        except RemoteError as exc:
+            if exc.rule != "remote-not-found":  # already gone (NoSuchUpload)
+                raise
+
+    def stat(self, name: str) -> StoredObject | None:
+        try:
+            head = self.call(
+                name, "head_object", Bucket=self.bucket, Key=self.key(name), ChecksumMode="ENABLED"
+            )
+        except RemoteError as exc:
+            if exc.rule == "remote-not-found":
+                return None
+            raise
+        size = head.get("ContentLength")
+        if not isinstance(size, int) or size < 0:
+            raise UnexpectedAnswer(f"HEAD of {name[:80]!r} without a size")
+        checksum = head.get("ChecksumSHA256")
+        if not checksum:
+            return StoredObject(name, size)
+        # A COMPOSITE checksum comes as "<base64>-<parts>" (S3) or without the count
+        # (moto); the value covers the parts' digests, so their number is in it already.
+        return StoredObject(name, size, ("sha256", str(checksum).partition("-")[0]))
+
+    def hasher(self, size: int) -> CompositeSha256:
+        return CompositeSha256(size)
+
+    def delete(self, names: Sequence[str]) -> None:
+        for start in range(0, len(names), _DELETE_BATCH):
+            batch = names[start : start + _DELETE_BATCH]
+            answer = self.call(
+                "",
+                "delete_objects",
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": self.key(name)} for name in batch], "Quiet": True},
+            )
+            errors = answer.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise RemoteError(
+                    self.url_of(str(first.get("Key", ""))[len(self.prefix) :]),
+                    "remote-error",
+                    f"could not be deleted ({first.get('Code')}); {len(errors)} failed",
+                    "check the credentials may delete objects, then run again",
+                )
+
+    def mark(self) -> None:
+        """Put the marker (once per run) before anything else is uploaded."""
+        if not self._marked:
+            self.put(MARKER, _MARKER_TEXT, counted=False)
+            self._marked = True
+
+    def begin(self, name: str, size: int) -> SingleUpload | MultipartUpload:
+        self.mark()
+        if size <= s3_part_size(size):
+            return SingleUpload(self, name, size)
+        return MultipartUpload(self, name, size)
+
+    def put(self, name: str, data: bytes, *, counted: bool = True) -> StoredObject:
+        """One PutObject with the object's SHA-256, compared with what S3 then reports
+        (`counted`: its bytes are output data, as the marker's are not)."""
+        digest = _b64(hashlib.sha256(data).digest())
+        self.call(
+            name, "put_object", Bucket=self.bucket, Key=self.key(name), Body=data,
+            ChecksumSHA256=digest, ChecksumAlgorithm="SHA256",
+        )  # fmt: skip
+        self.add_sent(len(data) if counted else 0)
+        return self.verify(name, len(data), ("sha256", digest))
+
+    def verify(self, name: str, size: int, checksum: tuple[str, str]) -> StoredObject:
+        """The object as S3 reports it must have this size and checksum; one that does not
+        is deleted (it was just written by this run) and the run fails."""
+        stored = self.stat(name)
+        if stored is not None and stored.size == size and stored.checksum == checksum:
+            return stored
+        what = (
+            "is missing after its upload"
+            if stored is None
+            else f"is reported as {stored.size:,} bytes with {stored.checksum} where "
+            f"{size:,} bytes with {checksum} were sent"
+        )
+        if stored is not None:
+            self.delete([name])
+        raise VerificationError(
+            self.url_of(name),
+            what,
+            "check the endpoint (a proxy that alters uploads?), then run again",
+        )
+
+    def publish(
+        self, files: Mapping[str, bytes], delete: Sequence[str], *, message: str
+    ) -> Sequence[StoredObject]:
+        """Put `files` in order (the caller puts the index last), delete `delete`, then the
+        marker: from the index on the output is complete."""
+        stored = [self.put(name, data) for name, data in files.items()]
+        self.delete([*delete, MARKER])
+        self._marked = False
+        return stored
+
+    def read(self, name: str, start: int, end: int) -> bytes:
+        answer = self.call(
+            name, "get_object", Bucket=self.bucket, Key=self.key(name),
+            Range=f"bytes={start}-{end - 1}",
+        )  # fmt: skip
+        body = answer["Body"]
+        try:
+            return bytes(body.read(end - start + 1))
+        finally:
+            body.close()
+
+    def stats(self) -> UploadStats:
+        return UploadStats(self.bytes_sent, self.session.stats()["requests"])
+
+
+class SingleUpload:
+    """An object of at most one part: held in memory, then one PutObject."""
+
+    def __init__(self, store: S3Store, name: str, size: int) -> None:
+        self.store, self.name, self.size = store, name, size
+        self.data = bytearray()
+
+    def send(self, data: bytes | memoryview) -> None:
+        self.data += data
+        _check_size(self.store, self.name, len(self.data), self.size, final=False)
+
+    def flush(self) -> None:
+        """Nothing is sent before `complete`: one PutObject is the whole upload."""
+
+    def complete(self) -> StoredObject:
+        _check_size(self.store, self.name, len(self.data), self.size, final=True)
+        return self.store.put(self.name, bytes(self.data))
+
+    def abort(self) -> None:
+        self.data = bytearray()
+
+
+class MultipartUpload:
+    """A multipart upload: parts sent by a PartPump, each with its SHA-256."""
+
+    def __init__(self, store: S3Store, name: str, size: int) -> None:
+        self.store, self.name, self.size = store, name, size
+        self.checksum = CompositeSha256(size)
+        answer = store.call(
+            name, "create_multipart_upload", Bucket=store.bucket, Key=store.key(name),
+            ChecksumAlgorithm="SHA256", ChecksumType="COMPOSITE",
+        )  # fmt: skip
+        self.upload_id = answer.get("UploadId")
+        if not isinstance(self.upload_id, str) or not self.upload_id:
+            raise UnexpectedAnswer("CreateMultipartUpload without an UploadId")
+        concurrency = in_flight(
+            self.checksum.part, store.options.concurrency, store.options.max_in_flight
+        )
+        self.pump: PartPump[dict[str, Any]] = PartPump(self._part, self.checksum.part, concurrency)
+        self.fed = 0
+        self.done = False
+
+    def send(self, data: bytes | memoryview) -> None:
+        self.fed += len(data)
+        _check_size(self.store, self.name, self.fed, self.size, final=False)
+        self.pump.feed(data)
+
+    def _part(self, number: int, data: bytearray) -> dict[str, Any]:
+        digest = _b64(hashlib.sha256(data).digest())
+        answer = self.store.call(
+            self.name, "upload_part", Bucket=self.store.bucket, Key=self.store.key(self.name),
+            UploadId=self.upload_id, PartNumber=number, Body=data, ChecksumSHA256=digest,
+        )  # fmt: skip
+        etag = answer.get("ETag")
+        if not isinstance(etag, str):
+            raise UnexpectedAnswer(f"UploadPart {number} without an ETag")
+        self.store.add_sent(len(data))
+        return {"PartNumber": number, "ETag": etag, "ChecksumSHA256": digest}
+
+    def flush(self) -> None:
+        _check_size(self.store, self.name, self.fed, self.size, final=True)
+        self.pump.finish()
+
+    def complete(self) -> StoredObject:
+        _check_size(self.store, self.name, self.fed, self.size, final=True)
+        parts = self.pump.finish()
+        self.checksum.whole = hashlib.sha256()  # rebuilt from the parts' digests below
+        self.checksum.digests = [base64.b64decode(part["ChecksumSHA256"]) for part in parts]
+        self.checksum.filled = 0
+        self.store.call(
+            self.name, "complete_multipart_upload", Bucket=self.store.bucket,
+            Key=self.store.key(self.name), UploadId=self.upload_id,
+            MultipartUpload={"Parts": parts},
+        )  # fmt: skip
+        self.done = True
+        return self.store.verify(self.name, self.size, self.checksum.value())
+
+    def abort(self) -> None:
+        self.pump.close()
+        if not self.done:
+            self.done = True
+            self.store.abort_upload(self.name, str(self.upload_id))
+
+
+def _check_size(store: S3Store, name: str, fed: int, size: int, *, final: bool) -> None:
+    if fed > size or (final and fed != size):
+        raise VerificationError(
+            store.url_of(name),
+            f"{fed:,} bytes were produced for an object planned as {size:,}",
+            "this is a bug; please report it",
+        )

@@ -1,0 +1,79 @@
+"""How object-store uploads cut a stream into parts (write.stores.parts) and the checksum S3
+reports for them (write.stores.s3.CompositeSha256), without a server."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+
+import pytest
+
+from ckptfix.write.stores.parts import MIB, PartPump, in_flight, part_size
+from ckptfix.write.stores.s3 import MAX_PARTS, MIN_PART, CompositeSha256, s3_part_size
+
+
+@pytest.mark.parametrize("size", [0, 1, 5 * MIB, 16 * MIB + 1, 160 * 2**30, 5 * 2**40])
+def test_parts_stay_within_the_part_count_limit(size: int) -> None:
+    part = s3_part_size(size)
+    assert part >= MIN_PART and part % MIB == 0
+    assert -(-size // part) <= MAX_PARTS
+    assert part_size(size, max_parts=MAX_PARTS, minimum=MIN_PART, preferred=MIB) <= max(
+        part, MIN_PART
+    )
+
+
+def test_parts_in_flight_keep_within_the_byte_bound() -> None:
+    assert in_flight(16 * MIB, 8, 256 * MIB) == 8
+    assert in_flight(64 * MIB, 8, 256 * MIB) == 3  # and one being filled: 256 MiB
+    assert in_flight(512 * MIB, 8, 256 * MIB) == 1  # alone, over the bound
+
+
+def test_the_pump_sends_every_byte_in_order_from_a_fixed_set_of_buffers() -> None:
+    data = bytes(range(256)) * 4099  # not a multiple of the part size
+    sent: dict[int, bytes] = {}
+    buffers: set[int] = set()
+    lock = threading.Lock()
+
+    def send(number: int, chunk: bytearray) -> int:
+        with lock:
+            sent[number] = bytes(chunk)
+            buffers.add(id(chunk))
+        return number
+
+    pump = PartPump(send, part=10_000, concurrency=3)
+    for start in range(0, len(data), 7_777):
+        pump.feed(memoryview(data)[start : start + 7_777])
+    assert pump.finish() == list(range(1, len(sent) + 1))
+    assert b"".join(sent[n] for n in sorted(sent)) == data
+    assert all(len(sent[n]) == 10_000 for n in sorted(sent)[:-1])
+    assert len(buffers) <= 4 + 1  # 4 buffers, and the short last part's own copy
+
+
+def test_a_failed_part_stops_the_stream() -> None:
+    def send(number: int, chunk: bytearray) -> int:
+        if number == 2:
+            raise OSError("refused")
+        return number
+
+    pump = PartPump(send, part=10, concurrency=1)
+    with pytest.raises(OSError, match="refused"):
+        for _ in range(100):
+            pump.feed(b"x" * 10)
+        pump.finish()
+    pump.close()
+
+
+@pytest.mark.parametrize("size", [1000, 16 * MIB, 16 * MIB + 1, 40 * MIB + 3])
+def test_the_composite_checksum_is_the_one_s3_computes(size: int) -> None:
+    data = hashlib.sha256(b"seed").digest() * (size // 32) + b"z" * (size % 32)
+    hasher = CompositeSha256(size)
+    for start in range(0, size, 3 * MIB + 5):
+        hasher.update(data[start : start + 3 * MIB + 5])
+    part = s3_part_size(size)
+    if size <= part:  # one PutObject: the whole object's SHA-256
+        want = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    else:  # S3's COMPOSITE: the SHA-256 of the parts' SHA-256s
+        digests = [hashlib.sha256(data[i : i + part]).digest() for i in range(0, size, part)]
+        want = base64.b64encode(hashlib.sha256(b"".join(digests)).digest()).decode()
+    assert hasher.value() == ("sha256", want)
