@@ -237,9 +237,8 @@ class _Handler(BaseHTTPRequestHandler):
             return
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             for chunk in chunks:
+                self._counted(len(chunk))
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-                with self.server.behaviour.lock:
-                    self.server.behaviour.bytes_sent += len(chunk)
             if chunked:
                 self.wfile.write(b"0\r\n\r\n")
 
@@ -351,9 +350,14 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _send(self, data: bytes) -> None:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            self._counted(len(data))
             self.wfile.write(data)
-            with self.server.behaviour.lock:
-                self.server.behaviour.bytes_sent += len(data)
+
+    def _counted(self, size: int) -> None:
+        # Counted before the write: once written, the client may have read the bytes and the
+        # test asked for the count before this thread ran again (a full run saw 56 KB missing).
+        with self.server.behaviour.lock:
+            self.server.behaviour.bytes_sent += size
 
     def _send_file(self, path: Path, start: int, end: int) -> None:
         with open(path, "rb") as handle:
@@ -362,13 +366,12 @@ class _Handler(BaseHTTPRequestHandler):
                 chunk = handle.read(min(end - start, 1 << 20))
                 if not chunk:
                     break
+                self._counted(len(chunk))
                 try:
                     self.wfile.write(chunk)
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
                     return
-                with self.server.behaviour.lock:
-                    self.server.behaviour.bytes_sent += len(chunk)
                 start += len(chunk)
 
 
