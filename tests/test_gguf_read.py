@@ -9,8 +9,12 @@ import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from ckptfix.core.dtypes import DTYPES, byte_size
+from ckptfix.core.errors import CorruptFileError
+from ckptfix.formats import gguf_header
 from ckptfix.formats.gguf_file import GGML_TYPES, GgufFile
 from ckptfix.io.gather import tensor_bytes, tensor_chunks
 from ckptfix.io.source import LocalFile
@@ -214,3 +218,49 @@ def test_bf16_tensor_bytes(tmp_path: Path) -> None:
     path = write_gguf(tmp_path / "m.gguf", tensors=[Tensor("b", "BF16", (3, 8))])
     [tensor] = read_weights(path).tensors
     assert (tensor.dtype, tensor.shape, tensor.nbytes) == ("BF16", (3, 8), 48)
+
+
+class _Bytes:
+    """An in-memory ByteSource that counts its reads."""
+
+    label = "strings.gguf"
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.reads = data, 0
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def read_at(self, offset: int, size: int) -> bytes:
+        self.reads += 1
+        return self.data[offset : offset + size]
+
+    def change_token(self) -> tuple[object, ...]:
+        return ()
+
+
+@given(
+    lengths=st.lists(st.integers(0, 300), min_size=1, max_size=400),
+    window=st.sampled_from([16, 64, 257, 4096]),
+)
+def test_an_array_of_strings_is_walked_to_its_end_across_windows(
+    lengths: list[int], window: int
+) -> None:
+    """skip_strings walks whole lengths within the window and stops at the first length that
+    is not whole in it: it must end exactly after the last string, whatever the window."""
+    body = b"".join(struct.pack("<Q", n) + bytes([n % 251]) * n for n in lengths)
+    source = _Bytes(body + b"tail")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf_header, "WINDOW", window)
+        cursor = gguf_header.Cursor(source)
+        cursor.skip_strings(len(lengths))
+    assert cursor.position == len(body)
+
+
+def test_a_string_length_past_the_file_is_refused() -> None:
+    body = struct.pack("<Q", 3) + b"abc" + struct.pack("<Q", 2**63)
+    cursor = gguf_header.Cursor(_Bytes(body))
+    with pytest.raises(CorruptFileError) as caught:
+        cursor.skip_strings(2)
+    assert caught.value.rule == "gguf-past-end"

@@ -191,13 +191,15 @@ class Cursor:
             self.position = position
             self._fill(8)
             buffer, base = self.buffer, self.start
-            last = base + len(buffer) - 8  # the last place a length is whole in the window
+            at = position - base
             done = 0
-            for done in range(1, count + 1):
-                if position > last:
-                    done -= 1
-                    break
-                position += 8 + _U64(buffer, position - base)[0]
+            try:  # a length not whole in the window ends the walk: no test per string
+                for done in range(count):  # noqa: B007  (`done` counts the strings walked)
+                    at += 8 + _U64(buffer, at)[0]
+                done = count
+            except struct.error:
+                pass
+            position = base + at
             count -= done
             if position > self.limit:
                 raise self.past(position)
