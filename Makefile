@@ -86,8 +86,9 @@ test: $(FULL) $(TF4) fs-tools
 	$(MAKE) --no-print-directory test-portable
 
 # The inner loop: everything but the tests marked slow (signals, interop, huge files, property,
-# anything over about a second), the fuzz targets with 100 examples each instead of 300; about
-# 35 s of CPU on each of 2 cores. `make test` runs them all. Byte code is written even where
+# anything over about 0.15 s of CPU but one of each family, the pairs of a corpus and a command
+# it samples: pyproject.toml says which), the fuzz targets with 100 examples each instead of
+# 300; about 46 s of CPU in all, some 20 s on each of 2 cores. `make test` runs them all. Byte code is written even where
 # PYTHONDONTWRITEBYTECODE is set: without it every run, and every CLI process a test starts,
 # compiles ckptfix and rewrites the tests' asserts again (it cost 25 s of CPU of 164).
 test-fast: $(FULL)

@@ -7,9 +7,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import cli, with_locked_folder
 
 
+@pytest.mark.slow
 def test_a_model_folder_nobody_may_list(tmp_path: Path) -> None:
     """`pytorch_model_fsdp_0/` that cannot be listed ended in 'internal error:
     PermissionError'."""

@@ -140,6 +140,7 @@ def test_action_metadata() -> None:
     assert used == set(ACTION["inputs"])  # every input reaches a step
 
 
+@pytest.mark.slow
 def test_defaults_install_the_latest_release_and_annotate(workspace: Path, tools: Path) -> None:
     run = run_action(workspace, tools, {"path": "m plain.safetensors"})
     assert run.pip_args == ["install", "--disable-pip-version-check", "ckptfix"]
@@ -155,6 +156,7 @@ def test_defaults_install_the_latest_release_and_annotate(workspace: Path, tools
     assert run.outputs == "exit-code=1\n"
 
 
+@pytest.mark.slow
 def test_inputs_reach_the_command(workspace: Path, tools: Path) -> None:
     inputs = {
         "path": "big.safetensors\n  plain.safetensors  \n\n",
@@ -221,6 +223,7 @@ def test_an_empty_path_is_a_usage_error(workspace: Path, tools: Path) -> None:
     assert not (tools / "ckptfix.log").exists()
 
 
+@pytest.mark.slow
 def test_a_missing_path_fails_with_exit_2(workspace: Path, tools: Path) -> None:
     run = run_action(workspace, tools, {"path": "plain.safetensors nowhere"})
     assert (run.code, run.stdout, run.outputs) == (2, "", "exit-code=2\n")

@@ -54,6 +54,7 @@ def _digest(path: Path) -> str:
     return run.stdout.split()[0]
 
 
+@pytest.mark.slow
 def test_convert_to_torch_makes_the_recorded_name_a_shared_storage(
     recorded: Path, tmp_path: Path
 ) -> None:

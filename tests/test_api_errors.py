@@ -162,6 +162,7 @@ except PermissionError as exc:
 """
 
 
+@pytest.mark.slow
 def test_what_the_os_will_not_let_a_user_read_or_write(factory: Factory, tmp_path: Path) -> None:
     path = factory.safetensors("m.safetensors", [Spec("a")])
     path.chmod(0)

@@ -162,6 +162,7 @@ def _ones(count: int) -> Any:
     return np.ones(count, dtype=np.float32)
 
 
+@pytest.mark.slow
 def test_a_url_reads_as_the_local_folder(tmp_path: Path) -> None:
     need("aiohttp")
     import torch
@@ -201,6 +202,7 @@ def _bytes_read(path: Path, name: str) -> tuple[int, int]:
     return read, nbytes
 
 
+@pytest.mark.slow
 def test_get_reads_only_that_tensor(tmp_path: Path) -> None:
     import numpy as np
 
@@ -271,6 +273,7 @@ def test_iter_holds_one_tensor_at_a_time(tmp_path: Path) -> None:
     assert grown <= 2 * 32 * 2**20 + 32 * 2**20, grown
 
 
+@pytest.mark.slow
 def test_a_reader_left_open_at_exit_closes_quietly(tmp_path: Path) -> None:
     import numpy as np
 

@@ -59,6 +59,7 @@ def _hub_save(state: dict[str, Any], folder: Path, **options: Any) -> None:
     save_torch_state_dict(dict(state), str(folder), **options)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_shard", [10**9, 6000, "20KB", 1])
 def test_names_shards_and_index_are_huggingface_hubs(tmp_path: Path, max_shard: int | str) -> None:
     state = _hub_state()

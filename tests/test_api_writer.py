@@ -178,6 +178,7 @@ os.kill(os.getpid(), 9)
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["exception", "killed"])
 def test_a_program_that_dies_leaves_nothing_at_out(tmp_path: Path, how: str) -> None:
     done = subprocess.run(

@@ -27,17 +27,35 @@ from tests.optional import need
 from tests.remote_servers import BACKENDS, served_model, serving
 from tests.zero_builders import ZERO_CASES
 
-CORPUS = (
-    SAFETENSORS_CASES
-    + SHARDING_CASES
-    + INDEX_CASES
-    + PICKLE_CASES
-    + ATTACK_CASES
-    + ZERO_CASES
-    + GGUF_CASES
-    + HF_SHARD_CASES
-)
+FAMILIES = [
+    SAFETENSORS_CASES,
+    SHARDING_CASES,
+    INDEX_CASES,
+    PICKLE_CASES,
+    ATTACK_CASES,
+    ZERO_CASES,
+    GGUF_CASES,
+    HF_SHARD_CASES,
+]
+CORPUS = [case for family in FAMILIES for case in family]
 COMMANDS = ["inspect", "reshard", "convert", "dedupe", "hash", "diff"]
+
+
+def corpus_pairs(cases: list[Case], commands: list[list[str]]) -> list[pytest.ParameterSet]:
+    """Every case against every command. `make test-fast` runs each case against the first
+    command (`inspect`, whose reader every command shares) and every command against the
+    first case of each family (`cases`' firsts); `make test` runs every pair."""
+    firsts = {family[0].id for family in FAMILIES} | {MEGATRON_CASES[0].id}
+    return [
+        pytest.param(
+            case,
+            command,
+            marks=[] if command == commands[0] or case.id in firsts else [pytest.mark.slow],
+            id=f"{case.id}-{' '.join(command)}",
+        )
+        for case in cases
+        for command in commands
+    ]
 
 
 def test_corpus_size() -> None:
@@ -56,11 +74,11 @@ def marker(case: Case) -> str:
     return f"(rule {case.rule};"
 
 
-@pytest.mark.parametrize("command", COMMANDS)
-@pytest.mark.parametrize("case", CORPUS, ids=lambda case: case.id)
+@pytest.mark.parametrize(("case", "command"), corpus_pairs(CORPUS, [[name] for name in COMMANDS]))
 def test_every_command_refuses(
-    factory: Factory, case: Case, command: str, tmp_path_factory: pytest.TempPathFactory
+    factory: Factory, case: Case, command: list[str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
+    [command] = command
     path = case.build(factory)
     before = tree_snapshot(factory.root)
     out = factory.root / "out"
@@ -92,8 +110,7 @@ MEGATRON_COMMANDS = [
 ]
 
 
-@pytest.mark.parametrize("command", MEGATRON_COMMANDS, ids=" ".join)
-@pytest.mark.parametrize("case", MEGATRON_CASES, ids=lambda case: case.id)
+@pytest.mark.parametrize(("case", "command"), corpus_pairs(MEGATRON_CASES, MEGATRON_COMMANDS))
 def test_every_command_refuses_a_bad_megatron_folder(
     factory: Factory, case: Case, command: list[str], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -123,9 +140,15 @@ def test_every_command_refuses_a_bad_megatron_folder(
 # --- the same refusals from a server that answers as an attacker would ----------------------
 
 
-# `make test-fast` runs `inspect` against the answers that take a request or two; `make
-# test` every command against every answer (listings of 100,000 entries take seconds).
-QUICK_KINDS = {kind for kind in KINDS if not kind.endswith(("-listing", "-pages", "-entries"))}
+# `make test-fast` runs `inspect` against each answer that takes a request or two, from one
+# backend in turn; `make test` every command against every answer from every backend
+# (listings of 100,000 entries take seconds).
+QUICK_KINDS = [kind for kind in KINDS if not kind.endswith(("-listing", "-pages", "-entries"))]
+QUICK_BACKEND = {
+    kind: serving_it[turn % len(serving_it)]
+    for turn, kind in enumerate(QUICK_KINDS)
+    for serving_it in [[backend for backend in BACKENDS if applies(backend, kind)]]
+}
 
 
 @pytest.mark.parametrize(
@@ -135,7 +158,9 @@ QUICK_KINDS = {kind for kind in KINDS if not kind.endswith(("-listing", "-pages"
             backend,
             kind,
             command,
-            marks=[] if kind in QUICK_KINDS and command == "inspect" else [pytest.mark.slow],
+            marks=[]
+            if QUICK_BACKEND.get(kind) == backend and command == "inspect"
+            else [pytest.mark.slow],
             id=f"{backend}-{kind}-{command}",
         )
         for backend in BACKENDS

@@ -33,6 +33,7 @@ def test_version() -> None:
     assert (run.code, run.stdout) == (0, f"ckptfix {ckptfix.__version__}\n")
 
 
+@pytest.mark.slow
 def test_python_dash_m_and_console_script(factory: Factory) -> None:
     path = factory.safetensors("ok.safetensors")
     for command in (
@@ -207,6 +208,7 @@ def test_human_summary(factory: Factory) -> None:
     assert "BF16 2.00 MB" in run.stdout
 
 
+@pytest.mark.slow
 def test_no_color_and_debug_traceback(factory: Factory) -> None:
     path = factory.safetensors("noformat.safetensors", with_format=False)
     env = {**os.environ, "NO_COLOR": "1", "TERM": "xterm-256color"}

@@ -9,6 +9,8 @@ import ast
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 CLI = Path(__file__).resolve().parent.parent / "ckptfix" / "cli"
 
 
@@ -27,6 +29,7 @@ def declared_options(source: str) -> list[tuple[str, ...]]:
     return found
 
 
+@pytest.mark.slow
 def test_no_option_is_declared_twice() -> None:
     declared = Counter(
         option for path in sorted(CLI.glob("*.py")) for option in declared_options(path.read_text())

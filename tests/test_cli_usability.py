@@ -62,6 +62,7 @@ def test_examples_in_help_are_never_rewrapped() -> None:
     assert example in [line.strip() for line in run.stdout.splitlines()]
 
 
+@pytest.mark.slow
 def test_piped_output_never_wraps_a_file_name(tmp_path: Path) -> None:
     folder = tmp_path / ("long-" * 40 + "model")
     folder.mkdir()

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from tests.source_trees import parsed
 
 PACKAGE = Path(__file__).resolve().parent.parent / "ckptfix"
@@ -26,6 +28,7 @@ def test_modules_are_at_most_500_lines() -> None:
     assert not long, long
 
 
+@pytest.mark.slow
 def test_functions_are_at_most_60_lines() -> None:
     long = {}
     for path in _modules():
@@ -60,6 +63,7 @@ def imported_test_modules(source: str) -> list[str]:
     return sorted({".".join(name.split(".")[:2]) for name in found if name.startswith("tests.")})
 
 
+@pytest.mark.slow
 def test_no_test_module_imports_another() -> None:
     importing = {
         path.name: modules
@@ -139,6 +143,7 @@ def upward_imports(layer: str, source: str) -> list[tuple[int, str]]:
     return [(line, to) for line, to in imported_layers(source) if LAYERS.index(to) < rank]
 
 
+@pytest.mark.slow
 def test_no_layer_imports_one_above_it() -> None:
     upward = []
     for path in _modules():
@@ -185,6 +190,7 @@ def written_twice(sources: dict[str, str], least: int = 3) -> list[list[str]]:
     return [found for found in places.values() if len(found) > 1]
 
 
+@pytest.mark.slow
 def test_no_function_is_written_twice() -> None:
     sources = {str(path.relative_to(PACKAGE)): path.read_text() for path in _modules()}
     assert written_twice(sources) == []

@@ -8,6 +8,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from ckptfix.core.codes import RECORDS
 from ckptfix.core.findings import CODES
 from ckptfix.core.fixes import FIXES, default_fix
@@ -39,6 +41,7 @@ def reported_codes(source: str) -> set[str]:
     return codes
 
 
+@pytest.mark.slow
 def test_every_code_the_source_reports_has_a_record() -> None:
     reported = {
         code: path.relative_to(PACKAGE)

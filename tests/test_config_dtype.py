@@ -65,6 +65,7 @@ def _expected(value: Any, key: str | None = None) -> Any:
     return "bfloat16" if key in ("dtype", "torch_dtype") and floating else value
 
 
+@pytest.mark.slow
 @given(
     st.dictionaries(st.text(max_size=4) | st.just("dtype"), _values, max_size=4), st.integers(0, 3)
 )

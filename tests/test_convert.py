@@ -104,6 +104,7 @@ def test_every_dtype(tmp_path: Path, dtype: str) -> None:
     check_conversion(source, out)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

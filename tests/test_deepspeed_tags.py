@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import cli, measured, with_locked_folder
 from tests.zero_builders import ZeroSpec, zero_folder
 
@@ -49,6 +51,7 @@ def test_a_tag_file_linking_inside_the_checkpoint_is_read(tmp_path: Path) -> Non
     assert run.json()["layout"]["tag"] == "global_step1"
 
 
+@pytest.mark.slow
 def test_a_tag_file_that_is_a_fifo_is_never_opened(tmp_path: Path) -> None:
     """`latest` a FIFO and `latest_universal` naming no folder: reading `latest` waited for
     a writer for ever."""
@@ -65,6 +68,7 @@ def test_a_tag_file_that_is_a_fifo_is_never_opened(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_folder_nobody_may_list_beside_a_missing_tag(tmp_path: Path) -> None:
     """Looking for the tag folders present, a sub-folder that cannot be listed ended in
     'internal error: PermissionError'; it is not one of them."""
@@ -80,6 +84,7 @@ def test_a_folder_nobody_may_list_beside_a_missing_tag(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_a_tag_folder_nobody_may_list(tmp_path: Path) -> None:
     folder = _folder(tmp_path)
     tag = folder / "global_step1"

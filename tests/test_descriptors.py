@@ -144,6 +144,7 @@ def test_a_shard_replaced_during_a_reshard_fails_it(
     assert not list(tmp_path.glob(".ckptfix-*"))
 
 
+@pytest.mark.slow
 def test_the_library_raises_the_soft_limit_to_the_hard_one(factory: Factory) -> None:
     path = factory.safetensors("model.safetensors")
     code = (

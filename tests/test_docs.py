@@ -367,6 +367,7 @@ def rules_unknown_in(text: str) -> list[str]:
     return sorted(documented_rules(text) - set(code_rules()))
 
 
+@pytest.mark.slow
 def test_the_rule_collection_resolves_what_the_source_builds() -> None:
     """Literals, f-strings over parameters (`{what}-too-large`, `compressed-{kind}`),
     rule= keywords, exceptions that carry a rule to CorruptFileError, and helpers."""
@@ -388,14 +389,17 @@ def test_the_rule_collection_resolves_what_the_source_builds() -> None:
     assert all(re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", rule) for rule in rules), sorted(rules)
 
 
+@pytest.mark.slow  # code_rules(): seconds of static analysis, shared by the rule tests
 def test_every_rule_named_in_the_readme_exists_in_the_code() -> None:
     assert rules_unknown_in(FINDINGS) == []
 
 
+@pytest.mark.slow  # code_rules(): seconds of static analysis, shared by the rule tests
 def test_every_rule_the_code_raises_is_in_the_readme() -> None:
     assert rules_missing_from(FINDINGS) == []
 
 
+@pytest.mark.slow  # code_rules(): seconds of static analysis, shared by the rule tests
 def test_the_rule_checks_see_drift() -> None:
     assert "too-small" in documented_rules(FINDINGS)  # the list was found at all
     assert "true" not in documented_rules(FINDINGS)  # `true` is an example inside parentheses

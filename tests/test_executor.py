@@ -30,6 +30,7 @@ def _run(code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["hash", "inspect"])
 def test_without_ray_executor_ray_is_a_usage_error(tmp_path: Path, command: str) -> None:
     """ray made unimportable (a None entry in sys.modules) in the CLI's own process."""
@@ -46,6 +47,7 @@ def test_without_ray_executor_ray_is_a_usage_error(tmp_path: Path, command: str)
     ]
 
 
+@pytest.mark.slow
 def test_the_local_executor_does_not_import_ray(tmp_path: Path) -> None:
     path = Factory(tmp_path).safetensors("m.safetensors")
     done = _run(

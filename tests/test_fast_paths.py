@@ -89,6 +89,7 @@ def _thresholds(direct: int, most: int, kept: int) -> Iterator[None]:
         gather.DIRECT_RUN, gather.MAX_VIEWS, gather.KEPT_VIEWS = saved
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.data())
 def test_runs_read_into_place_equal_the_strided_copy(
@@ -139,6 +140,7 @@ def _write(
     return path, read_header(path).tensors[0].byte_range
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.data())
 def test_gathered_tensors_write_and_verify_as_the_slow_path_gathers_them(

@@ -146,6 +146,7 @@ RUNNERS: dict[str, Callable[[Path, Path, int], object]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", COMMANDS)
 def test_injected_enospc(
     sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
@@ -205,6 +206,7 @@ def test_source_changing_during_the_run(
     assert not list(tmp_path.glob(".ckptfix-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.native  # refused up front by statvfs's ST_RDONLY (elsewhere: by the first write)
 @pytest.mark.parametrize("command", COMMANDS)
 def test_read_only_output_folder(
@@ -222,6 +224,7 @@ def test_read_only_output_folder(
     assert list(read_only.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_full_disk_is_refused_up_front(factory: Factory, mount: Callable[[str], Path]) -> None:
     tiny = mount("size=2m")
     folder = factory.sharded("m", [[Spec("a", "U8", (3 * MB,))]])

@@ -325,6 +325,7 @@ def test_huge_tensor_is_left_as_it_is(factory: Factory, tmp_path: Path) -> None:
     assert [item["code"] for item in check.json()["findings"]] == ["huge-numel"]
 
 
+@pytest.mark.slow
 def test_inspect_plans_without_writers_or_torch(factory: Factory) -> None:
     """The `fix` of inspect's findings comes from the repair planner alone (data, no I/O):
     no writer, staging or torch is imported for it."""

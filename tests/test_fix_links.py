@@ -174,6 +174,7 @@ def _stale_and_read_only(factory: Factory, where: str) -> Path:
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", [ASIDE, "docs"])
 def test_in_place_with_a_read_only_folder_leaves_nothing_behind(
     factory: Factory, where: str
@@ -192,6 +193,7 @@ def test_in_place_with_a_read_only_folder_leaves_nothing_behind(
     assert cli("inspect", model, "--fail-on", "warning").code == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("option", ["-o", "--in-place"])
 def test_a_read_only_sub_folder_holding_shards(factory: Factory, option: str) -> None:
     """The staging copy of a read-only sub-folder was made read-only before fix placed the
@@ -210,6 +212,7 @@ def test_a_read_only_sub_folder_holding_shards(factory: Factory, option: str) ->
     assert leftovers(factory.root) == []
 
 
+@pytest.mark.slow
 def test_in_place_refuses_a_folder_it_could_not_clear(factory: Factory) -> None:
     """A sub-folder another user owns and we cannot write: once swapped, the old folder
     could not be removed. Refused before anything is written."""
@@ -294,6 +297,7 @@ def test_in_place_refuses_to_take_out_a_file_a_link_reaches(factory: Factory) ->
     assert cli("inspect", out, "--fail-on", "warning").code == 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["fix", "reshard"])
 def test_in_place_refuses_another_users_file_in_a_sticky_folder(
     factory: Factory, command: str

@@ -77,6 +77,7 @@ def mutations(draw: st.DrawFn, base: bytes) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutations(VALID))
 def test_mutated_safetensors_only_raise_our_error(tmp_path: Path, blob: bytes) -> None:
@@ -108,6 +109,7 @@ def test_mutated_safetensors_only_raise_our_error(tmp_path: Path, blob: bytes) -
     )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.binary(max_size=256))
 def test_random_bytes(tmp_path: Path, blob: bytes) -> None:
@@ -118,6 +120,7 @@ def test_random_bytes(tmp_path: Path, blob: bytes) -> None:
     ckptfix.inspect(path)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(mutations(VALID_INDEX))
 def test_mutated_index_only_raise_our_error(tmp_path: Path, blob: bytes) -> None:
@@ -149,6 +152,7 @@ entries = st.fixed_dictionaries(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.one_of(entries, st.integers(), st.lists(st.integers())))
 def test_fast_path_never_accepts_what_the_slow_path_refuses(entry: object) -> None:
@@ -260,6 +264,7 @@ def _write_attempt(source: Path, out: Path) -> None:
     assert not list(out.parent.glob(".ckptfix-*"))
 
 
+@pytest.mark.slow
 @WRITE_FUZZ
 @given(st.deferred(lambda: mutations(data_pkl())))
 def test_mutated_pickle_in_zip(tmp_path: Path, blob: bytes) -> None:
@@ -356,6 +361,7 @@ def opcode_mutations(draw: st.DrawFn) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow
 @WRITE_FUZZ
 @given(opcode_mutations())
 def test_opcode_mutations_in_zip(tmp_path: Path, blob: bytes) -> None:
@@ -391,6 +397,7 @@ def torch_zip() -> bytes:
     return buffer.getvalue()
 
 
+@pytest.mark.slow
 @WRITE_FUZZ
 @given(
     st.lists(

@@ -204,6 +204,7 @@ def test_metadata_is_refused_as_soon_as_it_outgrows_the_limit(tmp_path: Path) ->
     assert _tokens_kept(path) == ['"' * 1000] * 2000  # under a limit it fits: in full
 
 
+@pytest.mark.slow
 def test_metadata_floor_refuses_without_reading_a_value(tmp_path: Path) -> None:
     """30 million empty strings (what a 240 MB header can hold) took 163 s and 440 MB to
     decode before their header was found too large for safetensors."""

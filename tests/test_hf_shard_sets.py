@@ -23,6 +23,7 @@ MUTATIONS = settings(
 )
 
 
+@pytest.mark.slow
 def test_a_rank_numbered_in_the_hundreds_of_billions_is_counted_not_listed(
     tmp_path: Path,
 ) -> None:

@@ -21,6 +21,7 @@ from tests.helpers import as_another_user, cli, give_away, measured
 MB = 2**20
 
 
+@pytest.mark.slow
 def test_memo_index_cannot_size_memory(factory: Factory) -> None:
     """LONG_BINPUT 2^27: CPython's unpickler would allocate and clear 2 GiB for its memo."""
     pickle = _tensor(Emit().empty_dict()).op(b"r" + struct.pack("<I", 2**27)).op(b"s").stop()
@@ -30,6 +31,7 @@ def test_memo_index_cannot_size_memory(factory: Factory) -> None:
     assert run.peak_rss < 300 * MB, run.peak_rss
 
 
+@pytest.mark.slow
 def test_deeply_nested_lists_are_only_data(factory: Factory, tmp_path: Path) -> None:
     """A list nested 100,000 deep beside the tensors (a legacy file): the walks over the
     unpickled object are iterative, so this is a training checkpoint like any other."""
@@ -46,6 +48,7 @@ def test_deeply_nested_lists_are_only_data(factory: Factory, tmp_path: Path) -> 
     assert (out / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_shared_containers_are_walked_once(factory: Factory) -> None:
     """Sixty lists, each holding the one below it twice: 2^60 paths through 60 objects."""
     emit = _tensor(Emit().empty_dict()).op(b"s").string("dag").op(b"]r\x00\x00\x00\x00")
@@ -73,6 +76,7 @@ def test_many_zip_entries_with_a_duplicate(factory: Factory) -> None:
     assert run.code == 1 and "(rule zip-duplicate-entry;" in run.error_lines[0], run.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", ["file name", "index"])
 def test_absurd_shard_count(factory: Factory, where: str) -> None:
     """`-of-9999999999` must not build a list of ten billion part numbers."""
@@ -189,6 +193,7 @@ def test_large_metadata_goes_to_the_first_shard_only(factory: Factory, tmp_path:
     assert small.json()["plan"]["metadata_scope"] == "every shard"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["model.safetensors.index.json", "config.json"])
 def test_unreadable_side_file_is_a_finding(factory: Factory, name: str) -> None:
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
@@ -212,6 +217,7 @@ def _one_line_as_another_user(
     assert not out.exists() and not list(factory.root.glob(".ckptfix-*"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["reshard", "convert", "dedupe"])
 def test_an_unreadable_index_refuses_a_rewrite(factory: Factory, command: str) -> None:
     """Reported as still open: the output written from the shards alone, the index ignored."""
@@ -229,6 +235,7 @@ WRITES = [["reshard", "-o", "OUT"], ["fix", "-o", "OUT"], ["reshard", "--in-plac
 WRITES += [["fix", "--in-place"]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", WRITES, ids=" ".join)
 def test_an_unreadable_sub_folder_is_one_error_line(factory: Factory, command: list[str]) -> None:
     """It was `internal error: PermissionError`: the sub-folder is carried to the output,
@@ -246,7 +253,12 @@ def test_an_unreadable_sub_folder_is_one_error_line(factory: Factory, command: l
     )
 
 
-@pytest.mark.parametrize("command", [["inspect"], ["hash"], *WRITES], ids=" ".join)
+# Each runs ckptfix as another user: `make test-fast` runs `inspect`, `make test` them all.
+@pytest.mark.parametrize(
+    "command",
+    [["inspect"], *(pytest.param(c, marks=pytest.mark.slow) for c in [["hash"], *WRITES])],
+    ids=" ".join,
+)
 def test_an_unlistable_model_folder_is_one_error_line(factory: Factory, command: list[str]) -> None:
     folder = factory.sharded("m", [[Spec("a")], [Spec("b")]])
     os.chmod(folder, 0o300)  # it can be entered, not listed
@@ -258,6 +270,7 @@ def test_an_unlistable_model_folder_is_one_error_line(factory: Factory, command:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["reshard", "convert", "dedupe", "fix"])
 def test_an_unreadable_side_file_is_named_by_a_write(factory: Factory, command: str) -> None:
     """It was `OUT: cannot write: Permission denied (rule write-failed)`: the copy of the
@@ -273,6 +286,7 @@ def test_an_unreadable_side_file_is_named_by_a_write(factory: Factory, command: 
     )
 
 
+@pytest.mark.slow
 def test_an_unreadable_side_file_is_named_by_a_gguf_reshard(factory: Factory) -> None:
     """As for safetensors: the file that could not be read is named, not OUT (an unreadable
     file's error is a PermissionError too, which the write's OSError handler took for the

@@ -36,6 +36,7 @@ def test_inspect_imports_neither_torch_nor_numpy(factory: Factory) -> None:
     assert _modules_after(str(path), hashed=True) == ""
 
 
+@pytest.mark.slow
 def test_cli_does_not_import_torch(factory: Factory) -> None:
     path = factory.safetensors("m.safetensors", [Spec("a"), Spec("b")])
     code = (
@@ -49,6 +50,7 @@ def test_cli_does_not_import_torch(factory: Factory) -> None:
     assert done.stderr.strip() == "ok"
 
 
+@pytest.mark.slow
 def test_inspect_does_not_import_the_writers(factory: Factory) -> None:
     """`ckptfix inspect` loads only what reading needs: no writer, planner or staging code."""
     path = factory.safetensors("m.safetensors", [Spec("a"), Spec("b")])

@@ -97,6 +97,7 @@ def unnamed_skips(source: str) -> list[int]:
     return lines
 
 
+@pytest.mark.slow
 def test_optional_packages_are_skipped_by_name() -> None:
     found = {
         path.name: lines

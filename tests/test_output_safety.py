@@ -638,6 +638,7 @@ def test_ctrl_c_during_start_up_is_quiet(factory: Factory) -> None:
     assert outcomes.count("130") >= 10, outcomes  # most signals did land during start-up
 
 
+@pytest.mark.slow
 def test_signals_are_ignored_once_the_command_is_over(factory: Factory) -> None:
     """Python's shutdown restores the default handlers, so a signal that arrived then killed
     a finished run (death by SIGINT after a complete output, seen under stress)."""
@@ -673,6 +674,7 @@ def test_the_console_script_imports_only_its_own_modules_before_taking_signals()
     assert done.stdout.strip() == "['ckptfix', 'ckptfix.cli', 'ckptfix.cli.entry']"
 
 
+@pytest.mark.slow
 def test_importing_ckptfix_is_cheap_and_lazy() -> None:
     """`python -m ckptfix` runs the package __init__ before it can take charge of signals."""
     code = (
@@ -799,6 +801,7 @@ def test_a_failed_comparison_keeps_its_own_exception(
         os.close(fd)
 
 
+@pytest.mark.slow
 def test_force_over_a_read_only_sub_folder_leaves_nothing_behind(
     model: Path, tmp_path: Path
 ) -> None:
@@ -814,6 +817,7 @@ def test_force_over_a_read_only_sub_folder_leaves_nothing_behind(
     assert leftovers(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_force_refuses_an_out_it_could_not_clear(model: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
     (out / "docs").mkdir(parents=True)

@@ -75,6 +75,7 @@ def _write_parts(
     return tuple(pieces)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.integers(1, 7), st.integers(1, 7), st.data())
 def test_pieces_read_and_write_back_in_row_major_order(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -76,6 +77,7 @@ def test_family_names_are_kept() -> None:
     assert adapter.shards[0].file == "adapter_model.bin"
 
 
+@pytest.mark.slow
 @given(st.lists(st.integers(0, 100), max_size=40), st.integers(1, 60))
 def test_packing_properties(sizes: list[int], limit: int) -> None:
     named = [(f"t{i}", size) for i, size in enumerate(sizes)]

@@ -68,6 +68,7 @@ def _asks(tree: ast.AST) -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_only_the_platform_asks_which_system_it_runs_on() -> None:
     asking = {}
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -161,6 +161,7 @@ def test_a_refused_object_is_one_error_line(
     assert f"(rule {rule};" in line
 
 
+@pytest.mark.slow
 def test_the_console_shows_one_line_not_gcsfs_logs(gcs: HttpServer) -> None:
     """gcsfs logs each failed request with its traceback; the console script prints only
     ckptfix's error line."""

@@ -71,6 +71,7 @@ def _text(console: Console) -> str:
     return file.getvalue()
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     rows=st.integers(4, 5).flatmap(
@@ -88,6 +89,7 @@ def test_printed_as_rich_prints_the_whole_table(
     assert ours == whole
 
 
+@pytest.mark.slow
 def test_rows_past_a_batch_and_rows_that_wrap() -> None:
     """More rows than one batch; on a narrow terminal, rows whose names wrap or are cut
     between rows that fit."""
@@ -99,6 +101,7 @@ def test_rows_past_a_batch_and_rows_that_wrap() -> None:
         assert ours == whole
 
 
+@pytest.mark.slow
 def test_a_long_table_holds_no_row_in_rich() -> None:
     """The objects alive while the rows are written do not grow with the rows: a row is
     formatted and written, never kept (rich holds every row until the last is laid out)."""
@@ -132,6 +135,7 @@ def _signal_at(monkeypatch: pytest.MonkeyPatch, target: object, name: str, call:
     monkeypatch.setattr(target, name, wrapped)
 
 
+@pytest.mark.slow
 def test_a_signal_during_a_long_table_ends_the_command(
     factory: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -305,6 +305,7 @@ def test_permissions_follow_umask(source: Path, tmp_path: Path) -> None:
         assert path.stat().st_mode & 0o777 == 0o640
 
 
+@pytest.mark.slow
 def test_progress_bar_only_on_a_terminal(source: Path, tmp_path: Path) -> None:
     import pty
     import select

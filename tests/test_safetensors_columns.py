@@ -81,6 +81,7 @@ def _parsed(body: bytes, data_size: int, *, columns: bool) -> SafetensorsHeader 
             return str(exc)
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(headers())
 def test_the_column_reader_reads_what_the_general_reader_reads(header: tuple[bytes, int]) -> None:
@@ -95,6 +96,7 @@ def test_the_column_reader_reads_what_the_general_reader_reads(header: tuple[byt
         assert read_columns(body, 8 + len(body), data_size, "x") is None
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(
     st.lists(st.text(alphabet="ab.0_é😀 ", max_size=5), unique=True, min_size=1, max_size=30),

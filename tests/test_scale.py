@@ -63,6 +63,7 @@ def headers(draw: st.DrawFn) -> tuple[list[Fields], Mapping[str, str] | None]:
     return entries, draw(METADATA)
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(headers())
 def test_header_encoding_and_size_are_the_plain_encoders(
@@ -118,6 +119,7 @@ def _stored(specs: Sequence[Spec]) -> dict[str, tuple[str, tuple[int, ...], byte
     }
 
 
+@pytest.mark.slow
 def test_many_tensors_over_several_files_are_counted_exactly(factory: Factory) -> None:
     """More tensors than any batch, over three files, several dtypes and shapes repeated:
     the report's totals are the sums over every tensor (the one-pass totals, the shared
@@ -253,6 +255,7 @@ class _Counting:
         return orjson.loads(data)
 
 
+@pytest.mark.slow
 def test_a_large_header_is_read_in_parts_exactly(
     factory: Factory, monkeypatch: pytest.MonkeyPatch
 ) -> None:

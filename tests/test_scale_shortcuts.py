@@ -21,6 +21,7 @@ from ckptfix.plan.shards import PlannedShard, pack, plan_shards
 EXAMPLES = max(int(os.environ.get("CKPTFIX_FUZZ_EXAMPLES", "300")) // 3, 50)
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES * 3, deadline=None)
 @given(
     st.lists(st.sampled_from([0, 0, 1, 2, 3, 5, 8, 10, 11, 40]), max_size=30), st.integers(0, 12)
@@ -63,6 +64,7 @@ def test_totals_in_columns_are_the_totals_tensor_by_tensor(tensors: list[TensorI
     assert parameter_count(tensors) == sum(tensor.numel for tensor in tensors)
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES * 3, deadline=None)
 @given(st.lists(st.integers(0, 10**25), min_size=1, max_size=20), st.booleans())
 def test_digits_counted_by_bisection_are_the_digits(numbers: list[int], ordered: bool) -> None:

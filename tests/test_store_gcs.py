@@ -65,7 +65,13 @@ def _crc(data: bytes) -> str:
 
 @pytest.mark.parametrize(
     "size",
-    [0, 1000, SMALL, 3 * SMALL + 123, 70 * SMALL + 5],
+    [
+        0,
+        1000,
+        SMALL,
+        3 * SMALL + 123,
+        pytest.param(70 * SMALL + 5, marks=pytest.mark.slow),  # 70 parts: rounds of compose
+    ],
     ids=["empty", "under-a-part", "one-part", "parts-not-a-multiple", "compose-rounds"],
 )
 def test_objects_of_every_size_are_stored_exactly_and_verified(gcs: HttpServer, size: int) -> None:
@@ -105,6 +111,7 @@ def test_parts_stream_in_parallel_within_the_budget(gcs: HttpServer) -> None:
     assert stored(_bucket(gcs))["run/model/big.safetensors"] == data
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "fault",
     [
@@ -390,6 +397,7 @@ def test_stat_and_the_hasher_agree_and_delete_removes(gcs: HttpServer) -> None:
     assert stored(_bucket(gcs)) == {}
 
 
+@pytest.mark.slow
 def test_a_listing_without_end_is_refused_within_its_bound(gcs: HttpServer) -> None:
     store = _store()
     gcs.behaviour.hostile = "endless-pages"  # every page says another follows

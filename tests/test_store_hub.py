@@ -64,6 +64,7 @@ def _commits(
 SIZES = [0, 1000, LFS_PART, 3 * LFS_PART + 17]
 
 
+@pytest.mark.slow
 def test_one_commit_holds_every_shard_the_small_files_and_the_deletions(hub: HttpServer) -> None:
     (hub.root / "old-00001-of-00001.safetensors").write_bytes(b"old")
     store = _store()
@@ -124,6 +125,7 @@ def test_a_subfolder_and_a_pull_request(hub: HttpServer) -> None:
     assert "create_pr=1" in request
 
 
+@pytest.mark.slow
 def test_at_most_one_object_is_staged_at_a_time(hub: HttpServer, tmp_path: Path) -> None:
     """Two threads upload three shards each; a watcher counts the staged files."""
     hub.behaviour.delay = 0.05  # each upload request: the staged file stays a while

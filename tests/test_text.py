@@ -25,6 +25,7 @@ from tests.output_checks import hidden_characters, sha256sum_line, workflow_comm
 ANY_TEXT = st.text(st.characters(codec=None, exclude_categories=()), max_size=40)
 
 
+@pytest.mark.slow
 def test_every_control_and_format_character_is_escaped() -> None:
     """The class in core.text against the running Python's Unicode database."""
     unseen = [
@@ -57,6 +58,7 @@ def test_workflow_command_forms_are_inert() -> None:
     assert inert_lines(wrapped) == "a ::x\n\\x3a:error::y\n \t\\x3a:warning::z ::w\n"
 
 
+@pytest.mark.slow
 @given(ANY_TEXT)
 def test_shown_is_one_inert_printable_line(text: str) -> None:
     line = shown(text)

@@ -101,6 +101,7 @@ def test_every_dtype_shape_and_alias_like_torch() -> None:
     assert_like_torch(state)
 
 
+@pytest.mark.slow
 def test_many_tensors_like_torch() -> None:
     """Over 256 memo entries (LONG_BINPUT/LONG_BINGET) and over 1000 items (SETITEMS
     batches, and a batch of one after them)."""

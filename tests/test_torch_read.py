@@ -81,6 +81,7 @@ def test_every_dtype_matches_torch(tmp_path: Path, dtype: str) -> None:
         assert_matches_oracle(legacy, legacy=True)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
@@ -185,6 +186,7 @@ def test_sharded_bin_folder_gets_index_checks(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_inspecting_a_bin_imports_no_torch(tmp_path: Path) -> None:
     import torch
 

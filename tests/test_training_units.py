@@ -31,6 +31,7 @@ def _cuts(size: int, parts: int) -> list[tuple[int, int]]:
     return [(min(i * step, size), max(0, min(step, size - i * step))) for i in range(parts)]
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None)
 @given(
     shape=st.lists(st.integers(0, 5), min_size=0, max_size=4).map(tuple),
@@ -67,6 +68,7 @@ def test_a_dim0_chunk_is_one_range_and_a_column_chunk_one_piece_of_rows() -> Non
     assert columns == [Piece("f", 100, 4, at=2, count=5, source_step=4, tensor_step=8)]
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(

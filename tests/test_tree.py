@@ -96,6 +96,7 @@ def _blocked_script(tree: Path, parts: str = "[:1]") -> str:
     )
 
 
+@pytest.mark.slow
 def test_blocked_folder_names_another_users_folder(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     (tree / "mine" / "theirs").mkdir(parents=True)
@@ -110,6 +111,7 @@ def test_blocked_folder_names_another_users_folder(tmp_path: Path) -> None:
     assert blocked_folder(str(tree)) is None  # root may remove anything
 
 
+@pytest.mark.slow
 def test_blocked_folder_names_another_users_file_in_their_sticky_folder(tmp_path: Path) -> None:
     """A sticky folder (mode 1777) of another user's lets us write into it, but not remove
     their entries: a tree holding one was swapped in, then its old copy could not be

@@ -63,6 +63,7 @@ def test_complex_non_finite(factory: Factory) -> None:
     assert count_non_finite(LocalFile(str(path)), ckptfix.inspect(path).tensors[0]) == (1, 1)
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(st.floats(allow_nan=True, allow_infinity=True, width=32), min_size=1, max_size=64),
