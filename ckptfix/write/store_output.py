@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ckptfix.core.errors import RemoteError, UsageError, WriteError
 from ckptfix.core.signals import writing_to
-from ckptfix.core.text import shown
+from ckptfix.core.text import redact, shown
 from ckptfix.io.gather import Sources
 from ckptfix.io.source import ByteSource, is_local
 from ckptfix.io.urls import climbs_out, is_url
@@ -33,7 +33,7 @@ from ckptfix.write.results import UploadReport, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, produce, shard_header
 from ckptfix.write.sink import CHUNK, ShardHeader
 from ckptfix.write.store_sink import StoreSink, StoreState, is_index
-from ckptfix.write.stores import open_store
+from ckptfix.write.stores import open_store, store_scheme
 from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
 
 
@@ -108,6 +108,10 @@ def claim_store(
 ) -> StoreClaim:  # fmt: skip
     """Check that the prefix may be written (see the module docstring); for a write, abort
     a killed run's uploads. --resume counts as --force for the objects already there."""
+    if options.hf_pr and store_scheme(url) != "hf":
+        raise UsageError(
+            "--hf-pr", f"opens a pull request on the Hub, not on {redact(url)}", "drop --hf-pr"
+        )
     store = open_store(url, options)
     for source in sources:
         if is_url(source) and (_inside(source, url) or _inside(url, source)):

@@ -185,8 +185,15 @@ class HubStore:
             for name, data in index_last(files)
         ]
         added = [*self.operations.values(), *small]
+        # a file the commit adds again is replaced by it, not deleted (huggingface_hub warns
+        # about a deletion of a path added in the same commit, and what it leaves is unclear)
+        paths = {operation.path_in_repo for operation in added}
         gone = [*self.deletions, *(name for name in delete if name not in self.deletions)]
-        deleted = [CommitOperationDelete(path_in_repo=self.path(name)) for name in gone]
+        deleted = [
+            CommitOperationDelete(path_in_repo=self.path(name))
+            for name in gone
+            if self.path(name) not in paths
+        ]
         try:
             info = request(
                 self.session,
