@@ -282,3 +282,21 @@ def test_the_guard_fails_a_store_opened_off_this_machine(
     monkeypatch.setattr(constants, "ENDPOINT", "https://huggingface.co")
     with pytest.raises(pytest.fail.Exception, match="without a loopback endpoint"):
         stores.open_store(url, StoreOptions())
+
+
+def test_the_parts_a_killed_gs_run_left_are_deleted_by_the_next_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cloud Storage's temporary parts are under ckptfix's own prefix (.ckptfix-upload/RUN/
+    NAME/part-N): whoever left them, it was a ckptfix run (a killed one, see
+    test_store_gcs::test_dangling_parts_of_a_killed_run_are_found_and_cleaned)."""
+    folder = small_model(Factory(tmp_path))
+    with gcs_target(tmp_path, monkeypatch.setenv) as store:
+        part = ".ckptfix-upload/killed-run/model-00001-of-00003.safetensors/part-00000"
+        store.put(part, b"x" * 1000)
+        run = cli("reshard", folder, "-o", store.url(), "--max-shard", "10MB", "--json")
+        assert run.code == 0, run.stderr
+        upload = run.json()["written"]["upload"]
+        assert upload["aborted_uploads"] == ["model-00001-of-00003.safetensors"]
+        assert upload["other_uploads"] == []
+        assert store.leftovers() == []

@@ -212,7 +212,8 @@ class GcsStore:
         return found
 
     def dangling(self) -> Sequence[Dangling]:
-        """The uploads of other runs whose parts are still under the temporary prefix."""
+        """The uploads of other runs whose parts are still under the temporary prefix: a
+        ckptfix run's (`ours`), since only ckptfix puts objects under TEMP."""
         root = self.key(f"{TEMP}/")
         found: dict[tuple[str, str], str | None] = {}
         for item in self._objects(root):
@@ -222,7 +223,10 @@ class GcsStore:
                 started = item.get("timeCreated")
                 earlier = found.get((run, name))
                 found[(run, name)] = min(filter(None, (earlier, started)), default=None)
-        return [Dangling(name, run, started) for (run, name), started in sorted(found.items())]
+        return [
+            Dangling(name, run, started, ours=True)
+            for (run, name), started in sorted(found.items())
+        ]
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
         keys = []
