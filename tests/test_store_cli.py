@@ -300,3 +300,73 @@ def test_the_parts_a_killed_gs_run_left_are_deleted_by_the_next_run(
         assert upload["aborted_uploads"] == ["model-00001-of-00003.safetensors"]
         assert upload["other_uploads"] == []
         assert store.leftovers() == []
+
+
+def _write(out: str | Path, max_shard: str, *, fail: bool = False) -> None:
+    """Five tensors through ckptfix.Writer (the last one alone larger than max_shard)."""
+    import numpy as np
+
+    import ckptfix
+
+    with ckptfix.Writer(out, max_shard=max_shard, config={"model_type": "t"}) as writer:
+        for i in range(4):
+            writer.add(f"layer.{i}", np.arange(2**20, dtype=np.float32) * (i + 1))
+        if fail:
+            raise RuntimeError("the caller fails half way")
+        writer.add("head", np.ones((1024, 2048), dtype=np.float16))
+
+
+@pytest.mark.parametrize("max_shard", ["9MB", "100MB"], ids=["sharded", "one-file"])
+def test_the_writer_writes_what_it_writes_locally(
+    store: Target, tmp_path: Path, max_shard: str
+) -> None:
+    _write(tmp_path / "local", max_shard)
+    _write(store.url(), max_shard)
+    expected = folder_files(tmp_path / "local")
+    assert store.read() == expected
+    assert store.leftovers() == []
+    assert not [name for name in expected if ".ckptfix" in name]
+    if store.scheme == "hf":  # one commit, with the shards at their final paths
+        assert store.server is not None
+        [(_, _, operations, _)] = store.server.behaviour.kept["commits"]
+        assert {op["value"]["path"] for op in operations} == {f"out/{n}" for n in expected}
+
+
+def test_a_writer_that_fails_leaves_nothing(store: Target, tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="half way"):
+        _write(store.url(), "5MB", fail=True)
+    # S3's marker stays, as after any failed run: the uploads it vouches for are gone, and
+    # the next run's listing leaves it out
+    assert [name for name in store.names() if name != ".ckptfix-writing"] == []
+    assert store.leftovers() == []
+    if store.scheme == "hf":
+        assert store.server is not None and not store.server.behaviour.kept.get("commits")
+
+
+def test_a_writer_whose_store_lies_publishes_nothing(store: Target, tmp_path: Path) -> None:
+    import ckptfix
+
+    store.break_store("checksum")
+    with pytest.raises(ckptfix.CkptfixError) as caught:
+        _write(store.url(), "9MB")
+    assert "\n" not in str(caught.value) and str(caught.value).startswith("error: ")
+    assert not [name for name in store.names() if name.endswith(".index.json")]
+    assert store.leftovers() == []
+    if store.scheme == "hf":
+        assert store.server is not None and not store.server.behaviour.kept.get("commits")
+
+
+def test_a_writer_shard_larger_than_s3_copies_is_refused_and_removed(
+    moto: tuple[str, Proxy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 copies at most 5 GiB in one CopyObject (MAX_COPY, made 1 MiB here)."""
+    import ckptfix
+    from ckptfix.write.stores import s3
+
+    monkeypatch.setattr(s3, "MAX_COPY", 2**20)
+    for store in s3_target(moto, monkeypatch.setenv):
+        with pytest.raises(ckptfix.UsageError) as caught:
+            _write(store.url(), "9MB")
+        assert "S3 copies at most 5 GiB" in str(caught.value) and "\n" not in str(caught.value)
+        assert [name for name in store.names() if name != ".ckptfix-writing"] == []
+        assert store.leftovers() == []

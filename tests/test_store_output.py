@@ -131,8 +131,6 @@ def test_the_library_saves_to_s3_what_it_saves_locally(
     _same_as_local(s3, bucket, tmp_path / "local")
     with pytest.raises(ckptfix.UsageError, match="not empty"):
         ckptfix.save(tensors, f"s3://{bucket}/out")
-    with pytest.raises(ckptfix.UsageError, match="Writer cannot write to an object store"):
-        ckptfix.Writer(f"s3://{bucket}/w")
 
 
 def test_a_non_empty_prefix_is_refused_without_force(s3: Any, bucket: str, tmp_path: Path) -> None:

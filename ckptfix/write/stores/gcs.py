@@ -254,6 +254,24 @@ class GcsStore:
         """Delete objects now (several at once); those already gone are not an error."""
         self._remove_all([self.key(name) for name in names])
 
+    def rename(self, old: str, new: str, sha256: str) -> StoredObject:
+        """A compose of `old` alone (pinned to its generation) into `new`, whose CRC-32C and
+        size must be `old`'s (checked when it was uploaded); then `old` deleted."""
+        url = self.url_of(old)
+        source = self._json(url, "GET", "b/{}/o/{}", self.bucket, self.key(old))
+        size = _size(source, url)
+        made = self.compose(self.key(new), [Part(self.key(old), str(source.get("generation")))])
+        if (made.get("crc32c"), _size(made, url)) != (source.get("crc32c"), size):
+            self.remove(self.key(new))
+            raise VerificationError(
+                self.url_of(new),
+                f"the copy of {old} is reported with CRC-32C {made.get('crc32c')} where "
+                f"{source.get('crc32c')} was sent: nothing was published",
+                "check the endpoint, then run again",
+            )
+        self.remove(self.key(old))
+        return StoredObject(new, size, ("crc32c", str(made.get("crc32c"))))
+
     def _remove_all(self, keys: Sequence[str]) -> None:
         """Delete `keys`, `concurrency` at a time."""
         if not keys:
