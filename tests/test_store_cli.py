@@ -370,3 +370,19 @@ def test_a_writer_shard_larger_than_s3_copies_is_refused_and_removed(
         assert "S3 copies at most 5 GiB" in str(caught.value) and "\n" not in str(caught.value)
         assert [name for name in store.names() if name != ".ckptfix-writing"] == []
         assert store.leftovers() == []
+
+
+def test_a_writer_copy_that_differs_is_not_published(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cloud Storage reports another CRC-32C for the shards under their final names only:
+    the copies are checked, not only the uploads."""
+    import ckptfix
+
+    with gcs_target(tmp_path, monkeypatch.setenv) as store:
+        assert store.server is not None
+        store.server.behaviour.wrong_checksum = "/model-0000"
+        with pytest.raises(ckptfix.VerificationError) as caught:
+            _write(store.url(), "9MB")
+        assert "the copy of .ckptfix-shard-00001.safetensors" in str(caught.value)
+        assert store.read() == {} and store.leftovers() == []
