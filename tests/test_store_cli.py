@@ -386,3 +386,40 @@ def test_a_writer_copy_that_differs_is_not_published(
             _write(store.url(), "9MB")
         assert "the copy of .ckptfix-shard-00001.safetensors" in str(caught.value)
         assert store.read() == {} and store.leftovers() == []
+
+
+@pytest.mark.parametrize("max_shard", ["5MB", "100MB"], ids=["sharded", "one-file"])
+def test_convert_to_torch_writes_the_bytes_it_writes_locally(
+    store: Target, tmp_path: Path, max_shard: str
+) -> None:
+    """The .bin shards streamed in file order (write.torch_stream) are the torch writer's
+    bytes, and torch loads them with the tie kept."""
+    import io
+
+    import torch
+
+    source = torch_model(tmp_path)
+    _both(store, tmp_path, source, ["convert", "--to", "torch", "--max-shard", max_shard])
+    held = store.read()
+    loaded = {}
+    for name, data in held.items():
+        if name.endswith(".bin"):
+            loaded.update(torch.load(io.BytesIO(data), weights_only=True))
+    assert torch.equal(loaded["embed.weight"], torch.load(source)["embed.weight"])
+
+
+@pytest.mark.parametrize("split", [0, 3], ids=["one-file", "split-set"])
+def test_gguf_reshard_writes_the_bytes_it_writes_locally(
+    store: Target, tmp_path: Path, split: int
+) -> None:
+    """GGUF parts streamed in file order (write.gguf.gguf_stream): a split set (or one file)
+    of the same bytes as a local reshard."""
+    from tests.gguf_files import write_gguf
+
+    source = write_gguf(tmp_path / "src" / "model.gguf", split_max_tensors=split)
+    if split:
+        source = sorted(source.parent.glob("*.gguf"))[0]
+    max_shard = "2500" if not split else "10GB"  # one file split; a split set merged
+    _both(store, tmp_path, source, ["reshard", "--max-shard", max_shard])
+    parts = [name for name in store.names() if name.endswith(".gguf")]
+    assert (len(parts) == 1) == bool(split), parts

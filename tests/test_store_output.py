@@ -386,12 +386,3 @@ def test_resume_trusts_the_object_not_a_listing_that_lies_about_its_size(
     assert run.code == 0, run.stderr
     assert run.json()["written"]["upload"]["kept"] == []
     _same_as_local(s3, bucket, tmp_path / "local")
-
-
-def test_outputs_not_yet_written_to_a_store_are_usage_errors(
-    s3: Any, bucket: str, tmp_path: Path
-) -> None:
-    folder = small_model(Factory(tmp_path))
-    run = cli("convert", folder, "-o", f"s3://{bucket}/out", "--to", "torch")
-    assert run.code == 2 and "not yet supported" in run.stderr and len(run.error_lines) == 1
-    assert names(s3, bucket, "out") == []
