@@ -11,6 +11,7 @@ subprocess needs to reach it (every endpoint on 127.0.0.1).
 from __future__ import annotations
 
 import contextlib
+import shutil
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -94,11 +95,21 @@ def _server_writes(server: HttpServer) -> Callable[[], list[tuple[str, str]]]:
 
 
 @contextlib.contextmanager
+def _removed(folder: Path) -> Iterator[None]:
+    """`folder` (a test's tmp_path) deleted afterwards: a server's objects and the outputs
+    compared with them are tens of MB a test, which pytest would keep for three runs."""
+    try:
+        yield
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def gcs_target(tmp_path: Path, setenv: Any) -> Iterator[Target]:
     from tests.store_servers import gcs_write_server
 
     (tmp_path / "gcs" / GCS_BUCKET).mkdir(parents=True)
-    with gcs_write_server(tmp_path / "gcs") as server:
+    with _removed(tmp_path), gcs_write_server(tmp_path / "gcs") as server:
         env = {**GCS_ENV, "STORAGE_EMULATOR_HOST": server.url}
         env |= {"CKPTFIX_REMOTE_RETRIES": "1", "CKPTFIX_REMOTE_BACKOFF": "0.01"}
         for name, value in env.items():
@@ -142,7 +153,7 @@ def hub_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Targ
 
     (tmp_path / "repo").mkdir()
     (tmp_path / "hub-tmp").mkdir()
-    with hub_write_server(tmp_path / "repo") as server:
+    with _removed(tmp_path), hub_write_server(tmp_path / "repo") as server:
         env = {**HUB_ENV, "HF_ENDPOINT": server.url, "TMPDIR": str(tmp_path / "hub-tmp")}
         env |= {"CKPTFIX_REMOTE_RETRIES": "1", "CKPTFIX_REMOTE_BACKOFF": "0.01"}
         for name, value in env.items():
