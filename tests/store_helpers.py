@@ -80,6 +80,29 @@ def folder_files(folder: Path) -> dict[str, bytes]:
     }
 
 
+def small_model(factory: Factory, name: str = "m") -> Path:
+    """Two shards (4 MiB of F32, 16 MiB of BF16; a tiny tensor), a config and a tokenizer."""
+    folder = factory.sharded(
+        name,
+        [[Spec("a", "F32", (1024, 1024)), Spec("b", "BF16", (4096, 2048))], [Spec("c")]],
+    )
+    factory.config(name, torch_dtype="float32")
+    factory.bytes(f"{name}/tokenizer.json", b'{"model": {}}')
+    return folder
+
+
+def torch_model(tmp_path: Path) -> Path:
+    """A torch `.bin` of 24 MiB whose two names share one tensor, in tmp_path/src."""
+    import torch
+
+    embed = torch.arange(6 * 2**20, dtype=torch.float32).reshape(3 * 2**10, 2**11)
+    state = {"embed.weight": embed, "lm_head.weight": embed, "norm": torch.ones(7)}
+    path = tmp_path / "src" / "pytorch_model.bin"
+    path.parent.mkdir()
+    torch.save(state, path)
+    return path
+
+
 def big_model(factory: Factory, name: str = "m", shards: int = 4, seed: str = "") -> Path:
     """`shards` shards of one 33,538,048-byte tensor each (four 8 MiB upload parts per
     shard, header included), and a config.json."""

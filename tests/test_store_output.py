@@ -24,6 +24,8 @@ from tests.store_helpers import (
     new_bucket,
     objects,
     proxied_moto,
+    small_model,
+    torch_model,
     uploads,
 )
 from tests.store_proxy import Proxy
@@ -59,27 +61,6 @@ def bucket(s3: Any) -> Iterator[str]:
     yield from new_bucket(s3, f"out-{next(_buckets)}")
 
 
-def _model(factory: Factory) -> Path:
-    folder = factory.sharded(
-        "m",
-        [[Spec("a", "F32", (1024, 1024)), Spec("b", "BF16", (4096, 2048))], [Spec("c")]],
-    )
-    factory.config("m", torch_dtype="float32")
-    factory.bytes("m/tokenizer.json", b'{"model": {}}')
-    return folder
-
-
-def _torch_model(tmp_path: Path) -> Path:
-    import torch
-
-    embed = torch.arange(6 * 2**20, dtype=torch.float32).reshape(3 * 2**10, 2**11)
-    state = {"embed.weight": embed, "lm_head.weight": embed, "norm": torch.ones(7)}
-    path = tmp_path / "src" / "pytorch_model.bin"
-    path.parent.mkdir()
-    torch.save(state, path)
-    return path
-
-
 def _same_as_local(s3: Any, bucket: str, local: Path) -> None:
     assert objects(s3, bucket, "out") == folder_files(local)
 
@@ -96,7 +77,7 @@ def _same_as_local(s3: Any, bucket: str, local: Path) -> None:
 def test_every_command_writes_the_bytes_it_writes_locally(
     s3: Any, bucket: str, tmp_path: Path, command: list[str]
 ) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     local = cli(command[0], folder, "-o", tmp_path / "local", *command[1:])
     assert local.code == 0, local.stderr
     run = cli(command[0], folder, "-o", f"s3://{bucket}/out", *command[1:], "--json")
@@ -110,7 +91,7 @@ def test_every_command_writes_the_bytes_it_writes_locally(
 def test_a_torch_checkpoint_converts_to_s3_as_it_does_locally(
     s3: Any, bucket: str, tmp_path: Path
 ) -> None:
-    source = _torch_model(tmp_path)
+    source = torch_model(tmp_path)
     assert cli("convert", source, "-o", tmp_path / "local", "--max-shard", "10MB").code == 0
     run = cli("convert", source, "-o", f"s3://{bucket}/out", "--max-shard", "10MB")
     assert run.code == 0, run.stderr
@@ -128,7 +109,7 @@ def test_a_torch_checkpoint_converts_to_s3_as_it_does_locally(
 
 
 def test_s3_to_s3_writes_what_a_local_rewrite_writes(s3: Any, bucket: str, tmp_path: Path) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     upload_tree(s3, bucket, folder, "src")
     local = cli("reshard", folder, "-o", tmp_path / "local", "--max-shard", "20MB")
     assert local.code == 0, local.stderr
@@ -150,12 +131,10 @@ def test_the_library_saves_to_s3_what_it_saves_locally(
     _same_as_local(s3, bucket, tmp_path / "local")
     with pytest.raises(ckptfix.UsageError, match="not empty"):
         ckptfix.save(tensors, f"s3://{bucket}/out")
-    with pytest.raises(ckptfix.UsageError, match="Writer cannot write to an object store"):
-        ckptfix.Writer(f"s3://{bucket}/w")
 
 
 def test_a_non_empty_prefix_is_refused_without_force(s3: Any, bucket: str, tmp_path: Path) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     s3.put_object(Bucket=bucket, Key="out/notes.xlsx", Body=b"mine")
     run = cli("reshard", folder, "-o", f"s3://{bucket}/out")
     assert run.code == 2 and "not empty" in run.stderr and len(run.error_lines) == 1
@@ -179,7 +158,7 @@ def _index_put_at(log: list[tuple[str, str]], index: str) -> int:
 def test_force_deletes_the_older_checkpoints_objects_after_the_new_index(
     s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
 ) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     assert cli("reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "10MB").code == 0
     old = names(s3, bucket, "out")
     proxy.faults.log.clear()
@@ -260,7 +239,7 @@ def test_a_single_file_that_fails_its_check_is_not_left_behind(
 def test_refused_uploads_are_one_line_errors(
     s3: Any, bucket: str, proxy: Proxy, tmp_path: Path, status: int, rule: str
 ) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     proxy.faults.refuse = lambda method, path: status if method == "PUT" else None
     run = cli("reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "10MB")
     assert run.code == 1 and len(run.error_lines) == 1, run.stderr
@@ -271,7 +250,7 @@ def test_refused_uploads_are_one_line_errors(
 def test_a_missing_bucket_and_missing_credentials_are_one_line_errors(
     s3: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     run = cli("reshard", folder, "-o", "s3://no-such-bucket-here/out")
     assert run.code == 1 and "rule remote-not-found" in run.stderr and len(run.error_lines) == 1
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
@@ -288,7 +267,7 @@ def test_other_url_schemes_are_usage_errors_not_local_folders(
 ) -> None:
     """pathlib folded `ftp://host/out` into the relative folder `ftp:/host/out`, which was
     written, and printed with the URL's password."""
-    folder = _model(Factory(tmp_path / "in"))
+    folder = small_model(Factory(tmp_path / "in"))
     monkeypatch.chdir(tmp_path)
     run = cli("reshard", folder, "-o", url)
     [line] = run.error_lines
@@ -298,7 +277,7 @@ def test_other_url_schemes_are_usage_errors_not_local_folders(
 
 
 def test_credentials_in_the_url_are_never_printed(s3: Any, bucket: str, tmp_path: Path) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     run = cli("reshard", folder, "-o", "az://user:hunter2@bucket/out")
     assert run.code == 2 and "hunter2" not in run.stderr + run.stdout
 
@@ -307,7 +286,7 @@ def test_credentials_in_the_url_are_never_printed(s3: Any, bucket: str, tmp_path
 def test_hostile_object_names_under_the_prefix_are_left_alone(
     s3: Any, bucket: str, tmp_path: Path, name: str
 ) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     s3.put_object(Bucket=bucket, Key=f"out/{name}", Body=b"x")
     run = cli("reshard", folder, "-o", f"s3://{bucket}/out", "--force", "--replace-any")
     assert run.code == 1 and "rule store-object-name" in run.stderr, run.stderr
@@ -318,7 +297,7 @@ def test_hostile_object_names_under_the_prefix_are_left_alone(
 def test_dry_run_names_the_destination_and_sends_nothing(
     s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
 ) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     run = cli("reshard", folder, "-o", f"s3://{bucket}/out", "--dry-run", "--json")
     assert run.code == 0, run.stderr
     assert run.json()["written"] is None and run.json()["destination"] == f"s3://{bucket}/out"
@@ -354,7 +333,7 @@ def test_fix_writes_to_s3_what_it_writes_locally(s3: Any, bucket: str, tmp_path:
 
 
 def test_hash_writes_its_manifest_to_s3(s3: Any, bucket: str, tmp_path: Path) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     local = cli("hash", folder, "--manifest", tmp_path / "m.json", "--json")
     assert local.code == 0, local.stderr
     run = cli("hash", folder, "--manifest", f"s3://{bucket}/out/m.json", "--json")
@@ -381,7 +360,7 @@ def test_hash_writes_its_manifest_to_s3(s3: Any, bucket: str, tmp_path: Path) ->
 def test_a_listing_that_lies_is_a_one_line_error(
     s3: Any, bucket: str, proxy: Proxy, tmp_path: Path, lie: Any, expected: str
 ) -> None:
-    folder = _model(Factory(tmp_path))
+    folder = small_model(Factory(tmp_path))
     s3.put_object(Bucket=bucket, Key="out/config.json", Body=b"{}")
     proxy.faults.listing = lie
     run = cli("reshard", folder, "-o", f"s3://{bucket}/out", "--force")
@@ -407,12 +386,3 @@ def test_resume_trusts_the_object_not_a_listing_that_lies_about_its_size(
     assert run.code == 0, run.stderr
     assert run.json()["written"]["upload"]["kept"] == []
     _same_as_local(s3, bucket, tmp_path / "local")
-
-
-def test_outputs_not_yet_written_to_a_store_are_usage_errors(
-    s3: Any, bucket: str, tmp_path: Path
-) -> None:
-    folder = _model(Factory(tmp_path))
-    run = cli("convert", folder, "-o", f"s3://{bucket}/out", "--to", "torch")
-    assert run.code == 2 and "not yet supported" in run.stderr and len(run.error_lines) == 1
-    assert names(s3, bucket, "out") == []

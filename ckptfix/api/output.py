@@ -12,7 +12,6 @@ from typing import Any
 
 from ckptfix.api.types import ConfigLike
 from ckptfix.core.errors import CkptfixError, UsageError
-from ckptfix.core.text import redact
 from ckptfix.io.urls import is_url, refuse_unknown_scheme
 from ckptfix.layouts.huggingface import MAX_CONFIG_SIZE
 from ckptfix.plan.alias_record import DROPPED_KEY
@@ -97,7 +96,8 @@ def open_sink(
     """Claim OUT as the CLI's writes do without --force (a new folder, or an empty one; an
     existing one is locked for the run) and stage the output beside it. A URL (s3://) is an
     empty prefix written through a StoreSink; `single_file` says whether the output is one
-    file (None: not known before the end, which a store cannot take yet)."""
+    file (None: not known before the end; in a store, the shards are then written under
+    provisional names and renamed, see StoreSink.rename)."""
     target = os.fspath(out)
     refuse_unknown_scheme(target)
     if is_url(target):
@@ -122,14 +122,10 @@ def _store_sink(url: str, single_file: bool | None) -> Sink:
     from ckptfix.write.store_sink import StoreSink
     from ckptfix.write.stores.base import StoreOptions
 
-    if single_file is None:
-        raise UsageError(
-            redact(url),
-            "ckptfix.Writer cannot write to an object store yet (it names its shards last)",
-            "use ckptfix.save(..., out=URL), or a Writer to a local folder",
-        )
     options = StoreOptions()
     claim = claim_store(url, [], force=False, replace_any=False, write=True, options=options)
+    if single_file is None:  # a Writer: shards named at the end (StoreSink.rename)
+        return StoreSink(claim.store, options, claim.state, renames=True)
     return StoreSink(claim.store, options, claim.state, single_file=single_file)
 
 

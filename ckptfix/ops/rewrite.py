@@ -232,22 +232,18 @@ def _to_store(
     planned: tuple[dict[str, OutTensor], Sequence[Mapping[str, str]], dict[str, Any]],
 ) -> RewriteResult:
     """The write step of an object-store OUT (write.store_output)."""
-    if options.to == "torch":
-        raise UsageError(
-            "--to",
-            "torch output to an object store is not yet supported",
-            "write safetensors, or to a folder",
-        )
     tensors, shard_metadata, index_metadata = planned
     job = ShardJob(
         tensors, shard_metadata, index_metadata, source.checkpoint.source, staging="",
         out=claim.out, progress=options.progress,
     )  # fmt: skip
-    written = write_to_store(plan, job, claim, lambda folder: _carry(source, plan, folder, options))
+    written = write_to_store(
+        plan, job, claim, lambda folder: carry_files(source, plan, folder, options), options.to
+    )
     return RewriteResult(with_remote(source.report, source.checkpoint), plan, written, claim.out)
 
 
-def _carry(
+def carry_files(
     source: RewriteSource, plan: ShardPlan, folder: str, options: WriteOptions
 ) -> list[WrittenFile]:
     """The files beside the weights, carried into `folder`: copied from a local folder or
@@ -286,7 +282,7 @@ def stage_and_commit(
         staging.checkpoint()
         if MARKER in plan.copied_files:
             staging.unmark()  # the source's own file of that name takes its place
-        written += _carry(source, plan, staging.path, options)
+        written += carry_files(source, plan, staging.path, options)
         staging.commit()
     target = claim.out
     kept = set(plan.copied_files) if options.in_place else set()  # carried over: not replaced
@@ -442,11 +438,5 @@ def reshard(
         if opened.gguf_stem is not None:  # a GGUF file or split set: GGUF parts
             from ckptfix.ops.rewrite_gguf import write_gguf
 
-            if isinstance(claim, StoreClaim):
-                raise UsageError(
-                    claim.out,
-                    "GGUF output to an object store is not yet supported",
-                    "write it to a folder",
-                )
             return write_gguf(opened, claim, replace(write, to="gguf"))
         return _write(opened, _as_they_are(opened), claim, write)

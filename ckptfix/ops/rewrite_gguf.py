@@ -22,7 +22,13 @@ from ckptfix.formats.gguf_header import DEFAULT_ALIGNMENT
 from ckptfix.formats.safetensors import MAX_HEADER_SIZE
 from ckptfix.io.source import ByteSource
 from ckptfix.ops.inspect import with_remote
-from ckptfix.ops.rewrite import RewriteResult, carry_over, nearest_folder, stage_and_commit
+from ckptfix.ops.rewrite import (
+    RewriteResult,
+    carry_files,
+    carry_over,
+    nearest_folder,
+    stage_and_commit,
+)
 from ckptfix.ops.rewrite_options import WriteOptions
 from ckptfix.ops.source import RewriteSource
 from ckptfix.plan.gguf_parts import MAX_PARTS, PartEntry, PartKeys, plan_parts
@@ -32,6 +38,7 @@ from ckptfix.write.gguf import GgufJob, PartWriter, needed_bytes
 from ckptfix.write.output import check_free_space, wrap_os_error
 from ckptfix.write.safetensors import write_shards
 from ckptfix.write.staging import Claim
+from ckptfix.write.store_output import StoreClaim, write_to_store
 from ckptfix.write.zerocopy import find_cloning, streamed_labels
 
 # The safetensors `__metadata__` entry that holds a converted GGUF's metadata (as JSON).
@@ -88,14 +95,18 @@ def _with_files(source: RewriteSource, plan: ShardPlan, options: WriteOptions) -
     )
 
 
-def write_gguf(source: RewriteSource, claim: Claim, options: WriteOptions) -> RewriteResult:
-    """Plan the parts, then stage, write, verify and commit them."""
+def write_gguf(
+    source: RewriteSource, claim: Claim | StoreClaim, options: WriteOptions
+) -> RewriteResult:
+    """Plan the parts, then stage, write, verify and commit them (to a store: stream them,
+    see store_output.write_to_store)."""
     head, head_source = head_of(source)
     carried = carried_keys(head, head_source)
     plan = _with_files(source, _plan(source, head, carried, options.max_shard), options)
     report = with_remote(source.report, source.checkpoint)
     if options.dry_run:
-        return RewriteResult(report, plan, None)
+        destination = claim.out if isinstance(claim, StoreClaim) else None
+        return RewriteResult(report, plan, None, destination)
     tensors = {tensor.name: OutTensor.same(tensor) for tensor in source.tensors}
     job = GgufJob(
         tensors,
@@ -110,6 +121,10 @@ def write_gguf(source: RewriteSource, claim: Claim, options: WriteOptions) -> Re
         alignment=head.alignment,
         carried=tuple(carried),
     )
+    if isinstance(claim, StoreClaim):
+        carry = partial(carry_files, source, plan, options=options)
+        written = write_to_store(plan, job, claim, carry, "gguf")
+        return RewriteResult(report, plan, written, claim.out)
     try:
         folder = nearest_folder(os.path.dirname(claim.real))  # where staging will be
         job.cloning = find_cloning(streamed_labels(tensors.values()), job.sources, folder)

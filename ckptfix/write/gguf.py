@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
@@ -192,6 +192,27 @@ class PartWriter(ShardWriter):
             self.submit(same_header, self.reader, display, replace(layout, header=()))
         self.close_file()
         return WrittenFile(shard.file, layout.end)
+
+
+def gguf_stream(
+    plan: ShardPlan, job: GgufJob, number: int, of: Callable[[OutTensor], Iterable[bytes]]
+) -> tuple[int, Callable[[], Iterator[bytes]]]:
+    """Part `number` as one stream of bytes in file order, for an object store's upload:
+    (its size, a function that yields them). Laid out as without reflinks (`job.cloning`
+    None: the data right after the header), every gap the zeros a local part holds there;
+    `of(tensor)` yields a tensor's bytes in bounded chunks."""
+    layout = layout_part(plan, job, number)
+
+    def chunks() -> Iterator[bytes]:
+        yield from layout.header
+        at = layout.header_size
+        for name, offset in layout.placed:
+            yield bytes(offset - at)  # padding to the alignment: less than one unit
+            yield from of(job.tensors[name])
+            at = offset + job.tensors[name].nbytes
+        yield bytes(layout.end - at)
+
+    return layout.end, chunks
 
 
 def _planned(tensor: OutTensor, offset: int) -> tuple[object, ...]:

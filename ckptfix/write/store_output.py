@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ckptfix.core.errors import RemoteError, UsageError, WriteError
 from ckptfix.core.signals import writing_to
-from ckptfix.core.text import shown
+from ckptfix.core.text import redact, shown
 from ckptfix.io.gather import Sources
 from ckptfix.io.source import ByteSource, is_local
 from ckptfix.io.urls import climbs_out, is_url
@@ -33,7 +33,7 @@ from ckptfix.write.results import UploadReport, WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, produce, shard_header
 from ckptfix.write.sink import CHUNK, ShardHeader
 from ckptfix.write.store_sink import StoreSink, StoreState, is_index
-from ckptfix.write.stores import open_store
+from ckptfix.write.stores import open_store, store_scheme
 from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
 
 
@@ -108,6 +108,10 @@ def claim_store(
 ) -> StoreClaim:  # fmt: skip
     """Check that the prefix may be written (see the module docstring); for a write, abort
     a killed run's uploads. --resume counts as --force for the objects already there."""
+    if options.hf_pr and store_scheme(url) != "hf":
+        raise UsageError(
+            "--hf-pr", f"opens a pull request on the Hub, not on {redact(url)}", "drop --hf-pr"
+        )
     store = open_store(url, options)
     for source in sources:
         if is_url(source) and (_inside(source, url) or _inside(url, source)):
@@ -204,13 +208,43 @@ def _file_chunks(path: str) -> Callable[[], Iterator[bytes]]:
     return chunks
 
 
-def _write_shards(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+def _write_shards(sink: StoreSink, plan: ShardPlan, job: ShardJob, to: str) -> list[WrittenFile]:
+    if to == "torch":
+        return _write_torch_shards(sink, plan, job)
+    if to == "gguf":
+        return _write_gguf_parts(sink, plan, job)
     written = []
     for shard, metadata in zip(plan.shards, job.metadata, strict=True):
         data, entries = shard_header(shard, job.tensors, metadata)
         header = ShardHeader(data, tuple(entries), metadata)
         parts = [TensorPart(job.sources, job.tensors[name]) for name in shard.tensors]
         written.append(sink.write_shard(shard.file, header, parts))
+    return written
+
+
+def _write_torch_shards(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+    """pytorch_model*.bin shards, each streamed in file order (write.torch_stream)."""
+    from ckptfix.write.torch_stream import torch_stream
+
+    def of(tensor: OutTensor) -> Iterator[bytes]:
+        return TensorPart(job.sources, tensor).chunks()
+
+    written = []
+    for shard in plan.shards:
+        size, chunks = torch_stream(shard, job.tensors, plan.shared, of)
+        written.append(sink.write_stream(shard.file, size, chunks, counted=True))
+    return written
+
+
+def _write_gguf_parts(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+    """GGUF parts, each streamed in file order (write.gguf.gguf_stream)."""
+    from ckptfix.write.gguf import GgufJob, gguf_stream
+
+    assert isinstance(job, GgufJob)
+    written = []
+    for number, shard in enumerate(plan.shards):
+        size, chunks = gguf_stream(plan, job, number, lambda t: TensorPart(job.sources, t).chunks())
+        written.append(sink.write_stream(shard.file, size, chunks, counted=True))
     return written
 
 
@@ -237,10 +271,15 @@ def _send_files(sink: StoreSink, folder: str) -> list[WrittenFile]:
 
 
 def write_to_store(
-    plan: ShardPlan, job: ShardJob, claim: StoreClaim, carry: Callable[[str], object]
+    plan: ShardPlan,
+    job: ShardJob,
+    claim: StoreClaim,
+    carry: Callable[[str], object],
+    to: str = "safetensors",
 ) -> WriteResult:
-    """Stream the planned shards, the carried files (`carry(folder)` puts them in a local
-    scratch folder) and the index into the store; publish; delete what is stale."""
+    """Stream the planned shards (`to`: safetensors or torch), the carried files
+    (`carry(folder)` puts them in a local scratch folder) and the index into the store;
+    publish; delete what is stale."""
     labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
     before = {label: job.sources(label).change_token() for label in labels}
     with writing_to(claim.out) as signals:
@@ -250,7 +289,7 @@ def write_to_store(
         )  # fmt: skip
         sink.progress, sink.total = job.progress, plan.total_size
         try:
-            written = _write_shards(sink, plan, job) + _write_extras(sink, carry)
+            written = _write_shards(sink, plan, job, to) + _write_extras(sink, carry)
             if plan.index_file is not None:
                 data = index_bytes(plan, job.index_metadata)
                 written.append(sink.write_file(plan.index_file, data))

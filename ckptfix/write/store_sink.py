@@ -1,6 +1,5 @@
 """A `Sink` (write.sink) whose files go to an object store (write.stores): the same seam the
-library's writers and the CLI's rewrites write through, for s3:// (and later gs://, hf://)
-outputs.
+library's writers and the CLI's rewrites write through, for s3://, gs:// and hf:// outputs.
 
 Each shard streams into `ObjectStore.begin(name, size)`: its header, then each part's chunks,
 as the parts make them (a tensor read from local or remote sources in bounded chunks, cast if
@@ -16,6 +15,11 @@ does not (`stale`). So nothing a loader takes as complete is there before the in
 - A single-file output is completed only in `commit`: S3's completion of a multipart upload is
   atomic, so the file is either the old one or the whole new one.
 
+ckptfix.Writer learns its shards' names last: with `renames`, each shard is completed under
+the provisional name the Writer gives it (a name no loader reads, and no index lists it), and
+`rename` gives it its final name by the store's server-side copy, checked against the
+SHA-256 computed as it streamed; the index still comes last, in `commit`.
+
 --resume: a shard whose object already exists with the planned size is hashed here (the
 bytes are produced, not sent) and kept if the store's checksum for it is the same.
 """
@@ -23,12 +27,13 @@ bytes are produced, not sent) and kept if the store's checksum for it is the sam
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ckptfix.core.errors import UsageError, VerificationError
+from ckptfix.core.errors import VerificationError
 from ckptfix.core.signals import Signals
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.sink import CHUNK, Part, ShardHeader
@@ -56,7 +61,10 @@ class StoreState:
 class StoreSink:
     """See the module docstring. `single_file`: the output is one file with no index, whose
     completion is its publication. `signals` are checked between chunks (a SIGINT or SIGTERM
-    kept while other code ran stops the upload there)."""
+    kept while other code ran stops the upload there). `renames`: the shards are written
+    under provisional names and take their final ones by `rename` (ckptfix.Writer), each
+    hashed while it streams so that the store's copy is checked; a discarded sink deletes
+    what it wrote."""
 
     def __init__(
         self,
@@ -66,6 +74,7 @@ class StoreSink:
         *,
         single_file: bool = False,
         signals: Signals | None = None,
+        renames: bool = False,
     ) -> None:
         self.store = store
         self.options = options
@@ -79,6 +88,8 @@ class StoreSink:
         self.open: list[ObjectUpload] = []
         self.deferred: list[tuple[str, int, ObjectUpload]] = []
         self.written: list[str] = []
+        self.renames = renames
+        self.digests: dict[str, str] = {}  # each shard's SHA-256 (hex), for `rename`
         self._scratch: str | None = None
         self.closed = False
 
@@ -88,13 +99,22 @@ class StoreSink:
 
     def write_shard(self, name: str, header: ShardHeader, parts: Sequence[Part]) -> WrittenFile:
         size = len(header.data) + sum(part.nbytes for part in parts)
+        digest = hashlib.sha256()
 
         def chunks() -> Iterable[bytes | memoryview]:
             yield header.data
             for part in parts:
                 yield from part.chunks(CHUNK)
 
-        return self.write_stream(name, size, chunks, counted=True)
+        def hashed() -> Iterable[bytes | memoryview]:
+            for chunk in chunks():
+                digest.update(chunk)
+                yield chunk
+
+        written = self.write_stream(name, size, hashed if self.renames else chunks, counted=True)
+        if self.renames:
+            self.digests[name] = digest.hexdigest()
+        return written
 
     def write_stream(
         self,
@@ -182,11 +202,12 @@ class StoreSink:
         return WrittenFile(name, len(data))
 
     def rename(self, old: str, new: str) -> None:
-        raise UsageError(
-            self.out,
-            "ckptfix.Writer cannot write to an object store yet (it names its shards last)",
-            "use ckptfix.save(..., out=URL), or a Writer to a local folder",
-        )
+        """A shard written under a provisional name takes its final one (`renames`)."""
+        if not self.renames:
+            raise ValueError("this sink names its shards as it writes them")
+        self.signals.raise_deferred()
+        self.store.rename(old, new, self.digests.pop(old))
+        self.written[self.written.index(old)] = new
 
     def scratch(self) -> str:
         if self._scratch is None:
@@ -218,6 +239,9 @@ class StoreSink:
         for upload in [*self.open]:
             with contextlib.suppress(Exception):  # already failing: the first error stands
                 upload.abort()
+        if self.renames:  # a Writer's shards: no run can resume them; the index never came
+            with contextlib.suppress(Exception):
+                self.store.delete(self.written)
         self._drop_scratch()
 
     def _drop_scratch(self) -> None:

@@ -118,6 +118,13 @@ class ObjectStore(Protocol):
         everything uploaded since `begin` plus `files` and `delete` is one commit (or pull
         request), `message` its title."""
 
+    def rename(self, old: str, new: str, sha256: str) -> StoredObject:
+        """Give a complete object that nothing lists yet its final name (`ckptfix.Writer`
+        learns its shards' names last): a server-side copy (S3 CopyObject, Cloud Storage
+        compose of one source) checked against `sha256` (hex, of the object's bytes) or the
+        store's checksum of `old`, then `old` deleted; on the Hub, the path the commit gives
+        the uploaded file. Nothing is sent again."""
+
     def read(self, name: str, start: int, end: int) -> bytes:
         """Bytes [start, end) of a stored object (for --verify-readback)."""
 

@@ -212,7 +212,8 @@ class GcsStore:
         return found
 
     def dangling(self) -> Sequence[Dangling]:
-        """The uploads of other runs whose parts are still under the temporary prefix."""
+        """The uploads of other runs whose parts are still under the temporary prefix: a
+        ckptfix run's (`ours`), since only ckptfix puts objects under TEMP."""
         root = self.key(f"{TEMP}/")
         found: dict[tuple[str, str], str | None] = {}
         for item in self._objects(root):
@@ -222,7 +223,10 @@ class GcsStore:
                 started = item.get("timeCreated")
                 earlier = found.get((run, name))
                 found[(run, name)] = min(filter(None, (earlier, started)), default=None)
-        return [Dangling(name, run, started) for (run, name), started in sorted(found.items())]
+        return [
+            Dangling(name, run, started, ours=True)
+            for (run, name), started in sorted(found.items())
+        ]
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
         keys = []
@@ -249,6 +253,24 @@ class GcsStore:
     def delete(self, names: Sequence[str]) -> None:
         """Delete objects now (several at once); those already gone are not an error."""
         self._remove_all([self.key(name) for name in names])
+
+    def rename(self, old: str, new: str, sha256: str) -> StoredObject:
+        """A compose of `old` alone (pinned to its generation) into `new`, whose CRC-32C and
+        size must be `old`'s (checked when it was uploaded); then `old` deleted."""
+        url = self.url_of(old)
+        source = self._json(url, "GET", "b/{}/o/{}", self.bucket, self.key(old))
+        size = _size(source, url)
+        made = self.compose(self.key(new), [Part(self.key(old), str(source.get("generation")))])
+        if (made.get("crc32c"), _size(made, url)) != (source.get("crc32c"), size):
+            self.remove(self.key(new))
+            raise VerificationError(
+                self.url_of(new),
+                f"the copy of {old} is reported with CRC-32C {made.get('crc32c')} where "
+                f"{source.get('crc32c')} was sent: nothing was published",
+                "check the endpoint, then run again",
+            )
+        self.remove(self.key(old))
+        return StoredObject(new, size, ("crc32c", str(made.get("crc32c"))))
 
     def _remove_all(self, keys: Sequence[str]) -> None:
         """Delete `keys`, `concurrency` at a time."""

@@ -174,6 +174,19 @@ class HubStore:
         self.staging = None
         self.stage.release()
 
+    def rename(self, old: str, new: str, sha256: str) -> StoredObject:
+        """The uploaded file goes into the commit at `new` (checked with the commit's tree)."""
+        operation = self.operations.pop(self.path(old))
+        if operation.upload_info.sha256.hex() != sha256:
+            raise VerificationError(
+                self.url_of(old),
+                "was uploaded with another SHA-256 than its bytes have: nothing was published",
+                "run again",
+            )
+        operation.path_in_repo = self.path(new)
+        self.operations[self.path(new)] = operation
+        return StoredObject(new, operation.upload_info.size, ("sha256", sha256))
+
     def publish(
         self, files: Mapping[str, bytes], delete: Sequence[str], *, message: str
     ) -> Sequence[StoredObject]:
@@ -185,8 +198,15 @@ class HubStore:
             for name, data in index_last(files)
         ]
         added = [*self.operations.values(), *small]
+        # a file the commit adds again is replaced by it, not deleted (huggingface_hub warns
+        # about a deletion of a path added in the same commit, and what it leaves is unclear)
+        paths = {operation.path_in_repo for operation in added}
         gone = [*self.deletions, *(name for name in delete if name not in self.deletions)]
-        deleted = [CommitOperationDelete(path_in_repo=self.path(name)) for name in gone]
+        deleted = [
+            CommitOperationDelete(path_in_repo=self.path(name))
+            for name in gone
+            if self.path(name) not in paths
+        ]
         try:
             info = request(
                 self.session,

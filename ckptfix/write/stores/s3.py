@@ -40,6 +40,7 @@ _MARKER_TEXT = b"ckptfix writes an output here; safe to delete when no ckptfix r
 MIN_PART = 5 * 2**20  # S3's smallest part but the last
 MAX_PARTS = 10_000
 _DELETE_BATCH = 1000  # DeleteObjects' limit
+MAX_COPY = 5 * 2**30  # CopyObject's limit
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -304,6 +305,27 @@ class S3Store:
         self.delete([*delete, MARKER])
         self._marked = False
         return stored
+
+    def rename(self, old: str, new: str, sha256: str) -> StoredObject:
+        """CopyObject with the copy's SHA-256 computed by S3, compared with `sha256`; then
+        `old` deleted. One CopyObject copies at most MAX_COPY bytes."""
+        stored = self.stat(old)
+        if stored is None:
+            raise VerificationError(self.url_of(old), "is missing after its upload", "run again")
+        if stored.size > MAX_COPY:
+            raise UsageError(
+                self.url_of(old),
+                f"a shard of {stored.size:,} bytes cannot take its final name (S3 copies at "
+                "most 5 GiB in one request; ckptfix.Writer names its shards last)",
+                "keep max_shard and each tensor under 5 GiB, or use ckptfix.save(..., out=URL)",
+            )
+        self.call(
+            new, "copy_object", Bucket=self.bucket, Key=self.key(new),
+            CopySource={"Bucket": self.bucket, "Key": self.key(old)}, ChecksumAlgorithm="SHA256",
+        )  # fmt: skip
+        copied = self.verify(new, stored.size, ("sha256", _b64(bytes.fromhex(sha256))))
+        self.delete([old])
+        return copied
 
     def read(self, name: str, start: int, end: int) -> bytes:
         answer = self.call(
