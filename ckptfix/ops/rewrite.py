@@ -24,6 +24,7 @@ from ckptfix.ops.rewrite_claim import Destination, claim
 from ckptfix.ops.rewrite_options import (
     ConvertOptions,
     DedupeOptions,
+    PartRequest,
     ReshardOptions,
     RewriteOptions,
     WriteOptions,
@@ -46,6 +47,7 @@ from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
 from ckptfix.write.extras import carried_as_file, copy_extra, write_generated
 from ckptfix.write.output import check_free_space, check_names, check_quantized, wrap_os_error
+from ckptfix.write.parts import PartRecord
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
@@ -65,6 +67,7 @@ class RewriteResult:
     plan: ShardPlan
     written: WriteResult | None
     destination: str | None = None  # an object-store OUT, as it may be printed
+    part: PartRecord | None = None  # what a slice of a split run wrote (ops.rewrite_parts)
 
     def to_dict(self) -> dict[str, object]:
         document = self.report.to_dict()
@@ -72,6 +75,9 @@ class RewriteResult:
         document["written"] = self.written.to_dict() if self.written else None
         if self.destination is not None:
             document["destination"] = self.destination
+        if self.part is not None:
+            document["part"] = {"part": self.part.part, "of": self.part.count,
+                                "plan_digest": self.part.digest}  # fmt: skip
         return document
 
 
@@ -198,6 +204,13 @@ def _write(
     if options.dry_run:
         destination = claim.out if isinstance(claim, StoreClaim) else None
         return RewriteResult(with_remote(source.report, source.checkpoint), plan, None, destination)
+    if options.split is not None:  # --part, --commit, --executor ray (ops.rewrite_parts)
+        from ckptfix.ops.rewrite_parts import write_split
+
+        planned = (tensors, shard_metadata, index_metadata)
+        done = write_split(source, plan, claim, options, planned)
+        if done is not None:
+            return done
     if isinstance(claim, StoreClaim):
         return _to_store(source, plan, claim, options, (tensors, shard_metadata, index_metadata))
     job = ShardJob(
@@ -243,11 +256,11 @@ def _to_store(
         tensors, shard_metadata, index_metadata, source.checkpoint.source, staging="",
         out=claim.out, progress=options.progress,
     )  # fmt: skip
-    written = write_to_store(plan, job, claim, lambda folder: _carry(source, plan, folder, options))
+    written = write_to_store(plan, job, claim, lambda folder: carry(source, plan, folder, options))
     return RewriteResult(with_remote(source.report, source.checkpoint), plan, written, claim.out)
 
 
-def _carry(
+def carry(
     source: RewriteSource, plan: ShardPlan, folder: str, options: WriteOptions
 ) -> list[WrittenFile]:
     """The files beside the weights, carried into `folder`: copied from a local folder or
@@ -286,7 +299,7 @@ def stage_and_commit(
         staging.checkpoint()
         if MARKER in plan.copied_files:
             staging.unmark()  # the source's own file of that name takes its place
-        written += _carry(source, plan, staging.path, options)
+        written += carry(source, plan, staging.path, options)
         staging.commit()
     target = claim.out
     kept = set(plan.copied_files) if options.in_place else set()  # carried over: not replaced
@@ -308,10 +321,26 @@ def _opened(
 ) -> Iterator[tuple[RewriteSource, Destination]]:
     """Claim the output, then load and check the source once; release both at the end."""
     source = os.fspath(src)
-    with claim(source, out, options, in_place=in_place) as claimed:
+    if options.is_split and in_place:
+        raise UsageError("--in-place", "cannot be split into parts or tasks", "use -o OUT")
+    if options.target is not None and out is not None:  # a task: the driver claimed OUT
+        claimed: Destination = Claim(os.fspath(out), os.fspath(out), None, None)
+    else:
+        claimed = claim(source, out, options, in_place=in_place)
+    with claimed:
         opened = open_checkpoint(source, max_shard=options.shard_bytes, **open_options)
         with opened.checkpoint:
             yield recorded(opened), claimed
+
+
+def _split(
+    command: str, src: str | os.PathLike[str], out: object, options: RewriteOptions
+) -> PartRequest | None:
+    """How the tasks of a split run make the same plan again (None: not split)."""
+    if not options.is_split:
+        return None
+    where = os.fspath(out) if isinstance(out, (str, os.PathLike)) else ""
+    return PartRequest(command, os.fspath(src), os.getcwd(), where, options)
 
 
 def convert(
@@ -362,6 +391,7 @@ def convert(
             progress=options.progress,
             config_dtype=TARGET_NAMES.get(CAST_TARGETS.get(options.dtype, "")),
             allow_expansion=options.allow_expansion,
+            split=_split("convert", src, out, options),
         )
         return _write(opened, selection, claim, write)
 
@@ -406,6 +436,7 @@ def dedupe(
             dry_run=options.dry_run,
             progress=options.progress,
             allow_expansion=options.allow_expansion,
+            split=_split("dedupe", src, out, options),
         )
         return _write(opened, selection, claim, write)
 
@@ -438,15 +469,16 @@ def reshard(
             in_place=options.in_place,
             dry_run=options.dry_run,
             progress=options.progress,
+            split=_split("reshard", src, out, options),
         )
         if opened.gguf_stem is not None:  # a GGUF file or split set: GGUF parts
             from ckptfix.ops.rewrite_gguf import write_gguf
 
-            if isinstance(claim, StoreClaim):
+            if isinstance(claim, StoreClaim) or write.split is not None:
                 raise UsageError(
                     claim.out,
-                    "GGUF output to an object store is not yet supported",
-                    "write it to a folder",
+                    "GGUF output is written by one process, to a folder",
+                    "write it to a folder, without --part or --executor ray",
                 )
             return write_gguf(opened, claim, replace(write, to="gguf"))
         return _write(opened, _as_they_are(opened), claim, write)
