@@ -15,7 +15,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,7 @@ def test_a_worker_killed_during_a_write_is_retried(
         url = f"{server.url}/m"
         _run("reshard", url, "-o", tmp_path / "local", "--max-shard", "100KB", env=_local(env))
         server.behaviour.delay = 0.2  # each task takes a while: time to find its worker
-        stop, killed = threading.Event(), []
+        stop, killed = threading.Event(), list[int]()
         killer = threading.Thread(target=_kill_first, args=("write_part", stop, killed))
         killer.start()
         try:
@@ -226,36 +227,53 @@ def test_a_source_changed_under_a_write_task(env: dict[str, str], tmp_path: Path
     assert not (tmp_path / "out").exists()
 
 
+@dataclass(frozen=True)
+class Destination:
+    """A test's OUT: a folder, or a prefix of the bucket; what it holds, by name."""
+
+    out: str | Path
+    held: Callable[[], dict[str, bytes]]
+
+
+@pytest.fixture(params=[False, True], ids=["folder", "s3"])
+def destination(request: Any, s3: Any, bucket: str, tmp_path: Path) -> Destination:
+    if request.param:
+        return Destination(f"s3://{bucket}/out", lambda: objects(s3, bucket, "out"))
+    return Destination(tmp_path / "out", lambda: folder_files(tmp_path / "out"))
+
+
 def _parts(source: Path, out: object, env: dict[str, str], order: list[int]) -> None:
     """`--part I/3` for each I of `order`, each in a process of its own."""
     for part in order:
         _run("convert", source, "-o", out, "--max-shard", "100KB", "--part", f"{part}/3", env=env)
 
 
-@pytest.mark.parametrize("to_store", [False, True], ids=["folder", "s3"])
 def test_parts_in_any_order_then_commit(
-    to_store: bool, env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+    destination: Destination, env: dict[str, str], tmp_path: Path
 ) -> None:
-    source, local = _model(tmp_path), _local(env)
-    out = f"s3://{bucket}/out" if to_store else tmp_path / "out"
+    source, local, out = _model(tmp_path), _local(env), destination.out
     _run("convert", source, "-o", tmp_path / "local", "--max-shard", "100KB", env=local)
     order = [1, 2, 3, random.choice([1, 2, 3])]
     random.shuffle(order)
     _parts(source, out, local, order)
-    written = objects(s3, bucket, "out") if to_store else folder_files(tmp_path / "out")
-    assert not [name for name in written if name.endswith("index.json")]  # nothing published
+    if isinstance(out, str):  # the prefix holds shards and records, no index
+        held = destination.held()
+        assert held and not [name for name in held if name.endswith("index.json")]
+    else:  # the parts are beside OUT
+        assert not out.exists() and (tmp_path / ".ckptfix-parts-out").is_dir()
     _run("convert", source, "-o", out, "--max-shard", "100KB", "--commit", env=local)
-    written = objects(s3, bucket, "out") if to_store else folder_files(tmp_path / "out")
-    assert written == folder_files(tmp_path / "local"), order
-    assert sorted(os.listdir(tmp_path)) == ["local", "m", *([] if to_store else ["out"])]
+    assert destination.held() == folder_files(tmp_path / "local"), order
+    assert sorted(os.listdir(tmp_path)) == [
+        "local",
+        "m",
+        *([] if isinstance(out, str) else ["out"]),
+    ]
 
 
-@pytest.mark.parametrize("to_store", [False, True], ids=["folder", "s3"])
 def test_commit_refuses_a_missing_part(
-    to_store: bool, env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+    destination: Destination, env: dict[str, str], tmp_path: Path
 ) -> None:
-    source, local = _model(tmp_path), _local(env)
-    out = f"s3://{bucket}/out" if to_store else tmp_path / "out"
+    source, local, out = _model(tmp_path), _local(env), destination.out
     _parts(source, out, local, [3, 1])
     refused = _run("convert", source, "-o", out, "--max-shard", "100KB", "--commit", env=local,
                    code=1)  # fmt: skip
@@ -263,10 +281,7 @@ def test_commit_refuses_a_missing_part(
         "part 2 of 3 is missing (rule verification-failed; run the same command with "
         "--part 2/3, then --commit again)"
     )
-    if to_store:
-        assert not [name for name in names(s3, bucket, "out") if name.endswith("index.json")]
-    else:
-        assert not (tmp_path / "out").exists()
+    assert not [name for name in destination.held() if name.endswith("index.json")]
     other = _run("convert", source, "-o", out, "--max-shard", "100KB", "--dtype", "bf16",
                  "--commit", env=local, code=1)  # fmt: skip
     assert "was written for another plan" in other.stderr.splitlines()[-1]

@@ -279,20 +279,14 @@ def convert(
     from ckptfix.ops.rewrite import convert as run_convert
     from ckptfix.ops.rewrite_options import ConvertOptions
 
-    limit = parse_size(max_shard)
+    shown = not json_output and not dry_run and sys.stderr.isatty()
     with (
         split_run(executor, cpus_per_task, part, commit) as (split, cluster),
-        _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance,
+        _progress(shown) as advance,
     ):
         options = ConvertOptions(
-            limit,
-            dry_run,
-            force,
-            replace_any,
-            advance,
-            to=to.value,
-            dtype=dtype.value,
-            key=key,
+            parse_size(max_shard), dry_run, force, replace_any, advance,
+            to=to.value, dtype=dtype.value, key=key,
             strip_prefix=strip_prefix,
             exclude=tuple(exclude or ()),
             keep=keep,
@@ -304,7 +298,7 @@ def convert(
             to_hf=to_hf,
             **uploads(upload_concurrency, verify_readback, resume, hf_pr),
             **split,
-        )
+        )  # fmt: skip
         result = run_convert(input_path(src), out, options)
     _show(result, json_output, cluster)
 
