@@ -178,10 +178,12 @@ def test_a_worker_killed_during_a_write_is_retried(
     assert written == folder_files(tmp_path / "local")
 
 
+@pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
 @pytest.mark.parametrize("to_store", [False, True], ids=["folder", "s3"])
-def test_a_killed_driver_publishes_nothing(
-    to_store: bool, env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+def test_a_stopped_driver_publishes_nothing(
+    stop: int, to_store: bool, env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
 ) -> None:
+    """SIGKILL: the driver alone publishes; Ctrl-C: the tasks are cancelled too."""
     _model(tmp_path / "served")
     out = f"s3://{bucket}/out" if to_store else str(tmp_path / "out")
     with http_server(tmp_path / "served") as server:
@@ -195,12 +197,15 @@ def test_a_killed_driver_publishes_nothing(
         while not task_workers("write_part") and time.monotonic() < deadline:
             time.sleep(0.02)
         assert task_workers("write_part"), "no write task started"
-        driver.kill()
-        driver.communicate(timeout=60)
+        driver.send_signal(stop)
+        _, err = driver.communicate(timeout=60)
         deadline = time.monotonic() + 60  # Ray ends a dead driver's tasks
         while task_workers("write_part") and time.monotonic() < deadline:
             time.sleep(0.1)
     assert task_workers("write_part") == []
+    if stop == signal.SIGINT:
+        assert driver.returncode == 130, err
+        assert err.decode().splitlines()[-1].startswith("error: ")
     if to_store:
         assert not [name for name in names(s3, bucket, "out") if name.endswith(".json")]
     else:
