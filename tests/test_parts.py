@@ -112,6 +112,15 @@ def test_commit_keeps_the_output_rules(tmp_path: Path) -> None:
     assert tree_snapshot(tmp_path / "out") == tree_snapshot(tmp_path / "whole")
 
 
+def test_no_parts_to_the_hub(tmp_path: Path) -> None:
+    done = cli("convert", _model(tmp_path), "-o", "hf://someone/model", *SHARD, "--part", "1/2")
+    assert done.code == 2
+    assert done.error_lines == [
+        "error: --part: an hf:// output is uploaded and committed by one process (rule usage; "
+        "write to a folder or s3:// with parts, or run without --part and --executor ray)"
+    ]
+
+
 @pytest.mark.parametrize(
     "extra",
     [

@@ -99,6 +99,14 @@ def _claim_store(source: str, target: str, options: RewriteOptions) -> StoreClai
     """The prefix for the run. Parts (--part, --commit) find each other's shards and records
     there: the claim lets them be, and ops.rewrite_parts checks the prefix against the plan
     by the usual rules; a part leaves the other parts' uploads under way alone."""
+    if options.is_split and target.startswith("hf://"):
+        # The Hub publishes what one process uploaded, in one commit: slices uploaded by
+        # other processes would not be in it.
+        raise UsageError(
+            "--executor" if options.runner else ("--commit" if options.commit else "--part"),
+            "an hf:// output is uploaded and committed by one process",
+            "write to a folder or s3:// with parts, or run without --part and --executor ray",
+        )
     parts = options.part is not None or options.commit
     return claim_store(
         target, [source], force=options.force or parts,
