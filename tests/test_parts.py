@@ -112,6 +112,22 @@ def test_commit_keeps_the_output_rules(tmp_path: Path) -> None:
     assert tree_snapshot(tmp_path / "out") == tree_snapshot(tmp_path / "whole")
 
 
+def test_a_folder_of_the_users_is_never_taken_for_the_parts(tmp_path: Path) -> None:
+    """Of the name the parts folder would have, but not made by ckptfix: neither written
+    into by a part nor deleted by a commit."""
+    source, theirs = _model(tmp_path), tmp_path / ".ckptfix-parts-out"
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("mine")
+    for flag in ("--part", "--commit"):
+        args = [flag, "1/2"] if flag == "--part" else [flag]
+        done = cli("convert", source, "-o", tmp_path / "out", *SHARD, *args)
+        assert done.code == 2 and done.error_lines == [
+            f"error: {theirs}: exists and is not a folder of parts ckptfix made (no marker in "
+            "it) (rule usage; move it away, or write to another OUT)"
+        ]
+    assert [p.name for p in theirs.iterdir()] == ["notes.txt"]
+
+
 def test_no_parts_to_the_hub(tmp_path: Path) -> None:
     done = cli("convert", _model(tmp_path), "-o", "hf://someone/model", *SHARD, "--part", "1/2")
     assert done.code == 2

@@ -27,6 +27,7 @@ from ckptfix.write.parts import (
     ShardRecord,
     check_covered,
     check_local,
+    check_parts_folder,
     check_stored,
     chosen_records,
     ensure_parts_folder,
@@ -150,7 +151,7 @@ def _part(run: _Run) -> RewriteResult:
         where = claim.out.rstrip("/")
     else:
         where = parts_folder(claim.real)
-        ensure_parts_folder(where)
+        ensure_parts_folder(where, parts_folder(claim.out))
         records = write_slice_to_folder(plan_part, job_part, where)
         record = PartRecord(digest, part, count, tuple(records))
         write_record(where, record)
@@ -189,6 +190,7 @@ def _commit(run: _Run) -> RewriteResult:
         check_stored(claim.store, shards)
         return _publish_store(run, shards, sorted(found))
     folder, shown = parts_folder(claim.real), parts_folder(claim.out)
+    check_parts_folder(folder, shown)
     found = _local_records(folder)
     shards = check_covered(plan, chosen_records(found, digest, shown), shown)
     check_local(folder, shards, shown)

@@ -20,13 +20,13 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
-from ckptfix.core.errors import VerificationError
+from ckptfix.core.errors import UsageError, VerificationError
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.platform import system
 from ckptfix.write.output import index_bytes
 from ckptfix.write.safetensors import ShardJob, shard_header, write_shards
-from ckptfix.write.staging import write_marker
+from ckptfix.write.staging import is_staging_folder, write_marker
 from ckptfix.write.store_sink import StoreSink, StoreState
 from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
 from ckptfix.write.tree import remove_tree
@@ -202,14 +202,26 @@ def write_record(folder: str, record: PartRecord) -> None:
     system().sync_folder(folder)
 
 
-def ensure_parts_folder(folder: str) -> None:
+def ensure_parts_folder(folder: str, shown: str) -> None:
     """The folder the parts of a local OUT write into (marked: ckptfix's, safe to delete)."""
     os.makedirs(os.path.dirname(folder) or ".", exist_ok=True)
     try:
         os.mkdir(folder)
     except FileExistsError:
+        check_parts_folder(folder, shown)
         return
     write_marker(folder)
+
+
+def check_parts_folder(folder: str, shown: str) -> None:
+    """A parts folder that exists must be one ckptfix made (its marker): never write into,
+    or delete, a folder of the user's that happens to have its name."""
+    if os.path.lexists(folder) and not is_staging_folder(folder):
+        raise UsageError(
+            shown,
+            "exists and is not a folder of parts ckptfix made (no marker in it)",
+            "move it away, or write to another OUT",
+        )
 
 
 def parts_folder(real_out: str) -> str:
