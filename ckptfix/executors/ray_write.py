@@ -8,14 +8,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from ckptfix.executors.ray_cluster import Cluster, Resources, Task, run_tasks
-from ckptfix.executors.ray_work import BASE_MEMORY, TASKS_PER_CPU, working_folder
+from ckptfix.executors.ray_work import (
+    BASE_MEMORY,
+    METADATA_PER_TENSOR,
+    TASKS_PER_CPU,
+    working_folder,
+)
 from ckptfix.ops.rewrite_options import PartRequest
 from ckptfix.write.parts import PartRecord, part_of_sizes
 from ckptfix.write.results import Progress
 from ckptfix.write.stores.base import StoreOptions
 
-# What a task holds besides the interpreter: an upload's parts in flight (a store OUT), or
-# the writer's buffers and the read-back's (a folder).
+# What a task holds besides the interpreter and the checkpoint's metadata (ray_work): an
+# upload's parts in flight (a store OUT), or the writer's buffers and the read-back's.
 STORE_BUFFERS = StoreOptions().max_in_flight
 FOLDER_BUFFERS = 64 * 2**20
 
@@ -39,8 +44,9 @@ class RayShardRunner:
             tasks.append(Task(write_part, (request, part, count), weight))
         target = request.options.target
         buffers = STORE_BUFFERS if target is not None and target.store else FOLDER_BUFFERS
+        memory = BASE_MEMORY + METADATA_PER_TENSOR * request.tensors + buffers
         records: list[PartRecord] = run_tasks(
-            tasks, Resources(self.cpus_per_task, BASE_MEMORY + buffers), progress
+            tasks, Resources(self.cpus_per_task, memory), progress
         )
         return records
 

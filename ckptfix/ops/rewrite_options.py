@@ -37,6 +37,7 @@ class PartRequest:
     cwd: str
     out: str
     options: RewriteOptions
+    tensors: int = 0  # how many the plan holds: each task loads their metadata again
 
 
 class ShardRunner(Protocol):

@@ -270,6 +270,7 @@ def _on_runner(run: _Run) -> RewriteResult:
     assert request.options.runner is not None
     runner = request.options.runner
     task_options = replace(request.options, progress=None, runner=None, part=None)
+    request = replace(request, tensors=len(run.job.tensors))
     sizes = [shard.nbytes for shard in plan.shards]
 
     def slices(target: PartTarget, progress: Any) -> list[ShardRecord]:
