@@ -131,7 +131,7 @@ def bench_ray_writes(repeat: int) -> list[str]:
         expected = _listing(client)
         rows = [
             f"\n`convert` of {folder.name} (DCP, {size:.2f} GB) to s3:// (moto on 127.0.0.1, "
-            f"--max-shard {WRITE_SHARD}: {len(expected) - 2} shards), median wall of {repeat} "
+            f"--max-shard {WRITE_SHARD}: {sum(k.endswith('.safetensors') for k in expected)} shards), median wall of {repeat} "
             f"runs; Ray nodes of {CPUS_PER_NODE} CPU on 127.0.0.1, the cluster's start-up not "
             "timed; measured on 2 shared cores\n",
             "| executor | wall | GB/s | over local | target | |",
