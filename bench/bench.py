@@ -684,10 +684,11 @@ def bench_gguf(repeat: int) -> None:
 
 
 def bench_ray(repeat: int) -> None:
-    """hash with --executor ray on 1 and 2 Ray nodes against local: bench/ray_bench.py."""
+    """hash, and convert to S3, with --executor ray on 1 and 2 Ray nodes against local:
+    bench/ray_bench.py."""
     import ray_bench
 
-    for row in ray_bench.bench_ray(repeat):
+    for row in ray_bench.bench_ray(repeat) + ray_bench.bench_ray_writes(repeat):
         print(row, flush=True)
 
 

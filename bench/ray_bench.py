@@ -1,11 +1,13 @@
 """`make bench` job for `--executor ray` (`bench.py --only ray`): `hash` of the 2.2 GB
-five-shard folder with the local executor, then on a Ray cluster on 127.0.0.1 of one node
-and of two (tests/ray_cluster.py, 1 CPU each): Ray's overhead over the local executor. The
-cluster is started before the runs and not timed; each run's own joining of it is."""
+five-shard folder, and `convert` of the 2.2 GB DCP folder to S3 (moto, on 127.0.0.1), with
+the local executor, then on a Ray cluster on 127.0.0.1 of one node and of two
+(tests/ray_cluster.py, 1 CPU each): Ray's overhead over the local executor. The cluster is
+started before the runs and not timed; each run's own joining of it is."""
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -13,11 +15,13 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bench import CKPTFIX, ROOT, Measure, data_size, ensure_inputs, median, run
 
 sys.path.insert(0, str(ROOT))
 from tests.ray_cluster import CPUS_PER_NODE, cluster_env, ray_cluster
+from tests.remote_servers import S3_ENV, moto_server
 
 TARGET = 1.3  # Ray's wall over the local executor's, at most
 
@@ -66,6 +70,87 @@ def _cluster(nodes: int) -> Iterator[str]:
 def _median_with(command: list[str], env: dict[str, str], repeat: int) -> Measure:
     run(command, env=env)  # warm-up: the workers' imports
     return Measure(statistics.median(run(command, env=env).wall for _ in range(repeat)), 0.0)
+
+
+WRITE_SHARD = "500MB"  # five shards of the 2.2 GB folder: five write tasks
+
+
+@contextmanager
+def _s3_env(endpoint: str) -> Iterator[dict[str, str]]:
+    """AWS_* set for moto in this process (so the Ray nodes started meanwhile have them too,
+    as a cluster's nodes have their own credentials); the variables set."""
+    values = {**S3_ENV, "AWS_ENDPOINT_URL": endpoint, "AWS_EC2_METADATA_DISABLED": "true"}
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield values
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _listing(client: Any) -> dict[str, tuple[int, str]]:
+    """name -> (size, ETag) under out/: a multipart ETag is the MD5s of its parts, whose sizes
+    follow from the object's size, so equal listings mean equal bytes."""
+    pages = client.get_paginator("list_objects_v2").paginate(Bucket="bench", Prefix="out/")
+    return {
+        item["Key"]: (item["Size"], item["ETag"])
+        for page in pages
+        for item in page.get("Contents", [])
+    }
+
+
+def _fresh_runs(command: list[str], env: dict[str, str], repeat: int, client: Any) -> Measure:
+    """A warm-up run, then the median of `repeat`, each into an emptied prefix (not timed)."""
+    walls = []
+    for _ in range(repeat + 1):
+        for key in _listing(client):
+            client.delete_object(Bucket="bench", Key=key)
+        walls.append(run(command, env=env).wall)
+    return Measure(statistics.median(walls[1:]), 0.0)
+
+
+def bench_ray_writes(repeat: int) -> list[str]:
+    """convert of the 2 GB DCP folder to s3:// with each executor, into an emptied prefix
+    each time (moto keeps one output at a time: its objects spill to TMPDIR)."""
+    import boto3
+    from training import dcp_input, folder_size
+
+    folder = dcp_input("2gb")
+    size = folder_size(folder) / 1e9
+    command = [*CKPTFIX, "convert", str(folder), "-o", "s3://bench/out",
+               "--max-shard", WRITE_SHARD]  # fmt: skip
+    with moto_server() as endpoint, _s3_env(endpoint) as values:
+        client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+        client.create_bucket(Bucket="bench")
+        env = {**cluster_env(), **values}
+        local = _fresh_runs(command, env, repeat, client)
+        expected = _listing(client)
+        rows = [
+            f"\n`convert` of {folder.name} (DCP, {size:.2f} GB) to s3:// (moto on 127.0.0.1, "
+            f"--max-shard {WRITE_SHARD}: {sum(k.endswith('.safetensors') for k in expected)} shards), median wall of {repeat} "
+            f"runs; Ray nodes of {CPUS_PER_NODE} CPU on 127.0.0.1, the cluster's start-up not "
+            "timed; measured on 2 shared cores\n",
+            "| executor | wall | GB/s | over local | target | |",
+            "|---|---|---|---|---|---|",
+            f"| local | {local.wall:.2f} s | {size / local.wall:.2f} | 1.00x | | |",
+        ]
+        for nodes in (1, 2):
+            with _cluster(nodes) as address:
+                measure = _fresh_runs(
+                    [*command, "--executor", "ray"], cluster_env(address), repeat, client
+                )
+            assert _listing(client) == expected, "Ray's output is not the local one"
+            ratio = measure.wall / local.wall
+            rows.append(
+                f"| ray, {nodes} worker{'s' if nodes > 1 else ''} | {measure.wall:.2f} s | "
+                f"{size / measure.wall:.2f} | {ratio:.2f}x | <= {TARGET}x | "
+                f"{'ok' if ratio <= TARGET else 'MISSED'} |"
+            )
+    return rows
 
 
 if __name__ == "__main__":

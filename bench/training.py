@@ -121,12 +121,17 @@ def _build(folder: Path, script: str, *args: str) -> Path:
     return folder
 
 
-def dcp_inputs() -> dict[str, Path]:
+DCP_LAYERS = {"0.5gb": 3, "2gb": 22, "4gb": 44}
+
+
+def dcp_input(key: str) -> Path:
+    """The DCP folder of that size, built on first use."""
     script = SAVE_DCP.format(bench=str(ROOT / "bench"))
-    return {
-        key: _build(CACHE / f"dcp-llama-{key}", script, str(layers))
-        for key, layers in (("0.5gb", 3), ("2gb", 22), ("4gb", 44))
-    }
+    return _build(CACHE / f"dcp-llama-{key}", script, str(DCP_LAYERS[key]))
+
+
+def dcp_inputs() -> dict[str, Path]:
+    return {key: dcp_input(key) for key in DCP_LAYERS}
 
 
 def folder_size(path: Path) -> int:

@@ -37,6 +37,21 @@ def cluster_env(address: str | None = None) -> dict[str, str]:
     return env
 
 
+def ckptfix(
+    *args: object, env: dict[str, str], cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m ckptfix ARGS` in a fresh process (a driver of its own)."""
+    command = [sys.executable, "-m", "ckptfix", *map(str, args)]
+    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def task_workers(function: str) -> list[int]:
+    """The worker processes running `function` (Ray names a process after its task)."""
+    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True)
+    rows = [line.strip().partition(" ") for line in listing.stdout.splitlines()]
+    return [int(pid) for pid, _, title in rows if title.startswith(f"ray::{function}")]
+
+
 @contextmanager
 def ray_cluster(temp_dir: Path, nodes: int = 2) -> Iterator[str]:
     """A head and `nodes - 1` more, CPUS_PER_NODE CPUs each; yields the address to join."""

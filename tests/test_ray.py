@@ -21,7 +21,7 @@ import pytest
 from tests import training_fixtures as fixtures
 from tests.builders import Factory, Spec
 from tests.optional import needs
-from tests.ray_cluster import CPUS_PER_NODE, cluster_env, ray_cluster
+from tests.ray_cluster import CPUS_PER_NODE, ckptfix, cluster_env, ray_cluster, task_workers
 from tests.remote_servers import http_server
 
 pytestmark = [needs("ray"), pytest.mark.slow]
@@ -33,13 +33,6 @@ def address() -> Iterator[str]:
     # Ray's socket paths must stay short (108 bytes): a short folder under /tmp.
     with tempfile.TemporaryDirectory(prefix="ckray") as temp, ray_cluster(Path(temp)) as found:
         yield found
-
-
-def ckptfix(
-    *args: object, env: dict[str, str], cwd: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "ckptfix", *map(str, args)]
-    return subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True, timeout=300)
 
 
 def both(
@@ -179,10 +172,7 @@ def test_a_worker_killed_during_a_task_is_retried(address: str, tmp_path: Path) 
 
 
 def _task_workers() -> list[int]:
-    """The worker processes running hash_part (Ray names a process after its task)."""
-    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True)
-    rows = [line.strip().partition(" ") for line in listing.stdout.splitlines()]
-    return [int(pid) for pid, _, title in rows if title.startswith("ray::hash_part")]
+    return task_workers("hash_part")
 
 
 def test_ctrl_c_cancels_the_tasks(address: str, tmp_path: Path) -> None:

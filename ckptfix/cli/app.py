@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 import ckptfix
-from ckptfix.cli.executor import CpusPerTaskOption, Executor, ExecutorOption, inspect_reports
+from ckptfix.cli.executor import (
+    CommitOption,
+    CpusPerTaskOption,
+    Executor,
+    ExecutorOption,
+    PartOption,
+    inspect_reports,
+    split_run,
+    with_executor,
+)
 from ckptfix.cli.exits import Group, error_line
 from ckptfix.cli.help import PlainUsage
 from ckptfix.cli.options import (
@@ -52,6 +61,7 @@ from ckptfix.cli.options import (
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD_TEXT, parse_size
 
 if TYPE_CHECKING:
+    from ckptfix.executors.ray_cluster import Cluster
     from ckptfix.ops.report import Report
     from ckptfix.ops.rewrite import RewriteResult
 
@@ -197,6 +207,10 @@ def reshard(
     verify_readback: VerifyReadbackOption = False,
     resume: ResumeOption = False,
     hf_pr: HfPrOption = False,
+    executor: ExecutorOption = Executor.local,
+    cpus_per_task: CpusPerTaskOption = 1.0,
+    part: PartOption = None,
+    commit: CommitOption = False,
 ) -> None:
     """Rewrite a checkpoint into verified shards of at most --max-shard bytes.
 
@@ -208,7 +222,10 @@ def reshard(
 
     limit = parse_size(max_shard)
     show_progress = not json_output and not dry_run and sys.stderr.isatty()
-    with _progress(show_progress) as advance:
+    with (
+        split_run(executor, cpus_per_task, part, commit) as (split, cluster),
+        _progress(show_progress) as advance,
+    ):
         upload = uploads(upload_concurrency, verify_readback, resume, hf_pr)
         options = ReshardOptions(
             limit,
@@ -218,9 +235,10 @@ def reshard(
             advance,
             in_place=in_place,
             **upload,
+            **split,
         )
         result = run_reshard(input_path(src), out, options)
-    _show(result, json_output)
+    _show(result, json_output, cluster)
 
 
 @command()
@@ -248,6 +266,10 @@ def convert(
     verify_readback: VerifyReadbackOption = False,
     resume: ResumeOption = False,
     hf_pr: HfPrOption = False,
+    executor: ExecutorOption = Executor.local,
+    cpus_per_task: CpusPerTaskOption = 1.0,
+    part: PartOption = None,
+    commit: CommitOption = False,
 ) -> None:
     """Convert a PyTorch, safetensors, GGUF, DCP, DeepSpeed or Megatron checkpoint into verified safetensors (or torch) shards.
 
@@ -257,17 +279,14 @@ def convert(
     from ckptfix.ops.rewrite import convert as run_convert
     from ckptfix.ops.rewrite_options import ConvertOptions
 
-    limit = parse_size(max_shard)
-    with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
+    shown = not json_output and not dry_run and sys.stderr.isatty()
+    with (
+        split_run(executor, cpus_per_task, part, commit) as (split, cluster),
+        _progress(shown) as advance,
+    ):
         options = ConvertOptions(
-            limit,
-            dry_run,
-            force,
-            replace_any,
-            advance,
-            to=to.value,
-            dtype=dtype.value,
-            key=key,
+            parse_size(max_shard), dry_run, force, replace_any, advance,
+            to=to.value, dtype=dtype.value, key=key,
             strip_prefix=strip_prefix,
             exclude=tuple(exclude or ()),
             keep=keep,
@@ -278,9 +297,10 @@ def convert(
             dequantize=dequantize.value if dequantize is not None else None,
             to_hf=to_hf,
             **uploads(upload_concurrency, verify_readback, resume, hf_pr),
-        )
+            **split,
+        )  # fmt: skip
         result = run_convert(input_path(src), out, options)
-    _show(result, json_output)
+    _show(result, json_output, cluster)
 
 
 @command()
@@ -302,6 +322,10 @@ def dedupe(
     verify_readback: VerifyReadbackOption = False,
     resume: ResumeOption = False,
     hf_pr: HfPrOption = False,
+    executor: ExecutorOption = Executor.local,
+    cpus_per_task: CpusPerTaskOption = 1.0,
+    part: PartOption = None,
+    commit: CommitOption = False,
 ) -> None:
     """Write shared (and, with --by-content, identical) tensors once, as safetensors.
 
@@ -312,7 +336,10 @@ def dedupe(
     from ckptfix.ops.rewrite_options import DedupeOptions
 
     limit = parse_size(max_shard)
-    with _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance:
+    with (
+        split_run(executor, cpus_per_task, part, commit) as (split, cluster),
+        _progress(not json_output and not dry_run and sys.stderr.isatty()) as advance,
+    ):
         options = DedupeOptions(
             limit,
             dry_run,
@@ -324,14 +351,15 @@ def dedupe(
             keep=keep,
             allow_expansion=allow_expansion,
             **uploads(upload_concurrency, verify_readback, resume, hf_pr),
+            **split,
         )
         result = run_dedupe(input_path(src), out, options)
-    _show(result, json_output)
+    _show(result, json_output, cluster)
 
 
-def _show(result: RewriteResult, json_output: bool) -> None:
+def _show(result: RewriteResult, json_output: bool, cluster: Cluster | None = None) -> None:
     if json_output:
-        _write_json(result.to_dict())
+        _write_json(with_executor(result.to_dict(), cluster))
     else:
         from ckptfix.cli import render
 

@@ -1,5 +1,6 @@
 """`--executor local|ray` and `--ray-cpus-per-task` (docs/ray.md): where `hash`, `diff` and
-`inspect` read. ray is imported only when `--executor ray` is given."""
+`inspect` read and the rewrites write; `--part I/N` and `--commit` for other schedulers. ray
+is imported only when `--executor ray` is given."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import Enum
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, TypedDict
 
 import typer
 
@@ -16,6 +17,7 @@ from ckptfix.core.errors import UsageError
 if TYPE_CHECKING:
     from ckptfix.executors.ray_cluster import Cluster
     from ckptfix.ops.report import Report
+    from ckptfix.ops.rewrite_options import ShardRunner
     from ckptfix.ops.tensorset import Digester
 
 
@@ -90,3 +92,64 @@ def inspect_reports(
         from ckptfix.executors.ray_work import BASE_MEMORY, inspect_all
 
         return inspect_all(paths, options, Resources(cpus_per_task, BASE_MEMORY))
+
+
+PartOption = Annotated[
+    str | None,
+    typer.Option(
+        "--part",
+        metavar="I/N",
+        help="Write slice I of N of the plan's shards, and a record of them, beside OUT (or "
+        "under the prefix); nothing is published until the same command runs with --commit.",
+    ),
+]
+CommitOption = Annotated[
+    bool,
+    typer.Option(
+        "--commit",
+        help="Check every --part's record against the plan made again from SRC, then "
+        "publish the index (same SRC, OUT and options as the parts).",
+    ),
+]
+
+
+class Split(TypedDict):
+    """The rewrite options of a split run (ops.rewrite_options.RewriteOptions)."""
+
+    part: tuple[int, int] | None
+    commit: bool
+    runner: ShardRunner | None
+
+
+def parse_part(text: str | None) -> tuple[int, int] | None:
+    """`I/N` as (I, N), 1 <= I <= N; a usage error otherwise."""
+    if text is None:
+        return None
+    part, _, count = text.partition("/")
+    if not (part.isdigit() and count.isdigit() and 1 <= int(part) <= int(count) <= 100_000):
+        raise UsageError("--part", f"{text!r} is not I/N", "pass e.g. --part 2/8 (1 <= I <= N)")
+    return int(part), int(count)
+
+
+@contextmanager
+def split_run(
+    executor: Executor, cpus_per_task: float, part: str | None, commit: bool
+) -> Iterator[tuple[Split, Cluster | None]]:
+    """The split options of a write command, and the Ray cluster it runs on (if any)."""
+    parsed = parse_part(part)
+    if parsed is not None and commit:
+        raise UsageError("--commit", "publishes what the parts wrote", "drop --part")
+    if executor is Executor.ray and (parsed is not None or commit):
+        raise UsageError("--executor", "ray runs every part itself", "drop --part and --commit")
+    with joined(executor, cpus_per_task) as cluster:
+        runner = None
+        if cluster is not None:
+            from ckptfix.executors.ray_cluster import MAX_RETRIES
+            from ckptfix.executors.ray_write import RayShardRunner
+
+            sys.stderr.write(
+                f"ckptfix: ray: a task whose worker or node is lost is retried up to "
+                f"{MAX_RETRIES} times\n"
+            )
+            runner = RayShardRunner(cluster, cpus_per_task)
+        yield Split(part=parsed, commit=commit, runner=runner), cluster

@@ -7,6 +7,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -24,6 +25,7 @@ from ckptfix.ops.rewrite_claim import Destination, claim
 from ckptfix.ops.rewrite_options import (
     ConvertOptions,
     DedupeOptions,
+    PartRequest,
     ReshardOptions,
     RewriteOptions,
     WriteOptions,
@@ -46,11 +48,12 @@ from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
 from ckptfix.write.extras import carried_as_file, copy_extra, write_generated
 from ckptfix.write.output import check_free_space, check_names, check_quantized, wrap_os_error
+from ckptfix.write.parts import PartRecord
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
 from ckptfix.write.staging import MARKER, Claim, staged
-from ckptfix.write.store_output import StoreClaim, write_to_store
+from ckptfix.write.store_output import StoreClaim, write_shards_to, write_to_store
 from ckptfix.write.torch import check_torch_dtypes, write_torch_shards
 from ckptfix.write.zerocopy import find_cloning, shareable_bytes, streamed_labels
 
@@ -65,6 +68,7 @@ class RewriteResult:
     plan: ShardPlan
     written: WriteResult | None
     destination: str | None = None  # an object-store OUT, as it may be printed
+    part: PartRecord | None = None  # what a slice of a split run wrote (ops.rewrite_parts)
 
     def to_dict(self) -> dict[str, object]:
         document = self.report.to_dict()
@@ -72,6 +76,9 @@ class RewriteResult:
         document["written"] = self.written.to_dict() if self.written else None
         if self.destination is not None:
             document["destination"] = self.destination
+        if self.part is not None:
+            document["part"] = {"part": self.part.part, "of": self.part.count,
+                                "plan_digest": self.part.digest}  # fmt: skip
         return document
 
 
@@ -198,6 +205,13 @@ def _write(
     if options.dry_run:
         destination = claim.out if isinstance(claim, StoreClaim) else None
         return RewriteResult(with_remote(source.report, source.checkpoint), plan, None, destination)
+    if options.split is not None:  # --part, --commit, --executor ray (ops.rewrite_parts)
+        from ckptfix.ops.rewrite_parts import write_split
+
+        planned = (tensors, shard_metadata, index_metadata)
+        done = write_split(source, plan, claim, options, planned)
+        if done is not None:
+            return done
     if isinstance(claim, StoreClaim):
         return _to_store(source, plan, claim, options, (tensors, shard_metadata, index_metadata))
     job = ShardJob(
@@ -237,8 +251,9 @@ def _to_store(
         tensors, shard_metadata, index_metadata, source.checkpoint.source, staging="",
         out=claim.out, progress=options.progress,
     )  # fmt: skip
+    shards = partial(write_shards_to, to=options.to)
     written = write_to_store(
-        plan, job, claim, lambda folder: carry_files(source, plan, folder, options), options.to
+        plan, job, claim, lambda folder: carry_files(source, plan, folder, options), shards
     )
     return RewriteResult(with_remote(source.report, source.checkpoint), plan, written, claim.out)
 
@@ -304,10 +319,26 @@ def _opened(
 ) -> Iterator[tuple[RewriteSource, Destination]]:
     """Claim the output, then load and check the source once; release both at the end."""
     source = os.fspath(src)
-    with claim(source, out, options, in_place=in_place) as claimed:
+    if options.is_split and in_place:
+        raise UsageError("--in-place", "cannot be split into parts or tasks", "use -o OUT")
+    if options.target is not None and out is not None:  # a task: the driver claimed OUT
+        claimed: Destination = Claim(os.fspath(out), os.fspath(out), None, None)
+    else:
+        claimed = claim(source, out, options, in_place=in_place)
+    with claimed:
         opened = open_checkpoint(source, max_shard=options.shard_bytes, **open_options)
         with opened.checkpoint:
             yield recorded(opened), claimed
+
+
+def _split(
+    command: str, src: str | os.PathLike[str], out: object, options: RewriteOptions
+) -> PartRequest | None:
+    """How the tasks of a split run make the same plan again (None: not split)."""
+    if not options.is_split:
+        return None
+    where = os.fspath(out) if isinstance(out, (str, os.PathLike)) else ""
+    return PartRequest(command, os.fspath(src), os.getcwd(), where, options)
 
 
 def convert(
@@ -358,6 +389,7 @@ def convert(
             progress=options.progress,
             config_dtype=TARGET_NAMES.get(CAST_TARGETS.get(options.dtype, "")),
             allow_expansion=options.allow_expansion,
+            split=_split("convert", src, out, options),
         )
         return _write(opened, selection, claim, write)
 
@@ -402,6 +434,7 @@ def dedupe(
             dry_run=options.dry_run,
             progress=options.progress,
             allow_expansion=options.allow_expansion,
+            split=_split("dedupe", src, out, options),
         )
         return _write(opened, selection, claim, write)
 
@@ -434,9 +467,16 @@ def reshard(
             in_place=options.in_place,
             dry_run=options.dry_run,
             progress=options.progress,
+            split=_split("reshard", src, out, options),
         )
         if opened.gguf_stem is not None:  # a GGUF file or split set: GGUF parts
             from ckptfix.ops.rewrite_gguf import write_gguf
 
+            if write.split is not None:
+                raise UsageError(
+                    claim.out,
+                    "GGUF output is written by one process",
+                    "write it without --part or --executor ray",
+                )
             return write_gguf(opened, claim, replace(write, to="gguf"))
         return _write(opened, _as_they_are(opened), claim, write)

@@ -69,6 +69,8 @@ def claim(
     refuse_unknown_scheme(target)
     if is_url(target):
         return _claim_store(source, target, options)
+    if options.part is not None:  # a part writes beside OUT (ops.rewrite_parts), never in it
+        dry_run = True
     try:
         return claim_output(
             target,
@@ -84,14 +86,30 @@ def claim(
         raise wrap_os_error(exc, target) from exc
 
 
-def _claim_store(source: str, target: str, options: RewriteOptions) -> StoreClaim:
-    store = StoreOptions(
+def store_options(options: RewriteOptions) -> StoreOptions:
+    return StoreOptions(
         concurrency=options.upload_concurrency,
         verify_readback=options.verify_readback,
         resume=options.resume,
         hf_pr=options.hf_pr,
     )
+
+
+def _claim_store(source: str, target: str, options: RewriteOptions) -> StoreClaim:
+    """The prefix for the run. Parts (--part, --commit) find each other's shards and records
+    there: the claim lets them be, and ops.rewrite_parts checks the prefix against the plan
+    by the usual rules; a part leaves the other parts' uploads under way alone."""
+    if options.is_split and target.startswith("hf://"):
+        # The Hub publishes what one process uploaded, in one commit: slices uploaded by
+        # other processes would not be in it.
+        raise UsageError(
+            "--executor" if options.runner else ("--commit" if options.commit else "--part"),
+            "an hf:// output is uploaded and committed by one process",
+            "write to a folder or s3:// with parts, or run without --part and --executor ray",
+        )
+    parts = options.part is not None or options.commit
     return claim_store(
-        target, [source], force=options.force, replace_any=options.replace_any,
-        write=not options.dry_run, options=store,
+        target, [source], force=options.force or parts,
+        replace_any=options.replace_any or parts,
+        write=not options.dry_run and options.part is None, options=store_options(options),
     )  # fmt: skip

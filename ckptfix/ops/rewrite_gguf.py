@@ -38,7 +38,7 @@ from ckptfix.write.gguf import GgufJob, PartWriter, needed_bytes
 from ckptfix.write.output import check_free_space, wrap_os_error
 from ckptfix.write.safetensors import write_shards
 from ckptfix.write.staging import Claim
-from ckptfix.write.store_output import StoreClaim, write_to_store
+from ckptfix.write.store_output import StoreClaim, write_shards_to, write_to_store
 from ckptfix.write.zerocopy import find_cloning, streamed_labels
 
 # The safetensors `__metadata__` entry that holds a converted GGUF's metadata (as JSON).
@@ -123,7 +123,7 @@ def write_gguf(
     )
     if isinstance(claim, StoreClaim):
         carry = partial(carry_files, source, plan, options=options)
-        written = write_to_store(plan, job, claim, carry, "gguf")
+        written = write_to_store(plan, job, claim, carry, partial(write_shards_to, to="gguf"))
         return RewriteResult(report, plan, written, claim.out)
     try:
         folder = nearest_folder(os.path.dirname(claim.real))  # where staging will be

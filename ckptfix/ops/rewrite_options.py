@@ -3,11 +3,50 @@ defaults, exported as `ckptfix.ReshardOptions`, `ConvertOptions` and `DedupeOpti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from ckptfix.core.choices import CastDtype, DecodeDtype, Target, ZeroWeights
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD, shard_size
+from ckptfix.write.parts import PartRecord
 from ckptfix.write.results import Progress
+from ckptfix.write.stores.base import StoredObject
+
+
+@dataclass(frozen=True)
+class PartTarget:
+    """Inside a task of a split run: where slice `part` of `count` goes (the driver's
+    staging folder, or the store URL) and the digest of the plan the driver made."""
+
+    digest: str
+    folder: str | None = None
+    store: str | None = None
+    existing: tuple[StoredObject, ...] = ()  # the store's objects as the driver found them
+    part: int = 0
+    count: int = 0
+
+
+@dataclass(frozen=True)
+class PartRequest:
+    """What a task runs again to write its slice: the command (convert, reshard, dedupe) on
+    SRC with the same options, `options.target` saying where (its part set per task)."""
+
+    command: str
+    src: str
+    cwd: str
+    out: str
+    options: RewriteOptions
+    tensors: int = 0  # how many the plan holds: each task loads their metadata again
+
+
+class ShardRunner(Protocol):
+    """Runs the slices of a plan elsewhere (executors.ray_work.RayShardRunner): the record
+    of each slice, in order, or the first task's error."""
+
+    def __call__(
+        self, request: PartRequest, sizes: Sequence[int], progress: Progress | None
+    ) -> list[PartRecord]: ...
 
 
 @dataclass(frozen=True)
@@ -22,6 +61,7 @@ class WriteOptions:
     progress: Progress | None = None
     config_dtype: str | None = None  # a cast's torch name, set in config.json (config_dtype.py)
     allow_expansion: bool = False  # write expanded tensors past plan.expansion's limits
+    split: PartRequest | None = None  # --part, --commit, --executor ray, or a task of these
 
 
 @dataclass(frozen=True)
@@ -39,11 +79,25 @@ class RewriteOptions:
     verify_readback: bool = False
     resume: bool = False
     hf_pr: bool = False  # an hf:// OUT: a pull request instead of a commit to the branch
+    # Split runs (ops.rewrite_parts): write slice I of N (--part I/N); check every slice's
+    # record and publish (--commit); run the slices elsewhere (--executor ray); or, inside
+    # such a run's task, where its slice goes.
+    part: tuple[int, int] | None = None
+    commit: bool = False
+    runner: ShardRunner | None = None
+    target: PartTarget | None = None
 
     def __post_init__(self) -> None:
         shard_size(self.max_shard)  # a bad size is a ValueError when the options are made
         if self.upload_concurrency < 1:
             raise ValueError("upload_concurrency must be at least 1")
+        if self.part is not None and not 1 <= self.part[0] <= self.part[1]:
+            raise ValueError("part must be (I, N) with 1 <= I <= N")
+
+    @property
+    def is_split(self) -> bool:
+        """Whether the shards are written in slices (see the fields above)."""
+        return bool(self.part or self.commit or self.runner or self.target)
 
     @property
     def shard_bytes(self) -> int:

@@ -78,7 +78,7 @@ def _check_names(store: ObjectStore, objects: Sequence[StoredObject]) -> None:
             )
 
 
-def _check_existing(
+def check_prefix(
     store: ObjectStore, objects: Sequence[StoredObject], *, force: bool, replace_any: bool
 ) -> None:
     if not objects:
@@ -120,7 +120,7 @@ def claim_store(
             )
     objects = store.list()
     _check_names(store, objects)
-    _check_existing(store, objects, force=force or options.resume, replace_any=replace_any)
+    check_prefix(store, objects, force=force or options.resume, replace_any=replace_any)
     state = StoreState({item.name: item for item in objects})
     claim = StoreClaim(store.display, store, options, state, replace_any)
     if write:
@@ -208,7 +208,11 @@ def _file_chunks(path: str) -> Callable[[], Iterator[bytes]]:
     return chunks
 
 
-def _write_shards(sink: StoreSink, plan: ShardPlan, job: ShardJob, to: str) -> list[WrittenFile]:
+def write_shards_to(
+    sink: StoreSink, plan: ShardPlan, job: ShardJob, to: str = "safetensors"
+) -> list[WrittenFile]:
+    """Stream every planned shard (`to`: safetensors, torch or gguf) into the sink, completed
+    under its final name."""
     if to == "torch":
         return _write_torch_shards(sink, plan, job)
     if to == "gguf":
@@ -270,16 +274,21 @@ def _send_files(sink: StoreSink, folder: str) -> list[WrittenFile]:
     return written
 
 
+ShardsTo = Callable[[StoreSink, ShardPlan, ShardJob], list[WrittenFile]]
+
+
 def write_to_store(
     plan: ShardPlan,
     job: ShardJob,
     claim: StoreClaim,
     carry: Callable[[str], object],
-    to: str = "safetensors",
+    shards: ShardsTo = write_shards_to,
+    also_delete: Sequence[str] = (),
 ) -> WriteResult:
-    """Stream the planned shards (`to`: safetensors or torch), the carried files
-    (`carry(folder)` puts them in a local scratch folder) and the index into the store;
-    publish; delete what is stale."""
+    """Stream the planned shards (`shards`: here, e.g. write_shards_to with another `to`, or
+    by others, checked), the carried files (`carry(folder)` puts them in a local scratch
+    folder) and the index into the store; publish; delete what is stale (and
+    `also_delete`)."""
     labels = {label for tensor in job.tensors.values() for label in tensor.source.sources}
     before = {label: job.sources(label).change_token() for label in labels}
     with writing_to(claim.out) as signals:
@@ -289,7 +298,7 @@ def write_to_store(
         )  # fmt: skip
         sink.progress, sink.total = job.progress, plan.total_size
         try:
-            written = _write_shards(sink, plan, job, to) + _write_extras(sink, carry)
+            written = shards(sink, plan, job) + _write_extras(sink, carry)
             if plan.index_file is not None:
                 data = index_bytes(plan, job.index_metadata)
                 written.append(sink.write_file(plan.index_file, data))
@@ -300,7 +309,7 @@ def write_to_store(
                     "run again on a stable copy",
                 )
             stale = _stale(claim, [item.path for item in written])
-            sink.commit(stale)
+            sink.commit(sorted({*stale, *also_delete}))
         except BaseException:
             sink.discard()
             raise

@@ -90,6 +90,7 @@ class StoreSink:
         self.written: list[str] = []
         self.renames = renames
         self.digests: dict[str, str] = {}  # each shard's SHA-256 (hex), for `rename`
+        self.stored: dict[str, StoredObject] = {}  # each shard as the store completed or kept it
         self._scratch: str | None = None
         self.closed = False
 
@@ -129,7 +130,7 @@ class StoreSink:
         if self.options.resume and self._kept(name, size, chunks):
             self._advance(size if counted else 0)
             return WrittenFile(name, size)
-        self._before_replacing(name)
+        self.before_replacing(name)
         upload = self.store.begin(name, size)
         self.open.append(upload)
         for chunk in chunks():
@@ -151,6 +152,7 @@ class StoreSink:
 
     def _complete(self, name: str, size: int, upload: ObjectUpload) -> None:
         stored = upload.complete()
+        self.stored[name] = stored
         self.open.remove(upload)
         self.written.append(name)
         if self.options.verify_readback:
@@ -172,11 +174,12 @@ class StoreSink:
             hasher.update(chunk)
         if hasher.value() != stored.checksum:
             return False
+        self.stored[name] = stored
         self.state.kept.append(name)
         self.state.bytes_kept += size
         return True
 
-    def _before_replacing(self, name: str) -> None:
+    def before_replacing(self, name: str) -> None:
         """An earlier index must not list a shard while it is being replaced: it goes first."""
         if name not in self.state.existing or self.state.removed_first:
             return

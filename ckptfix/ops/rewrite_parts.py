@@ -1,0 +1,307 @@
+"""A rewrite's shards written in slices (write.parts): `--part I/N` writes slice I and its
+record; `--commit` checks every slice's record against the plan made again here and
+publishes; `--executor ray` runs the slices as tasks (an `ops.rewrite_options.ShardRunner`:
+this module knows nothing of Ray) into the run's staging folder or the store, checks their
+records and publishes as a local run does. Inside a task, `options.target` says where its
+slice goes. The plan is the same everywhere because every process makes it from the same
+SRC and options, and its digest (write.parts.plan_digest) says so."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from ckptfix.core.errors import SourceChangedError, UsageError
+from ckptfix.ops.inspect import with_remote
+from ckptfix.ops.rewrite_options import PartRequest, PartTarget, WriteOptions
+from ckptfix.ops.source import RewriteSource
+from ckptfix.plan.select import OutTensor
+from ckptfix.plan.shards import ShardPlan
+from ckptfix.write.output import write_index
+from ckptfix.write.parts import (
+    MAX_RECORD,
+    RECORD,
+    PartRecord,
+    ShardRecord,
+    check_covered,
+    check_local,
+    check_parts_folder,
+    check_stored,
+    chosen_records,
+    ensure_parts_folder,
+    part_of,
+    parts_folder,
+    plan_digest,
+    sliced,
+    write_record,
+    write_slice_to_folder,
+    write_slice_to_store,
+)
+from ckptfix.write.results import WriteResult, WrittenFile
+from ckptfix.write.safetensors import ShardJob
+from ckptfix.write.staging import Claim
+from ckptfix.write.store_output import StoreClaim, check_prefix, write_to_store
+from ckptfix.write.store_sink import StoreSink
+from ckptfix.write.tree import remove_tree
+
+if TYPE_CHECKING:
+    from ckptfix.ops.rewrite import RewriteResult
+
+Planned = tuple[Mapping[str, OutTensor], Sequence[Mapping[str, str]], Mapping[str, Any]]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """A split run's plan and where it goes: what every step below takes."""
+
+    source: RewriteSource
+    plan: ShardPlan
+    job: ShardJob
+    claim: Claim | StoreClaim
+    options: WriteOptions
+    request: PartRequest
+    digest: str
+
+
+def write_split(
+    source: RewriteSource,
+    plan: ShardPlan,
+    claim: Claim | StoreClaim,
+    options: WriteOptions,
+    planned: Planned,
+) -> RewriteResult | None:
+    """The write step of a split run; None when the plan is one file with no index, which a
+    Ray run writes here as a local run does (its completion would be its publication)."""
+    request = options.split
+    assert request is not None
+    split = request.options
+    if options.to != "safetensors":
+        raise UsageError(
+            "--to", "torch output is written by one process", "drop --part, --commit and --executor"
+        )
+    tensors, metadata, index_metadata = planned
+    digest = plan_digest(plan, tensors, metadata, index_metadata)
+    job = ShardJob(
+        tensors, metadata, index_metadata, source.checkpoint.source, staging="",
+        out=claim.out, verify=options.verify, progress=options.progress,
+    )  # fmt: skip
+    run = _Run(source, plan, job, claim, options, request, digest)
+    if split.target is not None:
+        return _task(run)
+    if plan.index_file is None:
+        if split.runner is not None:
+            return None
+        raise UsageError(
+            "--part" if split.part else "--commit",
+            "the plan is one file with no index: there is nothing to split",
+            "run the command without --part",
+        )
+    if split.part is not None:
+        return _part(run)
+    if split.commit:
+        return _commit(run)
+    return _on_runner(run)
+
+
+def _result(run: _Run, written: WriteResult | None, record: PartRecord) -> RewriteResult:
+    from ckptfix.ops.rewrite import RewriteResult
+
+    report = with_remote(run.source.report, run.source.checkpoint)
+    return RewriteResult(report, run.plan, written, part=record)
+
+
+def _task(run: _Run) -> RewriteResult:
+    """(In a task.) Write slice target.part of target.count where the driver said."""
+    target, job = run.request.options.target, run.job
+    assert target is not None
+    if run.digest != target.digest:
+        raise SourceChangedError(
+            job.out,
+            "the plan made on this node differs from the driver's: the source changed, or "
+            "is not the same on every node",
+        )
+    plan_part, job_part = sliced(run.plan, job, part_of(run.plan, target.part, target.count))
+    if target.folder is not None:
+        records = write_slice_to_folder(plan_part, job_part, target.folder)
+    else:
+        from ckptfix.ops.rewrite_claim import store_options
+        from ckptfix.write.stores import open_store
+
+        assert target.store is not None
+        options = store_options(run.request.options)
+        store = open_store(target.store, options)
+        records = write_slice_to_store(plan_part, job_part, store, options, target.existing)
+    record = PartRecord(run.digest, target.part, target.count, tuple(records))
+    return _result(run, None, record)
+
+
+def _part(run: _Run) -> RewriteResult:
+    """--part I/N: slice I and its record, beside the other parts' (nothing published)."""
+    claim, digest = run.claim, run.digest
+    part, count = run.request.options.part or (1, 1)
+    plan_part, job_part = sliced(run.plan, run.job, part_of(run.plan, part, count))
+    if isinstance(claim, StoreClaim):
+        _check_store_prefix(run)
+        existing = tuple(claim.state.existing.values())
+        records = write_slice_to_store(plan_part, job_part, claim.store, claim.options, existing)
+        record = PartRecord(digest, part, count, tuple(records))
+        claim.store.publish({record.name: record.to_json()}, [], message="ckptfix part")
+        where = claim.out.rstrip("/")
+    else:
+        where = parts_folder(claim.real)
+        ensure_parts_folder(where, parts_folder(claim.out))
+        records = write_slice_to_folder(plan_part, job_part, where)
+        record = PartRecord(digest, part, count, tuple(records))
+        write_record(where, record)
+    files = [WrittenFile(f"{where}/{r.file}", r.size) for r in records]
+    files.append(WrittenFile(f"{where}/{record.name}", len(record.to_json())))
+    return _result(run, WriteResult(where, tuple(files), run.job.verify), record)
+
+
+def _check_store_prefix(run: _Run) -> None:
+    """The prefix may hold the parts' own records and shards; anything else follows the
+    usual rules (--force, --replace-any), which the claim left to this check."""
+    claim = run.claim
+    assert isinstance(claim, StoreClaim)
+    ours = {shard.file for shard in run.plan.shards}
+    others = [
+        item
+        for name, item in claim.state.existing.items()
+        if name not in ours and not RECORD.fullmatch(name)
+    ]
+    options = run.request.options
+    check_prefix(claim.store, others, force=options.force or options.resume,
+                 replace_any=options.replace_any)  # fmt: skip
+
+
+def _commit(run: _Run) -> RewriteResult:
+    """--commit: every part's record checked against this plan, then the index published."""
+    claim, plan, digest = run.claim, run.plan, run.digest
+    if isinstance(claim, StoreClaim):
+        _check_store_prefix(run)
+        found = {
+            name: claim.store.read(name, 0, min(item.size, MAX_RECORD))
+            for name, item in claim.state.existing.items()
+            if RECORD.fullmatch(name)
+        }
+        shards = check_covered(plan, chosen_records(found, digest, claim.out), claim.out)
+        check_stored(claim.store, shards)
+        return _publish_store(run, shards, sorted(found))
+    folder, shown = parts_folder(claim.real), parts_folder(claim.out)
+    check_parts_folder(folder, shown)
+    found = _local_records(folder)
+    shards = check_covered(plan, chosen_records(found, digest, shown), shown)
+    check_local(folder, shards, shown)
+
+    def move(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+        from ckptfix.platform import system
+
+        for shard in shards:
+            system().rename_new(
+                os.path.join(folder, shard.file), os.path.join(job.staging, shard.file)
+            )
+        return _with_index(plan, job, shards)
+
+    result = _publish_local(run, move)
+    remove_tree(folder)  # published: the parts are in OUT now, the records served
+    return result
+
+
+def _local_records(folder: str) -> dict[str, bytes]:
+    found: dict[str, bytes] = {}
+    if not os.path.isdir(folder):
+        return found
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if RECORD.fullmatch(name) and os.path.getsize(path) <= MAX_RECORD:
+            with open(path, "rb") as handle:
+                found[name] = handle.read()
+    return found
+
+
+def _with_index(plan: ShardPlan, job: ShardJob, shards: Sequence[ShardRecord]) -> list[WrittenFile]:
+    """The shards written by the slices, and the index written here into the staging folder."""
+    written = [WrittenFile(shard.file, shard.size) for shard in shards]
+    assert plan.index_file is not None
+    path = os.path.join(job.staging, plan.index_file)
+    display = os.path.join(job.out, plan.index_file)
+    written.append(
+        WrittenFile(plan.index_file, write_index(path, plan, job.index_metadata, display))
+    )
+    return written
+
+
+def _publish_local(
+    run: _Run, write: Callable[[ShardPlan, ShardJob], list[WrittenFile]]
+) -> RewriteResult:
+    """Stage the output, `write` its shards and index there, and swap it in as OUT."""
+    from ckptfix.ops.rewrite import stage_and_commit
+
+    assert isinstance(run.claim, Claim)
+    return stage_and_commit(run.source, run.plan, run.job, run.claim, run.options, write)
+
+
+def _publish_store(
+    run: _Run, shards: Sequence[ShardRecord], records: Sequence[str]
+) -> RewriteResult:
+    """Publish the shards the slices put in the store: the carried files, the index last,
+    the records (`records`) and what is stale deleted."""
+    from ckptfix.ops.rewrite import RewriteResult, carry_files
+
+    source, plan, claim, options = run.source, run.plan, run.claim, run.options
+    assert isinstance(claim, StoreClaim)
+
+    def checked(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+        return [WrittenFile(shard.file, shard.size) for shard in shards]
+
+    written = write_to_store(
+        plan,
+        run.job,
+        claim,
+        lambda folder: carry_files(source, plan, folder, options),
+        checked,
+        records,
+    )
+    report = with_remote(source.report, source.checkpoint)
+    return RewriteResult(report, plan, written, claim.out)
+
+
+def _on_runner(run: _Run) -> RewriteResult:
+    """--executor ray: the slices run as tasks into the staging folder (a local OUT) or the
+    store; their records are checked, then the index published here."""
+    request, plan, claim, digest = run.request, run.plan, run.claim, run.digest
+    assert request.options.runner is not None
+    runner = request.options.runner
+    task_options = replace(request.options, progress=None, runner=None, part=None)
+    request = replace(request, tensors=len(run.job.tensors))
+    sizes = [shard.nbytes for shard in plan.shards]
+
+    def slices(target: PartTarget, progress: Any) -> list[ShardRecord]:
+        records = runner(
+            replace(request, options=replace(task_options, target=target)), sizes, progress
+        )
+        return check_covered(plan, records, claim.out)
+
+    if isinstance(claim, StoreClaim):
+        for shard in plan.shards:  # an earlier index must not list a shard being replaced
+            if shard.file in claim.state.existing:
+                StoreSink(claim.store, claim.options, claim.state).before_replacing(shard.file)
+                break
+        existing = tuple(
+            item
+            for name, item in claim.state.existing.items()
+            if name not in claim.state.removed_first
+        )
+        target = PartTarget(digest, store=request.out, existing=existing)
+        shards = slices(target, run.options.progress)
+        check_stored(claim.store, shards)
+        return _publish_store(run, shards, ())
+
+    def tasks(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+        shards = slices(PartTarget(digest, folder=job.staging), job.progress)
+        check_local(job.staging, shards, job.out)
+        return _with_index(plan, job, shards)
+
+    return _publish_local(run, tasks)

@@ -1,0 +1,307 @@
+"""A plan's shards written in slices, by other processes than the one that publishes them
+(`--part I/N`, then `--commit`; the tasks of `--executor ray`), and what each slice leaves
+for the publisher: a record of the plan it followed (`plan_digest`) and of every shard it
+wrote (size, and a checksum: SHA-256 of a local file, the store's own for an object).
+
+A slice is written whole or not at all: a local slice goes into a marked scratch folder of
+its own inside the destination folder, and its shards are renamed into the destination only
+once every one is written and verified (a retried or repeated slice replaces them); the
+record comes last. In an object store each shard is completed under its final name, and no
+index is put: nothing is published until the publisher checks every record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+
+from ckptfix.core.errors import UsageError, VerificationError
+from ckptfix.plan.select import OutTensor
+from ckptfix.plan.shards import ShardPlan
+from ckptfix.platform import system
+from ckptfix.write.output import index_bytes
+from ckptfix.write.safetensors import ShardJob, shard_header, write_shards
+from ckptfix.write.staging import is_staging_folder, write_marker
+from ckptfix.write.store_sink import StoreSink, StoreState
+from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
+from ckptfix.write.tree import remove_tree
+
+PARTS_PREFIX = ".ckptfix-parts-"  # beside a local OUT: the folder the parts write into
+RECORD = re.compile(r"\.ckptfix-part-([1-9][0-9]{0,5})-of-([1-9][0-9]{0,5})\.json")
+MAX_RECORD = 64 * 2**20  # bytes: a record lists its shards, a few hundred bytes each
+_READ = 16 * 2**20
+
+
+def record_name(part: int, count: int) -> str:
+    return f".ckptfix-part-{part}-of-{count}.json"
+
+
+@dataclass(frozen=True)
+class ShardRecord:
+    """One written shard: its name, size, checksum (algorithm, value), and for a local file
+    its modification time (which the publisher checks, rather than reading it again)."""
+
+    file: str
+    size: int
+    checksum: tuple[str, str]
+    mtime_ns: int = 0
+
+
+@dataclass(frozen=True)
+class PartRecord:
+    """What slice `part` of `count` of the plan `digest` wrote."""
+
+    digest: str
+    part: int
+    count: int
+    shards: tuple[ShardRecord, ...]
+
+    @property
+    def name(self) -> str:
+        return record_name(self.part, self.count)
+
+    def to_json(self) -> bytes:
+        document = {"ckptfix_part": 1, **asdict(self)}
+        return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, where: str) -> PartRecord:
+        """A record as a part wrote it; anything else is a one-line error naming `where`."""
+        try:
+            document = json.loads(data)
+            shards = tuple(
+                ShardRecord(str(s["file"]), int(s["size"]), (str(s["checksum"][0]),
+                            str(s["checksum"][1])), int(s["mtime_ns"]))
+                for s in document["shards"]
+            )  # fmt: skip
+            return cls(str(document["digest"]), int(document["part"]), int(document["count"]),
+                       shards)  # fmt: skip
+        except (ValueError, KeyError, TypeError, IndexError):
+            raise VerificationError(
+                where, "is not a part record ckptfix wrote", "run that part again"
+            ) from None
+
+
+def plan_digest(
+    plan: ShardPlan,
+    tensors: Mapping[str, OutTensor],
+    metadata: Sequence[Mapping[str, str]],
+    index_metadata: Mapping[str, object],
+) -> str:
+    """The SHA-256 of what a plan writes: every shard's name and header (names, dtypes,
+    shapes, offsets, metadata), where each tensor is read from, and the index."""
+    hasher = hashlib.sha256()
+    for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
+        header, _ = shard_header(shard, tensors, shard_metadata)
+        hasher.update(shard.file.encode() + b"\0" + hashlib.sha256(header).digest())
+        for name in shard.tensors:
+            source = tensors[name].source
+            hasher.update(repr((source.file, source.byte_range)).encode())
+    if plan.index_file is not None:
+        hasher.update(plan.index_file.encode() + index_bytes(plan, index_metadata))
+    return hasher.hexdigest()
+
+
+def part_of(plan: ShardPlan, part: int, count: int) -> list[int]:
+    """The indexes of the shards of slice `part` (1-based) of `count` (see part_of_sizes)."""
+    return part_of_sizes([shard.nbytes for shard in plan.shards], part, count)
+
+
+def part_of_sizes(sizes: Sequence[int], part: int, count: int) -> list[int]:
+    """The indexes of slice `part` (1-based) of `count` of shards of these sizes:
+    consecutive shards of about equal bytes, each in the slice its middle byte falls into."""
+    total = max(1, sum(sizes))
+    chosen, at = [], 0
+    for index, size in enumerate(sizes):
+        if min(count - 1, (at + size // 2) * count // total) == part - 1:
+            chosen.append(index)
+        at += size
+    return chosen
+
+
+def sliced(plan: ShardPlan, job: ShardJob, indexes: Sequence[int]) -> tuple[ShardPlan, ShardJob]:
+    """The plan and job of a slice: its shards, their metadata, no index."""
+    shards = tuple(plan.shards[i] for i in indexes)
+    metadata = [job.metadata[i] for i in indexes]
+    return replace(plan, shards=shards, index_file=None), replace(job, metadata=metadata)
+
+
+def file_sha256(path: str) -> str:
+    fd = system().open_read(path)
+    try:
+        hasher, at = hashlib.sha256(), 0
+        while data := system().pread(fd, _READ, at):
+            hasher.update(data)
+            at += len(data)
+        return hasher.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def write_slice_to_folder(plan: ShardPlan, job: ShardJob, folder: str) -> list[ShardRecord]:
+    """Write the slice's shards into a scratch folder inside `folder`, verify them, then
+    rename them into `folder` (replacing what an earlier run of the slice left)."""
+    scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=folder)
+    try:
+        write_marker(scratch)
+        job.staging = scratch
+        written = write_shards(plan, job)
+        records = []
+        for item in written:
+            path = os.path.join(scratch, item.path)
+            records.append(ShardRecord(item.path, item.bytes, ("sha256", file_sha256(path))))
+        placed = []
+        for record in records:
+            target = os.path.join(folder, record.file)
+            system().replace(os.path.join(scratch, record.file), target)
+            placed.append(replace(record, mtime_ns=os.stat(target).st_mtime_ns))
+        system().sync_folder(folder)
+        return placed
+    finally:
+        remove_tree(scratch)
+
+
+def write_slice_to_store(
+    plan: ShardPlan,
+    job: ShardJob,
+    store: ObjectStore,
+    options: StoreOptions,
+    existing: Sequence[StoredObject],
+) -> list[ShardRecord]:
+    """Stream the slice's shards into the store under their final names (no index)."""
+    from ckptfix.write.store_output import write_shards_to
+
+    state = StoreState({item.name: item for item in existing})
+    sink = StoreSink(store, options, state)
+    sink.progress, sink.total = job.progress, plan.total_size
+    try:
+        write_shards_to(sink, plan, job)
+    except BaseException:
+        sink.discard()
+        raise
+    return [
+        ShardRecord(name, stored.size, stored.checksum or ("none", ""))
+        for name, stored in sink.stored.items()
+    ]
+
+
+def write_record(folder: str, record: PartRecord) -> None:
+    """The record beside the slice's shards, replacing an earlier one atomically."""
+    path = os.path.join(folder, record.name)
+    scratch = f"{path}.{os.getpid()}.tmp"
+    with open(scratch, "wb") as handle:
+        handle.write(record.to_json())
+        handle.flush()
+        system().sync(handle.fileno())
+    system().replace(scratch, path)
+    system().sync_folder(folder)
+
+
+def ensure_parts_folder(folder: str, shown: str) -> None:
+    """The folder the parts of a local OUT write into (marked: ckptfix's, safe to delete)."""
+    os.makedirs(os.path.dirname(folder) or ".", exist_ok=True)
+    try:
+        os.mkdir(folder)
+    except FileExistsError:
+        check_parts_folder(folder, shown)
+        return
+    write_marker(folder)
+
+
+def check_parts_folder(folder: str, shown: str) -> None:
+    """A parts folder that exists must be one ckptfix made (its marker): never write into,
+    or delete, a folder of the user's that happens to have its name."""
+    if os.path.lexists(folder) and not is_staging_folder(folder):
+        raise UsageError(
+            shown,
+            "exists and is not a folder of parts ckptfix made (no marker in it)",
+            "move it away, or write to another OUT",
+        )
+
+
+def parts_folder(real_out: str) -> str:
+    parent, name = os.path.split(real_out.rstrip(os.sep))
+    return os.path.join(parent, PARTS_PREFIX + name)
+
+
+def chosen_records(found: Mapping[str, bytes], digest: str, out: str) -> list[PartRecord]:
+    """The records of one complete run of parts of the plan `digest`: every part of 1..N
+    present, each for this plan; a missing or mismatched one is an error naming it."""
+    records = [PartRecord.from_json(data, f"{out}/{name}") for name, data in sorted(found.items())]
+    ours = [record for record in records if record.digest == digest]
+    counts = sorted({record.count for record in ours}) or sorted({r.count for r in records})
+    if not counts:
+        raise VerificationError(
+            out, "no part was written for this plan (no .ckptfix-part-I-of-N.json)",
+            "run the same command with --part I/N for each part, then --commit",
+        )  # fmt: skip
+    if len(counts) > 1:
+        raise VerificationError(
+            out, f"parts of runs split {counts[0]} and {counts[1]} ways are both there",
+            "run every part of one split again, then --commit",
+        )  # fmt: skip
+    count = counts[0]
+    by_part = {record.part: record for record in records if record.count == count}
+    for part in range(1, count + 1):
+        record = by_part.get(part)
+        if record is None:
+            raise VerificationError(
+                f"{out}/{record_name(part, count)}", f"part {part} of {count} is missing",
+                f"run the same command with --part {part}/{count}, then --commit again",
+            )  # fmt: skip
+        if record.digest != digest:
+            raise VerificationError(
+                f"{out}/{record.name}",
+                f"part {part} of {count} was written for another plan (other source or options)",
+                f"run the same command with --part {part}/{count}, then --commit again",
+            )
+    return [by_part[part] for part in range(1, count + 1)]
+
+
+def check_covered(plan: ShardPlan, records: Sequence[PartRecord], out: str) -> list[ShardRecord]:
+    """Every planned shard written by the part the split gives it, in plan order."""
+    result: list[ShardRecord] = []
+    for record in records:
+        wanted = [plan.shards[i].file for i in part_of(plan, record.part, record.count)]
+        got = [shard.file for shard in record.shards]
+        if got != wanted:
+            raise VerificationError(
+                f"{out}/{record.name}",
+                f"part {record.part} of {record.count} lists other shards than the plan gives it",
+                f"run the same command with --part {record.part}/{record.count} again",
+            )
+        result += record.shards
+    return result
+
+
+def check_local(folder: str, shards: Sequence[ShardRecord], out: str) -> None:
+    """Every shard in `folder` as its part left it (size and modification time)."""
+    for shard in shards:
+        path = os.path.join(folder, shard.file)
+        try:
+            status = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            status = None
+        if status is None or (status.st_size, status.st_mtime_ns) != (shard.size, shard.mtime_ns):
+            raise VerificationError(
+                os.path.join(out, shard.file),
+                "is missing or changed since its part wrote it",
+                "run its part again, then --commit",
+            )
+
+
+def check_stored(store: ObjectStore, shards: Sequence[ShardRecord]) -> None:
+    """Every shard in the store with the size and checksum its part's upload completed."""
+    for shard in shards:
+        stored = store.stat(shard.file)
+        if stored is None or (stored.size, stored.checksum) != (shard.size, shard.checksum):
+            raise VerificationError(
+                f"{store.display.rstrip('/')}/{shard.file}",
+                "is missing or changed since its part wrote it",
+                "run its part again, then --commit",
+            )
