@@ -402,8 +402,9 @@ def test_resume_trusts_the_object_not_a_listing_that_lies_about_its_size(
         b"<Size>5</Size>", f"<Size>{size}</Size>".encode()
     )
     run = cli(
-        "reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "40MB", "--resume", "--json"
-    )
+        "reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "40MB", "--resume", "--json",
+        "--force",  # --resume alone replaces nothing
+    )  # fmt: skip
     assert run.code == 0, run.stderr
     assert run.json()["written"]["upload"]["kept"] == []
     _same_as_local(s3, bucket, tmp_path / "local")

@@ -17,14 +17,14 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckptfix.core.errors import RemoteError, UsageError, WriteError
 from ckptfix.core.signals import writing_to
-from ckptfix.core.text import shown
+from ckptfix.core.text import redact, shown
 from ckptfix.io.gather import Sources
 from ckptfix.io.source import ByteSource, is_local
-from ckptfix.io.urls import climbs_out, is_url
+from ckptfix.io.urls import climbs_out
 from ckptfix.layouts.names import CHECKPOINT_FILE
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
@@ -35,6 +35,7 @@ from ckptfix.write.sink import CHUNK, ShardHeader
 from ckptfix.write.store_sink import StoreSink, StoreState, is_index
 from ckptfix.write.stores import open_store
 from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
+from ckptfix.write.stores.location import output_url, overlap
 
 
 @dataclass
@@ -59,11 +60,6 @@ class StoreClaim:
 
     def __exit__(self, *exc_info: object) -> None:
         self.release()
-
-
-def _inside(child: str, parent: str) -> bool:
-    child, parent = child.rstrip("/"), parent.rstrip("/")
-    return child == parent or child.startswith(parent + "/")
 
 
 def _check_names(store: ObjectStore, objects: Sequence[StoredObject]) -> None:
@@ -108,12 +104,14 @@ def claim_store(
 ) -> StoreClaim:  # fmt: skip
     """Check that the prefix may be written (see the module docstring); for a write, abort
     a killed run's uploads. --resume counts as --force for the objects already there."""
+    url = output_url(url)
+    source = overlap(url, sources)
+    if source is not None:
+        raise UsageError(
+            redact(url), f"output overlaps the input {redact(source)}", "choose another -o"
+        )
+    options = replace(options, force=force)
     store = open_store(url, options)
-    for source in sources:
-        if is_url(source) and (_inside(source, url) or _inside(url, source)):
-            raise UsageError(
-                store.display, f"output overlaps the input {source}", "choose another -o"
-            )
     objects = store.list()
     _check_names(store, objects)
     _check_existing(store, objects, force=force or options.resume, replace_any=replace_any)
@@ -205,21 +203,17 @@ def _file_chunks(path: str) -> Callable[[], Iterator[bytes]]:
 
 
 def _write_shards(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
+    """Every shard; with --resume, those whose names are already there first (without
+    --force, one that does not match stops the run before anything new is sent)."""
     written = []
-    for shard, metadata in zip(plan.shards, job.metadata, strict=True):
+    shards = zip(plan.shards, job.metadata, strict=True)
+    there = sink.state.existing if sink.options.resume else {}
+    for shard, metadata in sorted(shards, key=lambda item: item[0].file not in there):
         data, entries = shard_header(shard, job.tensors, metadata)
         header = ShardHeader(data, tuple(entries), metadata)
         parts = [TensorPart(job.sources, job.tensors[name]) for name in shard.tensors]
         written.append(sink.write_shard(shard.file, header, parts))
     return written
-
-
-def _write_extras(sink: StoreSink, carry: Callable[[str], object]) -> list[WrittenFile]:
-    """The files beside the weights, carried into a scratch folder by the local rules, then
-    sent (see _send_files)."""
-    folder = sink.scratch()
-    carry(folder)
-    return _send_files(sink, folder)
 
 
 def _send_files(sink: StoreSink, folder: str) -> list[WrittenFile]:
@@ -250,7 +244,11 @@ def write_to_store(
         )  # fmt: skip
         sink.progress, sink.total = job.progress, plan.total_size
         try:
-            written = _write_shards(sink, plan, job) + _write_extras(sink, carry)
+            extras = sink.scratch()  # the files beside the weights, by the local rules
+            carry(extras)
+            planned = [shard.file for shard in plan.shards] + [plan.index_file or ""]
+            sink.check_resume([*planned, *(name for name, _ in _extra_files(extras))])
+            written = _write_shards(sink, plan, job) + _send_files(sink, extras)
             if plan.index_file is not None:
                 data = index_bytes(plan, job.index_metadata)
                 written.append(sink.write_file(plan.index_file, data))
@@ -282,6 +280,7 @@ def write_folder_to_store(claim: StoreClaim, fill: Callable[[str], str]) -> Writ
                 claim.store, claim.options, claim.state, single_file=single, signals=signals
             )
             try:
+                sink.check_resume(files)
                 written = _send_files(sink, folder)
                 sink.commit(_stale(claim, [item.path for item in written]))
             except BaseException:

@@ -109,6 +109,8 @@ class StoreSink:
         if self.options.resume and self._kept(name, size, chunks):
             self._advance(size if counted else 0)
             return WrittenFile(name, size)
+        if self._resume_only and name in self.state.existing:
+            self._refuse(name, "is not what this run writes there (its size or checksum differs)")
         self._before_replacing(name)
         upload = self.store.begin(name, size)
         self.open.append(upload)
@@ -156,6 +158,33 @@ class StoreSink:
         self.state.bytes_kept += size
         return True
 
+    @property
+    def _resume_only(self) -> bool:
+        return self.options.resume and not self.options.force
+
+    def _refuse(self, name: str, what: str) -> None:
+        raise UsageError(
+            f"{self.out}/{name}",
+            f"{what}: --resume without --force keeps what matches and replaces nothing",
+            "pass --force to replace the checkpoint there, or choose another prefix",
+        )
+
+    def check_resume(self, planned: Iterable[str]) -> None:
+        """--resume without --force, before anything is sent: every object under the prefix
+        must be one this run writes (an earlier, killed run's of the same output)."""
+        if not self._resume_only:
+            return
+        others = sorted(set(self.state.existing) - set(planned))
+        if others:
+            self._refuse(others[0], "is not part of this run's output")
+
+    def _same_small(self, name: str, data: bytes) -> bool:
+        """Whether the object already there holds exactly `data` (by the store's checksum)."""
+        stored = self.store.stat(name)
+        hasher = self.store.hasher(len(data))
+        hasher.update(data)
+        return stored is not None and stored.size == len(data) and stored.checksum == hasher.value()
+
     def _before_replacing(self, name: str) -> None:
         """An earlier index must not list a shard while it is being replaced: it goes first."""
         if name not in self.state.existing or self.state.removed_first:
@@ -197,6 +226,9 @@ class StoreSink:
         """Complete a single file, then put the small files (the index last) and delete
         `stale`. SIGINT and SIGTERM wait meanwhile: the output is then published whole."""
         self.signals.raise_deferred()
+        for name in self.files if self._resume_only else ():
+            if name in self.state.existing and not self._same_small(name, self.files[name]):
+                self._refuse(name, "holds other bytes than this run writes there")
         with self.signals.held():
             for name, size, upload in self.deferred:
                 self._complete(name, size, upload)

@@ -33,6 +33,7 @@ from ckptfix.io.remote import RemoteSession, Settings
 from ckptfix.io.remote_answers import Listing, answer_seconds
 from ckptfix.io.remote_errors import UnexpectedAnswer, parsed
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
+from ckptfix.write.stores.common import Pages
 from ckptfix.write.stores.parts import PartPump, in_flight, part_size
 
 MARKER = ".ckptfix-writing"
@@ -154,15 +155,16 @@ class S3Store:
         """Every object under the prefix, sub-folders' included (our marker left out)."""
         found: list[StoredObject] = []
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
-        bounds = Listing(self.listing_seconds)
+        bounds, pages = Listing(self.listing_seconds), Pages(self._display)
         with bounds.pages_of_this_thread():
             while True:
                 page = self.call("", "list_objects_v2", **params)
                 items = page.get("Contents", [])
                 found += [item for item in map(self._listed, items) if item is not None]
-                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
-                bounds.page(len(items), more=bool(token))
-                if not token:
+                token = page.get("NextContinuationToken")
+                more = pages.more(bool(page.get("IsTruncated")), token)
+                bounds.page(len(items), more=more)
+                if not more:
                     return found
                 params["ContinuationToken"] = token
 
@@ -183,7 +185,8 @@ class S3Store:
         marked = self._marked or self.stat(MARKER) is not None
         uploads: list[Dangling] = []
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
-        for _ in range(1000):
+        pages = Pages(self._display)
+        while True:
             page = self.call("", "list_multipart_uploads", **params)
             for item in page.get("Uploads", []):
                 key, upload_id = item.get("Key"), item.get("UploadId")
@@ -191,11 +194,10 @@ class S3Store:
                     raise UnexpectedAnswer("a multipart upload without a key or an id")
                 started = str(item["Initiated"]) if item.get("Initiated") else None
                 uploads.append(Dangling(key[len(self.prefix) :], upload_id, started, marked))
-            if not page.get("IsTruncated"):
-                break
-            params["KeyMarker"] = page.get("NextKeyMarker")
-            params["UploadIdMarker"] = page.get("NextUploadIdMarker")
-        return uploads
+            markers = (page.get("NextKeyMarker"), page.get("NextUploadIdMarker"))
+            if not pages.more(bool(page.get("IsTruncated")), markers):
+                return uploads
+            params["KeyMarker"], params["UploadIdMarker"] = markers
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
         for upload in uploads:
