@@ -16,7 +16,15 @@ from tests.builders import Factory, Spec
 from tests.helpers import cli
 from tests.optional import needs
 from tests.remote_servers import upload_tree
-from tests.store_helpers import fresh_env, names, new_bucket, objects, proxied_moto, uploads
+from tests.store_helpers import (
+    big_model,
+    fresh_env,
+    names,
+    new_bucket,
+    objects,
+    proxied_moto,
+    uploads,
+)
 from tests.store_proxy import Proxy
 
 T = TypeVar("T")
@@ -197,6 +205,7 @@ def test_a_multipart_listing_that_contradicts_itself_is_an_error() -> None:
 
 # --- 3. --resume without --force replaces nothing ------------------------------------
 
+SHARDS_OF_2 = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
 _SPLIT = ["--max-shard", "4MB"]  # two shards, named as _model's
 
 
@@ -248,3 +257,140 @@ def test_resume_without_force_completes_its_own_earlier_output(
     assert objects(s3, bucket, "out") == whole
     kept = run.json()["written"]["upload"]["kept"]
     assert kept == ["model-00001-of-00002.safetensors"]
+
+
+# --- 4. the marker: only the uploads a run recorded are aborted --------------------------
+
+
+def _upload_ids(s3: Any, bucket: str) -> list[tuple[str, str]]:
+    listed = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    return sorted((item["Key"], item["UploadId"]) for item in listed)
+
+
+@s3_test
+def test_a_marker_left_by_a_run_aborts_no_upload_it_did_not_record(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    folder = _model(Factory(tmp_path))
+    s3.put_object(Bucket=bucket, Key="out/.ckptfix-writing", Body=b"a killed run's marker\n")
+    for key in ["out/sub/theirs.bin", "out/model-00001-of-00002.safetensors"]:
+        s3.create_multipart_upload(Bucket=bucket, Key=key)  # another tool's uploads
+    theirs = _upload_ids(s3, bucket)
+    run = cli("reshard", folder, "-o", f"s3://{bucket}/out", *_SPLIT)
+    assert run.code == 2 and "marker" in run.stderr and "--force" in run.stderr, run.stderr
+    assert _upload_ids(s3, bucket) == theirs and names(s3, bucket, "out") == [".ckptfix-writing"]
+    run = cli("reshard", folder, "-o", f"s3://{bucket}/out", *_SPLIT, "--force", "--json")
+    assert run.code == 0, run.stderr
+    upload = run.json()["written"]["upload"]
+    assert upload["aborted_uploads"] == [] and len(upload["other_uploads"]) == 2
+    assert _upload_ids(s3, bucket) == theirs
+    assert ".ckptfix-writing" not in names(s3, bucket, "out")
+
+
+@s3_test
+def test_the_marker_records_each_upload_before_its_parts_are_sent(
+    s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
+) -> None:
+    from ckptfix.write.stores.s3_marker import recorded
+
+    folder = big_model(Factory(tmp_path), shards=2)  # each shard four parts
+    seen: list[set[tuple[str, str]]] = []
+
+    def hook(number: int) -> None:
+        body = s3.get_object(Bucket=bucket, Key="out/.ckptfix-writing")["Body"].read()
+        seen.append(recorded(body))
+
+    proxy.faults.on_part = hook
+    assert cli("reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "40MB").code == 0
+    started = [sorted(name for name, _ in ids) for ids in seen]
+    first, both = ["model-00001-of-00002.safetensors"], SHARDS_OF_2
+    assert started == [first] * 4 + [both] * 4  # every part after its upload's record
+
+
+# --- 5. the Hub: the repository's own files are not the output's ------------------------
+
+
+def hub_test(test: T) -> T:
+    """A test against the Hub test server (huggingface_hub's LFS uploads pass a file as
+    `data=` to httpx, which warns)."""
+    marked: T = needs("huggingface_hub")(
+        pytest.mark.slow(pytest.mark.filterwarnings("ignore:Use 'content=<...>'")(test))
+    )
+    return marked
+
+
+@pytest.fixture
+def hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The Hub test server (LFS; Xet off through huggingface_hub's setting: it cannot be
+    served on loopback) holding a fresh repository: .gitattributes and a model card."""
+    from huggingface_hub import constants
+
+    from tests.store_servers import hub_write_server
+
+    for name, value in {"HF_TOKEN": "hf_testtesttesttesttest", "HF_HUB_DISABLE_XET": "1"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    (repo / "README.md").write_text("---\nlicense: apache-2.0\n---\n# The card\n")
+    with hub_write_server(repo) as server:
+        monkeypatch.setattr(constants, "ENDPOINT", server.url)
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+        yield server
+
+
+@hub_test
+def test_the_hub_repositorys_card_and_gitattributes_are_never_the_outputs(
+    hub: Any, tmp_path: Path
+) -> None:
+    from tests.remote_servers import REPO
+    from tests.store_servers import stored
+
+    factory = Factory(tmp_path)
+    own = {name: stored(hub.root)[name] for name in (".gitattributes", "README.md")}
+    first = cli("reshard", _model(factory, "a"), "-o", f"hf://{REPO}", *_SPLIT)  # no --force
+    assert first.code == 0, first.stderr
+    again = cli("reshard", _model(factory, "b", seed="b"), "-o", f"hf://{REPO}", "--force")
+    assert again.code == 0, again.stderr
+    after = stored(hub.root)
+    assert {name: after[name] for name in own} == own
+    assert sorted(after) == [".gitattributes", "README.md", "config.json", "model.safetensors"]
+
+
+@hub_test
+def test_a_carried_model_card_replaces_the_repositorys_only_with_force(
+    hub: Any, tmp_path: Path
+) -> None:
+    from tests.remote_servers import REPO
+    from tests.store_servers import stored
+
+    folder = _model(Factory(tmp_path))
+    (folder / "README.md").write_text("# the input's card\n")
+    card = stored(hub.root)["README.md"]
+    run = cli("reshard", folder, "-o", f"hf://{REPO}")
+    assert run.code == 2 and "README.md" in run.stderr and "--force" in run.stderr, run.stderr
+    assert stored(hub.root)["README.md"] == card
+    assert cli("reshard", folder, "-o", f"hf://{REPO}", "--force").code == 0
+    assert stored(hub.root)["README.md"] == b"# the input's card\n"
+
+
+# --- 6. a bucket root: only the top level is the output's -------------------------------
+
+
+@s3_test
+def test_force_at_a_bucket_root_deletes_nothing_under_other_prefixes(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    factory = Factory(tmp_path)
+    upload_tree(s3, bucket, _model(factory, "other", seed="o"), "other")  # with its index
+    s3.put_object(Bucket=bucket, Key="notes/summary.md", Body=b"mine")
+    upload_tree(s3, bucket, _model(factory, "old", seed="old"), "")  # same shard names
+    s3.put_object(Bucket=bucket, Key="model-00001-of-00003.safetensors", Body=b"stale")
+    others = {key: objects(s3, bucket, key) for key in ("other", "notes")}
+    run = cli("reshard", _model(factory, "new"), "-o", f"s3://{bucket}", *_SPLIT, "--force")
+    assert run.code == 0, run.stderr
+    assert {key: objects(s3, bucket, key) for key in ("other", "notes")} == others
+    listed = s3.list_objects_v2(Bucket=bucket)["Contents"]
+    top = sorted(item["Key"] for item in listed if "/" not in item["Key"])
+    assert top == sorted([*SHARDS_OF_2, "config.json", "model.safetensors.index.json"])

@@ -173,12 +173,16 @@ def _read_ahead(source: ByteSource, offset: int, size: int) -> Iterator[bytes]:
 
 def _stale(claim: StoreClaim, written: Sequence[str]) -> list[str]:
     """Objects of the earlier output the new one does not hold (deleted after the index):
-    checkpoint files, and with --replace-any the others too."""
+    checkpoint files, and with --replace-any the others too. Only the prefix's top level
+    counts, as a local OUT's own entries do: an object under a sub-prefix (`-o s3://bucket`
+    over a bucket holding other prefixes) is never deleted, only replaced by a file of the
+    new output of that name."""
     new = set(written)
     return sorted(
         name
         for name in claim.state.existing
         if name not in new
+        and "/" not in name
         and name not in claim.state.removed_first
         and (claim.replace_any or CHECKPOINT_FILE.fullmatch(name.rpartition("/")[2]))
     )

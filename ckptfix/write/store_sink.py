@@ -189,7 +189,9 @@ class StoreSink:
         """An earlier index must not list a shard while it is being replaced: it goes first."""
         if name not in self.state.existing or self.state.removed_first:
             return
-        indexes = sorted(n for n in self.state.existing if is_index(n) and n != name)
+        indexes = sorted(  # a sub-prefix's index lists none of this output's names
+            n for n in self.state.existing if is_index(n) and n != name and "/" not in n
+        )
         if indexes:
             self.store.delete(indexes)
             self.state.removed_first.extend(indexes)
