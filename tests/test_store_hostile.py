@@ -394,3 +394,93 @@ def test_force_at_a_bucket_root_deletes_nothing_under_other_prefixes(
     listed = s3.list_objects_v2(Bucket=bucket)["Contents"]
     top = sorted(item["Key"] for item in listed if "/" not in item["Key"])
     assert top == sorted([*SHARDS_OF_2, "config.json", "model.safetensors.index.json"])
+
+
+# --- 7. publication order over an older checkpoint ------------------------------------
+
+
+def _entry_points(listed: dict[str, bytes]) -> list[str]:
+    """What a loader opens first: an index, or a single weight file."""
+    return [n for n in listed if n.endswith(".index.json") or n == "model.safetensors"]
+
+
+def _not_mixed(before: dict[str, bytes], after: dict[str, bytes]) -> None:
+    """The prefix is the older checkpoint untouched, or nothing a loader takes for one."""
+    assert after == before or _entry_points(after) == [], sorted(after)
+
+
+@s3_test
+def test_a_failure_while_publishing_never_leaves_the_old_index_with_new_files(
+    s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
+) -> None:
+    factory = Factory(tmp_path)
+    old = factory.sharded("old", [[Spec("x")], [Spec("y")], [Spec("z")]])  # other names
+    factory.config("old", version="old")
+    factory.bytes("old/tokenizer.json", b'{"old": 1}')
+    upload_tree(s3, bucket, old, "out")
+    before = objects(s3, bucket, "out")
+    new = _model(factory)
+    factory.bytes("m/tokenizer.json", b'{"new": 1}')  # put after config.json
+    proxy.faults.refuse = lambda method, path: 403 if "tokenizer.json" in path else None
+    run = cli("reshard", new, "-o", f"s3://{bucket}/out", *_SPLIT, "--force")
+    assert run.code == 1 and len(run.error_lines) == 1, run.stderr
+    _not_mixed(before, objects(s3, bucket, "out"))
+
+
+@s3_test
+def test_a_failure_while_publishing_a_single_file_never_leaves_new_weights_with_old_files(
+    s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
+) -> None:
+    factory = Factory(tmp_path)
+    assert cli("reshard", _model(factory, "old", seed="o"), "-o", f"s3://{bucket}/out").code == 0
+    before = objects(s3, bucket, "out")
+    assert _entry_points(before) == ["model.safetensors"]
+    proxy.faults.refuse = lambda method, path: 403 if "config.json" in path else None
+    run = cli("convert", _model(factory), "-o", f"s3://{bucket}/out", "--dtype", "bf16", "--force")
+    assert run.code == 1 and len(run.error_lines) == 1, run.stderr
+    _not_mixed(before, objects(s3, bucket, "out"))
+
+
+@s3_test
+def test_an_old_index_listing_a_missing_shard_goes_before_that_shard_is_written(
+    s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
+) -> None:
+    factory = Factory(tmp_path)
+    upload_tree(s3, bucket, _model(factory, "old", seed="o"), "out")
+    s3.delete_object(Bucket=bucket, Key=f"out/{SHARDS_OF_2[0]}")  # listed, absent
+    index_there: list[bool] = []
+
+    def hook(method: str, path: str) -> None:
+        if method in ("PUT", "POST") and SHARDS_OF_2[0] in path and not index_there:
+            listed = s3.list_objects_v2(Bucket=bucket, Prefix="out/").get("Contents", [])
+            index_there.append(any(i["Key"].endswith(".index.json") for i in listed))
+
+    proxy.faults.on_request = hook
+    run = cli("reshard", _model(factory), "-o", f"s3://{bucket}/out", *_SPLIT, "--force")
+    assert run.code == 0, run.stderr
+    assert index_there == [False]
+
+
+# --- 8. --resume --verify-readback reads back what it keeps ----------------------------
+
+
+@s3_test
+def test_resume_with_readback_keeps_only_objects_whose_bytes_read_back(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    folder = _model(Factory(tmp_path))
+    assert cli("reshard", folder, "-o", f"s3://{bucket}/out", *_SPLIT).code == 0
+    whole = objects(s3, bucket, "out")
+    key = f"out/{SHARDS_OF_2[0]}"
+    claimed = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")["ChecksumSHA256"]
+    bad = bytearray(whole[SHARDS_OF_2[0]])
+    bad[-1] ^= 0xFF  # same size; the store reports the planned checksum (moto takes it)
+    s3.put_object(
+        Bucket=bucket, Key=key, Body=bytes(bad), ChecksumSHA256=claimed, ChecksumAlgorithm="SHA256"
+    )
+    args = ["reshard", folder, "-o", f"s3://{bucket}/out", *_SPLIT, "--resume"]
+    run = cli(*args, "--force", "--verify-readback", "--json")
+    assert run.code == 0, run.stderr
+    assert run.json()["written"]["upload"]["kept"] == [SHARDS_OF_2[1]]
+    assert objects(s3, bucket, "out") == whole
+

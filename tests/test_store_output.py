@@ -190,11 +190,16 @@ def test_force_deletes_the_older_checkpoints_objects_after_the_new_index(
     stale = sorted(set(old) - set(names(s3, bucket, "out")))
     assert stale == [name for name in old if name.endswith("-of-00003.safetensors")]
     written = run.json()["written"]
-    assert sorted(written["replaced"]) == [f"s3://{bucket}/out/{name}" for name in stale]
-    assert written["upload"]["removed_first"] == []  # no name of the new output was the old's
+    index = f"s3://{bucket}/out/model.safetensors.index.json"
+    # the old index went first, before config.json (a name both hold) was put again
+    assert written["upload"]["removed_first"] == [index]
+    assert sorted(written["replaced"]) == sorted(
+        [index, *(f"s3://{bucket}/out/{n}" for n in stale)]
+    )
     log = proxy.faults.log
     deleted = [i for i, (method, path) in enumerate(log) if method == "POST" and "delete" in path]
-    assert deleted and min(deleted) > _index_put_at(log, "model.safetensors.index.json")
+    assert deleted and max(deleted) > _index_put_at(log, "model.safetensors.index.json")
+    assert min(deleted) < _index_put_at(log, "config.json")
     assert (
         "deleted after the new index was published"
         in cli(

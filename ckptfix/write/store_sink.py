@@ -23,6 +23,7 @@ bytes are produced, not sent) and kept if the store's checksum for it is the sam
 from __future__ import annotations
 
 import contextlib
+import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -30,15 +31,27 @@ from dataclasses import dataclass, field
 
 from ckptfix.core.errors import UsageError, VerificationError
 from ckptfix.core.signals import Signals
+from ckptfix.layouts.names import parse_weight_name
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.sink import CHUNK, Part, ShardHeader
 from ckptfix.write.stores.base import ObjectStore, ObjectUpload, StoredObject, StoreOptions
 
 READBACK = 16 * 2**20  # bytes read back at a time by --verify-readback
+INDEX_MAX = 64 * 2**20  # an earlier index larger than this is taken to list every name
+_EVERY: frozenset[str] = frozenset({"\x00every"})  # no object is named so (names are checked)
 
 
 def is_index(name: str) -> bool:
     return name.endswith(".index.json")
+
+
+def _entry_point(name: str) -> bool:
+    """What a loader opens first, at the prefix's top level: an index, or a weight file
+    that is no shard of one (model.safetensors, pytorch_model.bin)."""
+    if "/" in name:
+        return False
+    parsed = parse_weight_name(name)
+    return is_index(name) or (parsed is not None and parsed.part is None)
 
 
 @dataclass
@@ -81,6 +94,8 @@ class StoreSink:
         self.written: list[str] = []
         self._scratch: str | None = None
         self.closed = False
+        self._cleared = False  # the earlier checkpoint's entry points are deleted
+        self._listed: frozenset[str] | None = None  # the names its indexes list
 
     @property
     def out(self) -> str:
@@ -154,6 +169,8 @@ class StoreSink:
             hasher.update(chunk)
         if hasher.value() != stored.checksum:
             return False
+        if self.options.verify_readback and not self._reads_back(stored, size):
+            return False  # the store's checksum is not its bytes': sent again
         self.state.kept.append(name)
         self.state.bytes_kept += size
         return True
@@ -186,22 +203,55 @@ class StoreSink:
         return stored is not None and stored.size == len(data) and stored.checksum == hasher.value()
 
     def _before_replacing(self, name: str) -> None:
-        """An earlier index must not list a shard while it is being replaced: it goes first."""
-        if name not in self.state.existing or self.state.removed_first:
+        """Before the first object that the earlier checkpoint holds, or its index lists, is
+        written (a shard, config.json, a tokenizer file, the single file), the earlier
+        checkpoint's entry points go: its indexes and single weight files. A loader then
+        never takes the old index with a new shard, or new files with old ones, for one
+        checkpoint. (--resume alone replaces nothing, and so deletes nothing here.)"""
+        if self._cleared or self._resume_only:
             return
-        indexes = sorted(  # a sub-prefix's index lists none of this output's names
-            n for n in self.state.existing if is_index(n) and n != name and "/" not in n
-        )
-        if indexes:
-            self.store.delete(indexes)
-            self.state.removed_first.extend(indexes)
+        if name not in self.state.existing and not self._old_index_lists(name):
+            return
+        self._cleared = True
+        entries = sorted(n for n in self.state.existing if _entry_point(n))
+        if entries:
+            self.store.delete(entries)
+            self.state.removed_first.extend(entries)
 
-    def _read_back(self, stored: StoredObject, size: int) -> None:
+    def _old_index_lists(self, name: str) -> bool:
+        if self._listed is None:
+            self._listed = self._read_old_indexes()
+        return self._listed is _EVERY or name in self._listed
+
+    def _read_old_indexes(self) -> frozenset[str]:
+        """The names the earlier indexes list (`_EVERY` for one that is not an index that
+        can be read: it may list any name)."""
+        found: set[str] = set()
+        for item in self.state.existing.values():
+            if not (_entry_point(item.name) and is_index(item.name)):
+                continue
+            if not 0 < item.size <= INDEX_MAX:
+                return _EVERY
+            try:
+                document = json.loads(self.store.read(item.name, 0, item.size))
+            except ValueError:
+                return _EVERY
+            weight_map = document.get("weight_map") if isinstance(document, dict) else None
+            if not isinstance(weight_map, dict):
+                return _EVERY
+            found.update(str(value) for value in weight_map.values())
+        return frozenset(found)
+
+    def _reads_back(self, stored: StoredObject, size: int) -> bool:
+        """Whether the object's bytes, read back, have the checksum the store reports."""
         hasher = self.store.hasher(size)
         for start in range(0, size, READBACK):
             self.signals.raise_deferred()
             hasher.update(self.store.read(stored.name, start, min(start + READBACK, size)))
-        if hasher.value() != stored.checksum:
+        return hasher.value() == stored.checksum
+
+    def _read_back(self, stored: StoredObject, size: int) -> None:
+        if not self._reads_back(stored, size):
             raise VerificationError(
                 f"{self.out}/{stored.name}",
                 "reads back different from what was sent",
@@ -232,12 +282,17 @@ class StoreSink:
             if name in self.state.existing and not self._same_small(name, self.files[name]):
                 self._refuse(name, "holds other bytes than this run writes there")
         with self.signals.held():
+            ordered = sorted(self.files, key=lambda name: (is_index(name), name))
+            for name in ordered:
+                self._before_replacing(name)
+            files = {name: self.files[name] for name in ordered}
+            if self.deferred and not getattr(self.store, "one_commit", False):
+                # the side files first: the single file's completion is the publication
+                self.store.publish(files, [], message="ckptfix")
+                files = {}
             for name, size, upload in self.deferred:
                 self._complete(name, size, upload)
-            ordered = sorted(self.files, key=lambda name: (is_index(name), name))
-            self.store.publish(
-                {name: self.files[name] for name in ordered}, list(stale), message="ckptfix"
-            )
+            self.store.publish(files, list(stale), message="ckptfix")
             self.written.extend(ordered)
             self.state.removed.extend(stale)
             self.signals.committed = True

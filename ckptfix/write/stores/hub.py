@@ -52,6 +52,8 @@ REGULAR_MAX = 10 * 2**20  # the Hub keeps larger files in LFS: a "regular" answe
 class HubStore:
     """A repository (and subfolder) on the Hub (see the module docstring)."""
 
+    one_commit = True  # publish() is one commit: what precedes it is never visible
+
     def __init__(
         self, url: str, options: StoreOptions | None = None, settings: Settings | None = None
     ) -> None:
