@@ -484,3 +484,68 @@ def test_resume_with_readback_keeps_only_objects_whose_bytes_read_back(
     assert run.json()["written"]["upload"]["kept"] == [SHARDS_OF_2[1]]
     assert objects(s3, bucket, "out") == whole
 
+
+# --- 9. the rest --------------------------------------------------------------------------
+
+
+@needs("botocore")
+@pytest.mark.parametrize("endpoint", ["notaurl", "http://127.0.0.1:1/?sig=secret"])
+@pytest.mark.parametrize("write", [True, False])
+def test_an_endpoint_botocore_cannot_use_is_a_settings_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str, write: bool
+) -> None:
+    for name, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y"}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    args = ["reshard", _model(Factory(tmp_path)), "-o"] if write else ["inspect"]
+    run = cli(*args, "s3://bucket/x")
+    assert run.code == 1 and len(run.error_lines) == 1, run.stderr
+    assert "rule remote-settings" in run.stderr and "AWS_ENDPOINT_URL" in run.stderr
+    assert "secret" not in run.stderr
+
+
+@pytest.mark.parametrize("flag", ["--resume", "--verify-readback", "--hf-pr"])
+@pytest.mark.parametrize("command", ["reshard", "fix"])
+def test_store_flags_for_a_local_output_are_usage_errors(
+    tmp_path: Path, flag: str, command: str
+) -> None:
+    run = cli(command, _model(Factory(tmp_path)), "-o", tmp_path / "out", flag)
+    assert run.code == 2 and len(run.error_lines) == 1 and flag in run.stderr, run.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_hf_pr_for_another_store_is_a_usage_error(tmp_path: Path) -> None:
+    run = cli("reshard", _model(Factory(tmp_path)), "-o", "s3://bucket/out", "--hf-pr")
+    assert run.code == 2 and "--hf-pr" in run.stderr and "hf://" in run.stderr, run.stderr
+
+
+@hub_test
+def test_a_hub_folder_with_dot_segments_or_empty_ones(hub: Any, tmp_path: Path) -> None:
+    from tests.remote_servers import REPO
+    from tests.store_servers import stored
+
+    folder = _model(Factory(tmp_path))
+    before = stored(hub.root)
+    for bad in [f"hf://{REPO}/../x", f"hf://{REPO}/a/%2e%2e/x"]:
+        run = cli("reshard", folder, "-o", bad)
+        assert run.code == 2 and len(run.error_lines) == 1, run.stderr
+    assert stored(hub.root) == before
+    run = cli("reshard", folder, "-o", f"hf://{REPO}/a//b/", "--json")
+    assert run.code == 0, run.stderr
+    assert sorted(n for n in stored(hub.root) if n.startswith("a/")) == [
+        "a/b/config.json",
+        "a/b/model.safetensors",
+    ]
+
+
+@s3_test
+def test_the_librarys_save_to_a_non_empty_prefix_names_no_cli_flag(s3: Any, bucket: str) -> None:
+    import torch
+
+    import ckptfix
+
+    s3.put_object(Bucket=bucket, Key="out/config.json", Body=b"{}")
+    with pytest.raises(ckptfix.UsageError, match="not empty") as caught:
+        ckptfix.save({"a": torch.ones(3)}, f"s3://{bucket}/out")
+    assert "--" not in str(caught.value)

@@ -12,6 +12,7 @@ from ckptfix.ops.rewrite_options import RewriteOptions
 from ckptfix.write.output import wrap_os_error
 from ckptfix.write.staging import Claim, claim_output
 from ckptfix.write.store_output import StoreClaim, claim_store
+from ckptfix.write.stores import check_flags
 from ckptfix.write.stores.base import StoreOptions
 
 
@@ -67,6 +68,7 @@ def claim(
     else:
         target = os.fspath(out)
     refuse_unknown_scheme(target)
+    check_flags(target, _store_options(options))
     if is_url(target):
         return _claim_store(source, target, options)
     try:
@@ -84,14 +86,17 @@ def claim(
         raise wrap_os_error(exc, target) from exc
 
 
-def _claim_store(source: str, target: str, options: RewriteOptions) -> StoreClaim:
-    store = StoreOptions(
+def _store_options(options: RewriteOptions) -> StoreOptions:
+    return StoreOptions(
         concurrency=options.upload_concurrency,
         verify_readback=options.verify_readback,
         resume=options.resume,
         hf_pr=options.hf_pr,
     )
+
+
+def _claim_store(source: str, target: str, options: RewriteOptions) -> StoreClaim:
     return claim_store(
         target, [source], force=options.force, replace_any=options.replace_any,
-        write=not options.dry_run, options=store,
+        write=not options.dry_run, options=_store_options(options),
     )  # fmt: skip
