@@ -549,3 +549,16 @@ def test_the_librarys_save_to_a_non_empty_prefix_names_no_cli_flag(s3: Any, buck
     with pytest.raises(ckptfix.UsageError, match="not empty") as caught:
         ckptfix.save({"a": torch.ones(3)}, f"s3://{bucket}/out")
     assert "--" not in str(caught.value)
+
+
+@s3_test
+@pytest.mark.parametrize("name", ["evil\x1b[31mRED\x1b[0m.json", "new\nline.txt", "tab\tx.md"])
+def test_a_carried_file_whose_name_no_object_may_have_stops_the_run_before_anything_is_sent(
+    s3: Any, bucket: str, tmp_path: Path, name: str
+) -> None:
+    folder = _model(Factory(tmp_path))
+    (folder / name).write_text("{}")
+    run = cli("reshard", folder, "-o", f"s3://{bucket}/out")
+    assert run.code == 1 and len(run.error_lines) == 1, run.stderr
+    assert "\x1b" not in run.stderr and "nothing was sent" in run.stderr
+    assert names(s3, bucket, "out") == [] and uploads(s3, bucket) == []

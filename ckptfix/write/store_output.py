@@ -62,9 +62,28 @@ class StoreClaim:
         self.release()
 
 
+def _bad_name(name: str) -> bool:
+    """No name a checkpoint's file can have: `..`/`.` segments (in any encoding), control or
+    invisible characters, a trailing `/`."""
+    return climbs_out(name) or shown(name) != name or name.endswith("/")
+
+
+def _check_planned(store: ObjectStore, names: Sequence[str]) -> None:
+    """The output's own names (the files carried beside the weights), before anything is
+    sent: one that `_check_names` would refuse in the next run is not written in this one."""
+    bad = next((name for name in names if _bad_name(name)), None)
+    if bad is not None:
+        raise WriteError(
+            store.display,
+            f"a file carried beside the weights is named {shown(bad)!r}, which ckptfix does not "
+            "write to a store (not a name a checkpoint's file can have): nothing was sent",
+            "rename or remove that file in the input",
+        )
+
+
 def _check_names(store: ObjectStore, objects: Sequence[StoredObject]) -> None:
     for item in objects:
-        if climbs_out(item.name) or shown(item.name) != item.name or item.name.endswith("/"):
+        if _bad_name(item.name):
             raise RemoteError(
                 store.display,
                 "store-object-name",
@@ -250,8 +269,10 @@ def write_to_store(
         try:
             extras = sink.scratch()  # the files beside the weights, by the local rules
             carry(extras)
+            carried = [name for name, _ in _extra_files(extras)]
+            _check_planned(claim.store, carried)
             planned = [shard.file for shard in plan.shards] + [plan.index_file or ""]
-            sink.check_resume([*planned, *(name for name, _ in _extra_files(extras))])
+            sink.check_resume([*planned, *carried])
             written = _write_shards(sink, plan, job) + _send_files(sink, extras)
             if plan.index_file is not None:
                 data = index_bytes(plan, job.index_metadata)
@@ -284,6 +305,7 @@ def write_folder_to_store(claim: StoreClaim, fill: Callable[[str], str]) -> Writ
                 claim.store, claim.options, claim.state, single_file=single, signals=signals
             )
             try:
+                _check_planned(claim.store, files)
                 sink.check_resume(files)
                 written = _send_files(sink, folder)
                 sink.commit(_stale(claim, [item.path for item in written]))
