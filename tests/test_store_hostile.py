@@ -562,3 +562,44 @@ def test_a_carried_file_whose_name_no_object_may_have_stops_the_run_before_anyth
     assert run.code == 1 and len(run.error_lines) == 1, run.stderr
     assert "\x1b" not in run.stderr and "nothing was sent" in run.stderr
     assert names(s3, bucket, "out") == [] and uploads(s3, bucket) == []
+
+
+@needs("gcsfs")
+@pytest.mark.slow
+def test_a_killed_gs_runs_parts_are_ckptfixs_and_taken_over_only_with_force(
+    tmp_path: Path,
+) -> None:
+    import json
+    import subprocess
+
+    from tests.store_helpers import FAST, ckptfix_process
+    from tests.store_servers import gcs_write_server, stored
+
+    root = tmp_path / "root"
+    (root / "bkt").mkdir(parents=True)
+    part = root / "bkt/out/.ckptfix-upload/0123456789ab/model.safetensors/part-00001"
+    part.parent.mkdir(parents=True)
+    part.write_bytes(b"p" * 1000)  # what a killed run leaves
+    folder = _model(Factory(tmp_path))
+    with gcs_write_server(root) as server:
+        env = {
+            "STORAGE_EMULATOR_HOST": server.url,
+            "NO_GCE_CHECK": "true",
+            "GOOGLE_APPLICATION_CREDENTIALS": str(tmp_path / "none.json"),
+            **FAST,
+        }
+
+        def run(*flags: str) -> subprocess.CompletedProcess[bytes]:
+            args = ["reshard", str(folder), "-o", "gs://bkt/out", "--json", *flags]
+            process = ckptfix_process(args, env)
+            out, err = process.communicate(timeout=300)
+            return subprocess.CompletedProcess(args, process.returncode, out, err)
+
+        refused = run()
+        assert refused.returncode == 2 and b"--force" in refused.stderr, refused.stderr
+        assert part.exists()
+        taken = run("--force")
+        assert taken.returncode == 0, taken.stderr
+        upload = json.loads(taken.stdout)["written"]["upload"]
+        assert upload["aborted_uploads"] == ["model.safetensors"]
+        assert not [name for name in stored(root / "bkt") if ".ckptfix-upload" in name]

@@ -34,7 +34,7 @@ from ckptfix.write.safetensors import ShardJob, produce, shard_header
 from ckptfix.write.sink import CHUNK, ShardHeader
 from ckptfix.write.store_sink import StoreSink, StoreState, is_index
 from ckptfix.write.stores import open_store
-from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
+from ckptfix.write.stores.base import Dangling, ObjectStore, StoredObject, StoreOptions
 from ckptfix.write.stores.location import output_url, overlap
 
 
@@ -117,6 +117,19 @@ def _check_existing(
         )
 
 
+def _check_take_over(store: ObjectStore, ours: Sequence[Dangling], options: StoreOptions) -> None:
+    """A ckptfix run's unfinished uploads are aborted only with --force or --resume: that
+    run may still be writing."""
+    if ours and not (options.force or options.resume):
+        raise UsageError(
+            store.display,
+            f"another ckptfix run is writing here, or was killed while it did ({len(ours)} "
+            f"unfinished upload(s), the first of {shown(ours[0].name)!r})",
+            "wait for it to end; or pass --force (or --resume) to take over: its uploads "
+            "are aborted",
+        )
+
+
 def claim_store(
     url: str, sources: Sequence[str], *, force: bool, replace_any: bool, write: bool,
     options: StoreOptions,
@@ -139,6 +152,7 @@ def claim_store(
     if write:
         dangling = store.dangling()
         ours = [upload for upload in dangling if upload.ours]
+        _check_take_over(store, ours, options)
         store.abort_dangling(ours)
         claim.aborted = tuple(upload.name for upload in ours)
         claim.left = tuple(upload.name for upload in dangling if not upload.ours)

@@ -214,7 +214,9 @@ class GcsStore:
         return found
 
     def dangling(self) -> Sequence[Dangling]:
-        """The uploads of other runs whose parts are still under the temporary prefix."""
+        """The uploads of other runs whose parts are still under the temporary prefix (ours:
+        nothing but ckptfix writes there; claim_store takes them over only with --force or
+        --resume, as their run may still be alive)."""
         root = self.key(f"{TEMP}/")
         found: dict[tuple[str, str], str | None] = {}
         for item in self._objects(root):
@@ -224,7 +226,10 @@ class GcsStore:
                 started = item.get("timeCreated")
                 earlier = found.get((run, name))
                 found[(run, name)] = min(filter(None, (earlier, started)), default=None)
-        return [Dangling(name, run, started) for (run, name), started in sorted(found.items())]
+        # the temporary prefix is ckptfix's own: what is there is a ckptfix run's
+        return [
+            Dangling(name, run, started, True) for (run, name), started in sorted(found.items())
+        ]
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
         keys = []
