@@ -603,3 +603,11 @@ def test_a_killed_gs_runs_parts_are_ckptfixs_and_taken_over_only_with_force(
         upload = json.loads(taken.stdout)["written"]["upload"]
         assert upload["aborted_uploads"] == ["model.safetensors"]
         assert not [name for name in stored(root / "bkt") if ".ckptfix-upload" in name]
+
+
+@pytest.mark.parametrize("url", ["s3://", "gs:///", "hf://"])
+def test_a_store_url_naming_no_bucket_says_so(tmp_path: Path, url: str) -> None:
+    run = cli("reshard", _model(Factory(tmp_path)), "-o", url)
+    assert run.code == 2 and len(run.error_lines) == 1, run.stderr
+    assert "names no bucket or repository" in run.stderr
+    assert "not a URL scheme" not in run.stderr

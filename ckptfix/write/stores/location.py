@@ -71,6 +71,8 @@ def output_url(url: str) -> str:
     slash); a usage error for a query, a fragment or a `.`/`..` segment."""
     shown = redact(url)
     scheme, rest = _scheme(url)
+    if scheme not in _STORES:  # no store's: open_store says so
+        return url
     if "?" in rest or "#" in rest:
         raise UsageError(
             shown,
