@@ -286,7 +286,7 @@ class StoreSink:
             for name in ordered:
                 self._before_replacing(name)
             files = {name: self.files[name] for name in ordered}
-            if self.deferred and not getattr(self.store, "one_commit", False):
+            if self.deferred and files and not getattr(self.store, "one_commit", False):
                 # the side files first: the single file's completion is the publication
                 self.store.publish(files, [], message="ckptfix")
                 files = {}
