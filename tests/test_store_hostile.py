@@ -18,6 +18,7 @@ from tests.optional import needs
 from tests.remote_servers import upload_tree
 from tests.store_helpers import (
     big_model,
+    folder_files,
     fresh_env,
     names,
     new_bucket,
@@ -611,3 +612,37 @@ def test_a_store_url_naming_no_bucket_says_so(tmp_path: Path, url: str) -> None:
     assert run.code == 2 and len(run.error_lines) == 1, run.stderr
     assert "names no bucket or repository" in run.stderr
     assert "not a URL scheme" not in run.stderr
+
+
+@s3_test
+@pytest.mark.parametrize("at", [SHARDS_OF_2[1], "config.json", "index.json"])
+def test_a_run_killed_while_replacing_an_older_checkpoint_leaves_no_mixed_one(
+    s3: Any, bucket: str, proxy: Proxy, tmp_path: Path, at: str
+) -> None:
+    import os
+    import signal
+
+    from tests.store_helpers import ckptfix_process
+
+    factory = Factory(tmp_path)
+    upload_tree(s3, bucket, _model(factory, "old", seed="o"), "out")  # the same names
+    before = objects(s3, bucket, "out")
+    started: list[int] = []
+
+    def hook(method: str, path: str) -> None:  # SIGKILL as the request reaches the store
+        if method == "PUT" and at in path.split("?")[0] and started:
+            os.kill(started.pop(), signal.SIGKILL)
+
+    env = fresh_env(proxy, lambda name, value: None)  # (resets the faults: hook after)
+    proxy.faults.on_request = hook
+    args = ["reshard", str(_model(factory)), "-o", f"s3://{bucket}/out", *_SPLIT, "--force"]
+    process = ckptfix_process(args, env)
+    started.append(process.pid)
+    process.communicate(timeout=300)
+    proxy.faults.on_request = None
+    assert process.returncode == -signal.SIGKILL
+    after = objects(s3, bucket, "out")
+    after.pop(".ckptfix-writing", None)  # the killed run's
+    assert cli("reshard", tmp_path / "m", "-o", tmp_path / "local", *_SPLIT).code == 0
+    if after != folder_files(tmp_path / "local"):  # killed as the index went: published
+        _not_mixed(before, after)
