@@ -169,11 +169,16 @@ def test_force_deletes_the_older_checkpoints_objects_after_the_new_index(
     stale = sorted(set(old) - set(names(s3, bucket, "out")))
     assert stale == [name for name in old if name.endswith("-of-00003.safetensors")]
     written = run.json()["written"]
-    assert sorted(written["replaced"]) == [f"s3://{bucket}/out/{name}" for name in stale]
-    assert written["upload"]["removed_first"] == []  # no name of the new output was the old's
+    index = f"s3://{bucket}/out/model.safetensors.index.json"
+    # the old index went first, before config.json (a name both hold) was put again
+    assert written["upload"]["removed_first"] == [index]
+    assert sorted(written["replaced"]) == sorted(
+        [index, *(f"s3://{bucket}/out/{n}" for n in stale)]
+    )
     log = proxy.faults.log
     deleted = [i for i, (method, path) in enumerate(log) if method == "POST" and "delete" in path]
-    assert deleted and min(deleted) > _index_put_at(log, "model.safetensors.index.json")
+    assert deleted and max(deleted) > _index_put_at(log, "model.safetensors.index.json")
+    assert min(deleted) < _index_put_at(log, "config.json")
     assert (
         "deleted after the new index was published"
         in cli(
@@ -381,8 +386,9 @@ def test_resume_trusts_the_object_not_a_listing_that_lies_about_its_size(
         b"<Size>5</Size>", f"<Size>{size}</Size>".encode()
     )
     run = cli(
-        "reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "40MB", "--resume", "--json"
-    )
+        "reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "40MB", "--resume", "--json",
+        "--force",  # --resume alone replaces nothing
+    )  # fmt: skip
     assert run.code == 0, run.stderr
     assert run.json()["written"]["upload"]["kept"] == []
     _same_as_local(s3, bucket, tmp_path / "local")

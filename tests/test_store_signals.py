@@ -206,8 +206,9 @@ def test_resume_sends_an_object_again_when_its_bytes_differ(
     data[-1] ^= 1  # same size, same names, one bit apart
     shard.write_bytes(bytes(data))
     run = cli(
-        "reshard", other, "-o", f"s3://{bucket}/out", "--max-shard", "40MB", "--resume", "--json"
-    )
+        "reshard", other, "-o", f"s3://{bucket}/out", "--max-shard", "40MB", "--resume", "--json",
+        "--force",  # --resume alone replaces nothing (test_store_hostile)
+    )  # fmt: skip
     assert run.code == 0, run.stderr
     assert run.json()["written"]["upload"]["kept"] == ["model-00001-of-00002.safetensors"]
     stored = objects(s3, bucket, "out")["model-00002-of-00002.safetensors"]

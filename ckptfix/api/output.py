@@ -123,7 +123,14 @@ def _store_sink(url: str, single_file: bool | None) -> Sink:
     from ckptfix.write.stores.base import StoreOptions
 
     options = StoreOptions()
-    claim = claim_store(url, [], force=False, replace_any=False, write=True, options=options)
+    try:
+        claim = claim_store(url, [], force=False, replace_any=False, write=True, options=options)
+    except UsageError as exc:  # worded for the CLI: the library has no --force or --resume
+        if exc.what.startswith("output prefix is not empty"):
+            raise UsageError(
+                exc.path, exc.what, "save to an empty prefix, or delete what is there first"
+            ) from exc
+        raise
     if single_file is None:  # a Writer: shards named at the end (StoreSink.rename)
         return StoreSink(claim.store, options, claim.state, renames=True)
     return StoreSink(claim.store, options, claim.state, single_file=single_file)

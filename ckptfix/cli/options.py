@@ -205,7 +205,7 @@ ResumeOption = Annotated[
     typer.Option(
         "--resume",
         help="Object-store OUT: keep the objects already there whose size and checksum "
-        "match the plan; send the rest.",
+        "match the plan; send the rest (without --force, replace and delete nothing).",
     ),
 ]
 HfPrOption = Annotated[

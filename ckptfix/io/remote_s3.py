@@ -21,6 +21,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from ckptfix.core.errors import RemoteError
+from ckptfix.core.text import redact
 from ckptfix.io.remote import Info, Settings
 from ckptfix.io.remote_answers import Body, Listing, answer_seconds, new_body
 from ckptfix.io.remote_errors import UnexpectedAnswer, boto_code, parsed, status_of
@@ -47,6 +49,20 @@ def s3_client(settings: Settings) -> Any:
         return client
 
 
+def _bad_endpoint(why: str) -> RemoteError:
+    """A one-line error for an endpoint botocore cannot use (AWS_ENDPOINT_URL_S3,
+    AWS_ENDPOINT_URL or the profile's endpoint_url), for reads and writes alike."""
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    return RemoteError(
+        "AWS_ENDPOINT_URL",
+        "remote-settings",
+        f"the S3 endpoint {redact(endpoint or '(from the profile)')!r} cannot be used "
+        f"({redact(why)})",
+        "set AWS_ENDPOINT_URL (or the profile's endpoint_url) to a URL such as "
+        "https://s3.example.com, or unset it",
+    )
+
+
 def _new_client(session: Any, config_class: Any, settings: Settings) -> Any:
     """A client of botocore's usual configuration chain, with ckptfix's limits."""
     # Timestamps (LastModified) stay strings: nothing reads them, and dateutil costs more
@@ -62,7 +78,12 @@ def _new_client(session: Any, config_class: Any, settings: Settings) -> Any:
         response_checksum_validation="when_required",
         user_agent_extra="ckptfix",
     )
-    client = session.create_client("s3", config=config)
+    try:
+        client = session.create_client("s3", config=config)
+    except ValueError as exc:  # botocore refuses the endpoint (no scheme, ...)
+        raise _bad_endpoint(str(exc)) from exc
+    if any(mark in str(client.meta.endpoint_url) for mark in "?#"):  # refused per request
+        raise _bad_endpoint("it has a query or a fragment")
     endpoint = client._endpoint  # botocore reads every answer but GetObject's whole, inside
     endpoint.http_session = BoundedSession(endpoint.http_session, answer_seconds(settings.timeout))
     return client

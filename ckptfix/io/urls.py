@@ -24,7 +24,13 @@ def refuse_unknown_scheme(path: str) -> None:
     """A `scheme://…` that is none of REMOTE_SCHEMES (`ftp://`, `file://`, `az://`) is a usage
     error: taken for a local path it became a folder `ftp:` (with the URL's password in its
     name, and printed). One-letter schemes are left alone: `C://x` is a Windows path."""
-    scheme, sep, _ = path.partition("://")
+    scheme, sep, rest = path.partition("://")
+    if sep and scheme.lower() in REMOTE_SCHEMES and not rest.strip("/"):
+        raise UsageError(
+            redact(path),
+            "names no bucket or repository",
+            f"write {scheme}://BUCKET/PREFIX" if scheme.lower() != "hf" else "write hf://ORG/REPO",
+        )
     if sep and len(scheme) > 1 and _SCHEME.fullmatch(scheme) and not is_url(path):
         raise UsageError(
             redact(path),

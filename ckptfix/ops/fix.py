@@ -47,6 +47,7 @@ from ckptfix.write.repair import (
 from ckptfix.write.results import Progress, WriteResult, WrittenFile
 from ckptfix.write.staging import Claim, claim_output, staged
 from ckptfix.write.store_output import StoreClaim, claim_store, write_folder_to_store
+from ckptfix.write.stores import check_flags
 from ckptfix.write.stores.base import StoreOptions
 from ckptfix.write.tree import first_link
 
@@ -120,6 +121,7 @@ def _claim(
         return Claim(source, os.path.realpath(source), None, None)
     target = source if options.in_place else os.fspath(out or "")
     refuse_unknown_scheme(target)
+    check_flags(target, options.upload)
     if is_url(target):  # a new (empty) prefix, as a new folder: fix has no --force
         return claim_store(
             target, [source], force=False, replace_any=False, write=not options.dry_run,

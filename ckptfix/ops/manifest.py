@@ -33,6 +33,7 @@ from ckptfix.ops.report import Report
 from ckptfix.ops.tensorset import tensor_set
 from ckptfix.platform import system
 from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
+from ckptfix.write.stores.location import output_url, overlap
 
 MAX_MANIFEST = 10**9  # bytes: about 3,000,000 tensors
 _HEX = re.compile(r"[0-9a-f]{64}")
@@ -127,10 +128,11 @@ def _stored_manifest(url: str, source: str) -> tuple[ObjectStore, str, StoredObj
     in it, and the object already there, if any."""
     from ckptfix.write.stores import open_store
 
-    parent, _, name = url.rstrip("/").rpartition("/")
-    if "://" not in parent or not name or name in (".", ".."):
+    url = output_url(url)
+    parent, _, name = url.rpartition("/")
+    if "://" not in parent or not name:
         raise UsageError(redact(url), "names no object", "write --manifest s3://BUCKET/NAME.json")
-    if is_url(source) and inside(url, source.rstrip("/"), "/"):
+    if overlap(url, [source]) is not None:
         raise UsageError(
             redact(url),
             f"is inside the input {redact(source)}; the manifest would be one of its files",

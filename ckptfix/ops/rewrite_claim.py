@@ -12,6 +12,7 @@ from ckptfix.ops.rewrite_options import RewriteOptions
 from ckptfix.write.output import wrap_os_error
 from ckptfix.write.staging import Claim, claim_output
 from ckptfix.write.store_output import StoreClaim, claim_store
+from ckptfix.write.stores import check_flags
 from ckptfix.write.stores.base import StoreOptions
 
 
@@ -67,6 +68,7 @@ def claim(
     else:
         target = os.fspath(out)
     refuse_unknown_scheme(target)
+    check_flags(target, store_options(options))
     if is_url(target):
         return _claim_store(source, target, options)
     if options.part is not None:  # a part writes beside OUT (ops.rewrite_parts), never in it

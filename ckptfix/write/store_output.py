@@ -17,14 +17,14 @@ import tempfile
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ckptfix.core.errors import RemoteError, UsageError, WriteError
 from ckptfix.core.signals import writing_to
 from ckptfix.core.text import redact, shown
 from ckptfix.io.gather import Sources
 from ckptfix.io.source import ByteSource, is_local
-from ckptfix.io.urls import climbs_out, is_url
+from ckptfix.io.urls import climbs_out
 from ckptfix.layouts.names import CHECKPOINT_FILE
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
@@ -34,7 +34,8 @@ from ckptfix.write.safetensors import ShardJob, produce, shard_header
 from ckptfix.write.sink import CHUNK, ShardHeader
 from ckptfix.write.store_sink import StoreSink, StoreState, is_index
 from ckptfix.write.stores import open_store, store_scheme
-from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
+from ckptfix.write.stores.base import Dangling, ObjectStore, StoredObject, StoreOptions
+from ckptfix.write.stores.location import output_url, overlap
 
 
 @dataclass
@@ -61,14 +62,28 @@ class StoreClaim:
         self.release()
 
 
-def _inside(child: str, parent: str) -> bool:
-    child, parent = child.rstrip("/"), parent.rstrip("/")
-    return child == parent or child.startswith(parent + "/")
+def _bad_name(name: str) -> bool:
+    """No name a checkpoint's file can have: `..`/`.` segments (in any encoding), control or
+    invisible characters, a trailing `/`."""
+    return climbs_out(name) or shown(name) != name or name.endswith("/")
+
+
+def _check_planned(store: ObjectStore, names: Sequence[str]) -> None:
+    """The output's own names (the files carried beside the weights), before anything is
+    sent: one that `_check_names` would refuse in the next run is not written in this one."""
+    bad = next((name for name in names if _bad_name(name)), None)
+    if bad is not None:
+        raise WriteError(
+            store.display,
+            f"a file carried beside the weights is named {shown(bad)!r}, which ckptfix does not "
+            "write to a store (not a name a checkpoint's file can have): nothing was sent",
+            "rename or remove that file in the input",
+        )
 
 
 def _check_names(store: ObjectStore, objects: Sequence[StoredObject]) -> None:
     for item in objects:
-        if climbs_out(item.name) or shown(item.name) != item.name or item.name.endswith("/"):
+        if _bad_name(item.name):
             raise RemoteError(
                 store.display,
                 "store-object-name",
@@ -102,22 +117,37 @@ def check_prefix(
         )
 
 
+def _check_take_over(store: ObjectStore, ours: Sequence[Dangling], options: StoreOptions) -> None:
+    """A ckptfix run's unfinished uploads are aborted only with --force or --resume: that
+    run may still be writing."""
+    if ours and not (options.force or options.resume):
+        raise UsageError(
+            store.display,
+            f"another ckptfix run is writing here, or was killed while it did ({len(ours)} "
+            f"unfinished upload(s), the first of {shown(ours[0].name)!r})",
+            "wait for it to end; or pass --force (or --resume) to take over: its uploads "
+            "are aborted",
+        )
+
+
 def claim_store(
     url: str, sources: Sequence[str], *, force: bool, replace_any: bool, write: bool,
     options: StoreOptions,
 ) -> StoreClaim:  # fmt: skip
     """Check that the prefix may be written (see the module docstring); for a write, abort
     a killed run's uploads. --resume counts as --force for the objects already there."""
+    url = output_url(url)
     if options.hf_pr and store_scheme(url) != "hf":
         raise UsageError(
             "--hf-pr", f"opens a pull request on the Hub, not on {redact(url)}", "drop --hf-pr"
         )
+    source = overlap(url, sources)
+    if source is not None:
+        raise UsageError(
+            redact(url), f"output overlaps the input {redact(source)}", "choose another -o"
+        )
+    options = replace(options, force=force)
     store = open_store(url, options)
-    for source in sources:
-        if is_url(source) and (_inside(source, url) or _inside(url, source)):
-            raise UsageError(
-                store.display, f"output overlaps the input {source}", "choose another -o"
-            )
     objects = store.list()
     _check_names(store, objects)
     check_prefix(store, objects, force=force or options.resume, replace_any=replace_any)
@@ -126,6 +156,7 @@ def claim_store(
     if write:
         dangling = store.dangling()
         ours = [upload for upload in dangling if upload.ours]
+        _check_take_over(store, ours, options)
         store.abort_dangling(ours)
         claim.aborted = tuple(upload.name for upload in ours)
         claim.left = tuple(upload.name for upload in dangling if not upload.ours)
@@ -179,12 +210,16 @@ def _read_ahead(source: ByteSource, offset: int, size: int) -> Iterator[bytes]:
 
 def _stale(claim: StoreClaim, written: Sequence[str]) -> list[str]:
     """Objects of the earlier output the new one does not hold (deleted after the index):
-    checkpoint files, and with --replace-any the others too."""
+    checkpoint files, and with --replace-any the others too. Only the prefix's top level
+    counts, as a local OUT's own entries do: an object under a sub-prefix (`-o s3://bucket`
+    over a bucket holding other prefixes) is never deleted, only replaced by a file of the
+    new output of that name."""
     new = set(written)
     return sorted(
         name
         for name in claim.state.existing
         if name not in new
+        and "/" not in name
         and name not in claim.state.removed_first
         and (claim.replace_any or CHECKPOINT_FILE.fullmatch(name.rpartition("/")[2]))
     )
@@ -217,8 +252,12 @@ def write_shards_to(
         return _write_torch_shards(sink, plan, job)
     if to == "gguf":
         return _write_gguf_parts(sink, plan, job)
+    # with --resume, the shards whose names are already there first (without --force, one
+    # that does not match stops the run before anything new is sent)
     written = []
-    for shard, metadata in zip(plan.shards, job.metadata, strict=True):
+    shards = zip(plan.shards, job.metadata, strict=True)
+    there = sink.state.existing if sink.options.resume else {}
+    for shard, metadata in sorted(shards, key=lambda item: item[0].file not in there):
         data, entries = shard_header(shard, job.tensors, metadata)
         header = ShardHeader(data, tuple(entries), metadata)
         parts = [TensorPart(job.sources, job.tensors[name]) for name in shard.tensors]
@@ -250,14 +289,6 @@ def _write_gguf_parts(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[W
         size, chunks = gguf_stream(plan, job, number, lambda t: TensorPart(job.sources, t).chunks())
         written.append(sink.write_stream(shard.file, size, chunks, counted=True))
     return written
-
-
-def _write_extras(sink: StoreSink, carry: Callable[[str], object]) -> list[WrittenFile]:
-    """The files beside the weights, carried into a scratch folder by the local rules, then
-    sent (see _send_files)."""
-    folder = sink.scratch()
-    carry(folder)
-    return _send_files(sink, folder)
 
 
 def _send_files(sink: StoreSink, folder: str) -> list[WrittenFile]:
@@ -298,7 +329,13 @@ def write_to_store(
         )  # fmt: skip
         sink.progress, sink.total = job.progress, plan.total_size
         try:
-            written = shards(sink, plan, job) + _write_extras(sink, carry)
+            extras = sink.scratch()  # the files beside the weights, by the local rules
+            carry(extras)
+            carried = [name for name, _ in _extra_files(extras)]
+            _check_planned(claim.store, carried)
+            planned = [shard.file for shard in plan.shards] + [plan.index_file or ""]
+            sink.check_resume([*planned, *carried])
+            written = shards(sink, plan, job) + _send_files(sink, extras)
             if plan.index_file is not None:
                 data = index_bytes(plan, job.index_metadata)
                 written.append(sink.write_file(plan.index_file, data))
@@ -330,6 +367,8 @@ def write_folder_to_store(claim: StoreClaim, fill: Callable[[str], str]) -> Writ
                 claim.store, claim.options, claim.state, single_file=single, signals=signals
             )
             try:
+                _check_planned(claim.store, files)
+                sink.check_resume(files)
                 written = _send_files(sink, folder)
                 sink.commit(_stale(claim, [item.path for item in written]))
             except BaseException:

@@ -28,22 +28,35 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ckptfix.core.errors import VerificationError
+from ckptfix.core.errors import UsageError, VerificationError
 from ckptfix.core.signals import Signals
+from ckptfix.layouts.names import parse_weight_name
 from ckptfix.write.results import Progress, WrittenFile
 from ckptfix.write.sink import CHUNK, Part, ShardHeader
 from ckptfix.write.stores.base import ObjectStore, ObjectUpload, StoredObject, StoreOptions
 
 READBACK = 16 * 2**20  # bytes read back at a time by --verify-readback
+INDEX_MAX = 64 * 2**20  # an earlier index larger than this is taken to list every name
+_EVERY: frozenset[str] = frozenset({"\x00every"})  # no object is named so (names are checked)
 
 
 def is_index(name: str) -> bool:
     return name.endswith(".index.json")
+
+
+def _entry_point(name: str) -> bool:
+    """What a loader opens first, at the prefix's top level: an index, or a weight file
+    that is no shard of one (model.safetensors, pytorch_model.bin)."""
+    if "/" in name:
+        return False
+    parsed = parse_weight_name(name)
+    return is_index(name) or (parsed is not None and parsed.part is None)
 
 
 @dataclass
@@ -93,6 +106,8 @@ class StoreSink:
         self.stored: dict[str, StoredObject] = {}  # each shard as the store completed or kept it
         self._scratch: str | None = None
         self.closed = False
+        self._cleared = False  # the earlier checkpoint's entry points are deleted
+        self._listed: frozenset[str] | None = None  # the names its indexes list
 
     @property
     def out(self) -> str:
@@ -130,6 +145,8 @@ class StoreSink:
         if self.options.resume and self._kept(name, size, chunks):
             self._advance(size if counted else 0)
             return WrittenFile(name, size)
+        if self._resume_only and name in self.state.existing:
+            self._refuse(name, "is not what this run writes there (its size or checksum differs)")
         self.before_replacing(name)
         upload = self.store.begin(name, size)
         self.open.append(upload)
@@ -174,26 +191,90 @@ class StoreSink:
             hasher.update(chunk)
         if hasher.value() != stored.checksum:
             return False
+        if self.options.verify_readback and not self._reads_back(stored, size):
+            return False  # the store's checksum is not its bytes': sent again
         self.stored[name] = stored
         self.state.kept.append(name)
         self.state.bytes_kept += size
         return True
 
-    def before_replacing(self, name: str) -> None:
-        """An earlier index must not list a shard while it is being replaced: it goes first."""
-        if name not in self.state.existing or self.state.removed_first:
-            return
-        indexes = sorted(n for n in self.state.existing if is_index(n) and n != name)
-        if indexes:
-            self.store.delete(indexes)
-            self.state.removed_first.extend(indexes)
+    @property
+    def _resume_only(self) -> bool:
+        return self.options.resume and not self.options.force
 
-    def _read_back(self, stored: StoredObject, size: int) -> None:
+    def _refuse(self, name: str, what: str) -> None:
+        raise UsageError(
+            f"{self.out}/{name}",
+            f"{what}: --resume without --force keeps what matches and replaces nothing",
+            "pass --force to replace the checkpoint there, or choose another prefix",
+        )
+
+    def check_resume(self, planned: Iterable[str]) -> None:
+        """--resume without --force, before anything is sent: every object under the prefix
+        must be one this run writes (an earlier, killed run's of the same output)."""
+        if not self._resume_only:
+            return
+        others = sorted(set(self.state.existing) - set(planned))
+        if others:
+            self._refuse(others[0], "is not part of this run's output")
+
+    def _same_small(self, name: str, data: bytes) -> bool:
+        """Whether the object already there holds exactly `data` (by the store's checksum)."""
+        stored = self.store.stat(name)
+        hasher = self.store.hasher(len(data))
+        hasher.update(data)
+        return stored is not None and stored.size == len(data) and stored.checksum == hasher.value()
+
+    def before_replacing(self, name: str) -> None:
+        """Before the first object that the earlier checkpoint holds, or its index lists, is
+        written (a shard, config.json, a tokenizer file, the single file), the earlier
+        checkpoint's entry points go: its indexes and single weight files. A loader then
+        never takes the old index with a new shard, or new files with old ones, for one
+        checkpoint. (--resume alone replaces nothing, and so deletes nothing here.)"""
+        if self._cleared or self._resume_only:
+            return
+        if name not in self.state.existing and not self._old_index_lists(name):
+            return
+        self._cleared = True
+        entries = sorted(n for n in self.state.existing if _entry_point(n))
+        if entries:
+            self.store.delete(entries)
+            self.state.removed_first.extend(entries)
+
+    def _old_index_lists(self, name: str) -> bool:
+        if self._listed is None:
+            self._listed = self._read_old_indexes()
+        return self._listed is _EVERY or name in self._listed
+
+    def _read_old_indexes(self) -> frozenset[str]:
+        """The names the earlier indexes list (`_EVERY` for one that is not an index that
+        can be read: it may list any name)."""
+        found: set[str] = set()
+        for item in self.state.existing.values():
+            if not (_entry_point(item.name) and is_index(item.name)):
+                continue
+            if not 0 < item.size <= INDEX_MAX:
+                return _EVERY
+            try:
+                document = json.loads(self.store.read(item.name, 0, item.size))
+            except ValueError:
+                return _EVERY
+            weight_map = document.get("weight_map") if isinstance(document, dict) else None
+            if not isinstance(weight_map, dict):
+                return _EVERY
+            found.update(str(value) for value in weight_map.values())
+        return frozenset(found)
+
+    def _reads_back(self, stored: StoredObject, size: int) -> bool:
+        """Whether the object's bytes, read back, have the checksum the store reports."""
         hasher = self.store.hasher(size)
         for start in range(0, size, READBACK):
             self.signals.raise_deferred()
             hasher.update(self.store.read(stored.name, start, min(start + READBACK, size)))
-        if hasher.value() != stored.checksum:
+        return hasher.value() == stored.checksum
+
+    def _read_back(self, stored: StoredObject, size: int) -> None:
+        if not self._reads_back(stored, size):
             raise VerificationError(
                 f"{self.out}/{stored.name}",
                 "reads back different from what was sent",
@@ -221,13 +302,21 @@ class StoreSink:
         """Complete a single file, then put the small files (the index last) and delete
         `stale`. SIGINT and SIGTERM wait meanwhile: the output is then published whole."""
         self.signals.raise_deferred()
+        for name in self.files if self._resume_only else ():
+            if name in self.state.existing and not self._same_small(name, self.files[name]):
+                self._refuse(name, "holds other bytes than this run writes there")
         with self.signals.held():
+            ordered = sorted(self.files, key=lambda name: (is_index(name), name))
+            for name in ordered:
+                self.before_replacing(name)
+            files = {name: self.files[name] for name in ordered}
+            if self.deferred and files and not getattr(self.store, "one_commit", False):
+                # the side files first: the single file's completion is the publication
+                self.store.publish(files, [], message="ckptfix")
+                files = {}
             for name, size, upload in self.deferred:
                 self._complete(name, size, upload)
-            ordered = sorted(self.files, key=lambda name: (is_index(name), name))
-            self.store.publish(
-                {name: self.files[name] for name in ordered}, list(stale), message="ckptfix"
-            )
+            self.store.publish(files, list(stale), message="ckptfix")
             self.written.extend(ordered)
             self.state.removed.extend(stale)
             self.signals.committed = True

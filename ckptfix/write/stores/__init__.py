@@ -25,6 +25,26 @@ def store_scheme(url: str) -> str:
     return url.partition("://")[0].lower()
 
 
+def check_flags(target: str, options: StoreOptions) -> None:
+    """--resume, --verify-readback and --hf-pr are for an object-store OUT (--hf-pr for an
+    hf:// one): given for another, they would be ignored, so they are a usage error."""
+    flags = {
+        "--resume": options.resume,
+        "--verify-readback": options.verify_readback,
+        "--hf-pr": options.hf_pr,
+    }
+    given = [flag for flag, on in flags.items() if on]
+    scheme = store_scheme(target) if "://" in target else ""
+    if given and scheme not in BACKENDS:
+        raise UsageError(
+            given[0],
+            "only applies to an object-store output (-o s3://, gs://, hf://)",
+            f"drop {given[0]}",
+        )
+    if options.hf_pr and scheme != "hf":
+        raise UsageError("--hf-pr", "only applies to an hf:// output", "drop --hf-pr")
+
+
 def open_store(url: str, options: StoreOptions) -> ObjectStore:
     """The store an output URL names; a usage error for a scheme ckptfix cannot write to."""
     scheme = store_scheme(url)

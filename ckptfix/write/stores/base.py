@@ -141,4 +141,7 @@ class StoreOptions:
     verify_readback: bool = False
     resume: bool = False
     hf_pr: bool = False
+    # --force: the prefix's objects may be replaced. --resume without it replaces nothing:
+    # it keeps the objects that match the plan and refuses a prefix holding any other.
+    force: bool = False
     extra: Mapping[str, str] = field(default_factory=dict)

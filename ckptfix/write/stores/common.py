@@ -111,3 +111,34 @@ def index_last(files: Mapping[str, bytes]) -> list[tuple[str, bytes]]:
     """The small files in the order they are published: every index after every other file,
     so a loader never sees an index before what it lists."""
     return sorted(files.items(), key=lambda item: item[0].endswith(".index.json"))
+
+
+class Pages:
+    """The continuation tokens of one listing: a page that says there is more must say
+    where to go on, and never send the listing back where it has been. A listing that
+    stops short or loops would pass a prefix holding a checkpoint as empty (or hold the run
+    until the listing bounds end it)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.seen: set[object] = set()
+
+    def more(self, truncated: bool, token: object) -> bool:
+        """Whether to ask for another page at `token`; an error if the answer contradicts
+        itself."""
+        if not truncated:
+            return False
+        if not token or (isinstance(token, tuple) and not any(token)):
+            raise self._inconsistent("a page says there is more and gives no token to go on")
+        if token in self.seen:
+            raise self._inconsistent("a continuation token came back a second time")
+        self.seen.add(token)
+        return True
+
+    def _inconsistent(self, what: str) -> RemoteError:
+        return RemoteError(
+            self.url,
+            "remote-error",
+            f"the store's listing is inconsistent ({what}); nothing was written",
+            "try again; if it happens again, the store or a proxy in front of it is at fault",
+        )

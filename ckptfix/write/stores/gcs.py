@@ -26,7 +26,7 @@ from ckptfix.io.remote import RemoteSession, Settings
 from ckptfix.io.remote_answers import Listing
 from ckptfix.io.remote_errors import Failure, UnexpectedAnswer, _chain, parsed, remote_error
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
-from ckptfix.write.stores.common import Budget, index_last, mismatch, needs, request
+from ckptfix.write.stores.common import Budget, Pages, index_last, mismatch, needs, request
 from ckptfix.write.stores.gcs_upload import Crc32cHash, GcsUpload, Part, crc32c, crc_text
 
 PIECE = 2**20
@@ -117,6 +117,7 @@ class GcsStore:
 
         def listing() -> list[dict[str, Any]]:
             bounds, token, found = Listing(self.backend.listing_seconds), None, []  # type: ignore[attr-defined]
+            pages = Pages(url)
             while True:
                 query = {"prefix": prefix, "maxResults": limit or 1000, "pageToken": token}
                 page = self._sync_list(query)
@@ -125,8 +126,9 @@ class GcsStore:
                     raise UnexpectedAnswer("not Cloud Storage's JSON (items not objects)")
                 found += items
                 token = page.get("nextPageToken")
-                bounds.page(len(items), more=bool(token))
-                if not token or limit is not None:
+                more = limit is None and pages.more(bool(token), token)
+                bounds.page(len(items), more=more)
+                if not more:
                     return found
 
         return request(self.session, url, listing)

@@ -36,6 +36,7 @@ from ckptfix.core.errors import (
     RemoteChangedError,
     RemoteError,
     RemoteNotFoundError,
+    UsageError,
     VerificationError,
 )
 from ckptfix.io.remote import Info, RemoteSession, Settings
@@ -50,6 +51,8 @@ REGULAR_MAX = 10 * 2**20  # the Hub keeps larger files in LFS: a "regular" answe
 
 class HubStore:
     """A repository (and subfolder) on the Hub (see the module docstring)."""
+
+    one_commit = True  # publish() is one commit: what precedes it is never visible
 
     def __init__(
         self, url: str, options: StoreOptions | None = None, settings: Settings | None = None
@@ -71,6 +74,7 @@ class HubStore:
         self.stage = threading.Semaphore(1)
         self.staging: int | None = None  # the thread whose upload is staged
         self.published: str | None = None  # the commit publish() made
+        self.repo_files: set[str] = set()  # the repository's own files there (`repo_file`)
         self._sent = 0
 
     @property
@@ -107,10 +111,22 @@ class HubStore:
 
     # --- the protocol ----------------------------------------------------------------------
 
+    def repo_file(self, name: str) -> bool:
+        """The repository's own files, made with it (`.gitattributes`, which keeps the
+        weights in LFS, and the model card at its root): not part of any output, so never
+        counted as one's nor deleted with one."""
+        return name.rpartition("/")[2] == ".gitattributes" or (
+            name == "README.md" and not self.folder
+        )
+
     def list(self) -> Sequence[StoredObject]:
-        """Every file under the output folder at the revision (sub-folders walked)."""
+        """Every file under the output folder at the revision (sub-folders walked), but the
+        repository's own (`repo_file`)."""
         found = []
         for name, entry in sorted(self._entries(self.published or self.parent).items()):
+            if self.repo_file(name):
+                self.repo_files.add(name)
+                continue
             sha = entry.get("sha256")
             checksum = ("sha256", str(sha)) if sha else None
             found.append(StoredObject(name, int(entry.get("size") or 0), checksum))
@@ -193,6 +209,14 @@ class HubStore:
         """One commit (or pull request): every uploaded object, `files`, the deletions."""
         from huggingface_hub import CommitOperationAdd, CommitOperationDelete
 
+        clash = sorted(self.repo_files & {*files, *delete})
+        if clash and not self.options.force:
+            raise UsageError(
+                self.url_of(clash[0]),
+                "is the repository's own file, which the output would replace: nothing was "
+                "published",
+                "pass --force to replace it with the one carried from the input",
+            )
         small = [
             CommitOperationAdd(path_in_repo=self.path(name), path_or_fileobj=bytes(data))
             for name, data in index_last(files)

@@ -13,9 +13,10 @@ that were sent. Smaller objects are one PutObject with the whole object's SHA-25
 the same way. The part size depends only on the object's size (part_size), so --resume can
 compute the checksum an existing object must have without sending anything.
 
-A run writes a marker object (MARKER) under the prefix before its first upload and removes it
-once the output is published: multipart uploads left under a prefix that holds the marker are
-a killed run's, which the next run aborts; others are reported and left alone.
+A run writes a marker object (MARKER, see s3_marker) under the prefix before its first upload,
+records in it each multipart upload it starts, and removes it once the output is published:
+the next run aborts the uploads a marker records (a killed run's; taking over a marker needs
+--force or --resume, as its run may still be alive) and reports and leaves any other.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import base64
 import dataclasses
 import hashlib
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -33,10 +35,10 @@ from ckptfix.io.remote import RemoteSession, Settings
 from ckptfix.io.remote_answers import Listing, answer_seconds
 from ckptfix.io.remote_errors import UnexpectedAnswer, parsed
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
+from ckptfix.write.stores.common import Pages
 from ckptfix.write.stores.parts import PartPump, in_flight, part_size
+from ckptfix.write.stores.s3_marker import MARKER, MARKER_MAX, RunMarker, recorded
 
-MARKER = ".ckptfix-writing"
-_MARKER_TEXT = b"ckptfix writes an output here; safe to delete when no ckptfix run is writing\n"
 MIN_PART = 5 * 2**20  # S3's smallest part but the last
 MAX_PARTS = 10_000
 _DELETE_BATCH = 1000  # DeleteObjects' limit
@@ -111,7 +113,8 @@ class S3Store:
         self.session = RemoteSession(S3Backend(self.client, settings.timeout), settings)
         self.listing_seconds = answer_seconds(settings.timeout)
         self._display = redact(url.rstrip("/"))
-        self._marked = False
+        self._marked = False  # this run's marker is there
+        self.marker = RunMarker(uuid.uuid4().hex)
         self._lock = threading.Lock()
         self.bytes_sent = 0
 
@@ -155,15 +158,16 @@ class S3Store:
         """Every object under the prefix, sub-folders' included (our marker left out)."""
         found: list[StoredObject] = []
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
-        bounds = Listing(self.listing_seconds)
+        bounds, pages = Listing(self.listing_seconds), Pages(self._display)
         with bounds.pages_of_this_thread():
             while True:
                 page = self.call("", "list_objects_v2", **params)
                 items = page.get("Contents", [])
                 found += [item for item in map(self._listed, items) if item is not None]
-                token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
-                bounds.page(len(items), more=bool(token))
-                if not token:
+                token = page.get("NextContinuationToken")
+                more = pages.more(bool(page.get("IsTruncated")), token)
+                bounds.page(len(items), more=more)
+                if not more:
                     return found
                 params["ContinuationToken"] = token
 
@@ -174,29 +178,47 @@ class S3Store:
         if not isinstance(size, int) or size < 0:
             raise UnexpectedAnswer(f"a listing entry without a size ({key[:80]!r})")
         name = key[len(self.prefix) :]
-        if name == MARKER:
-            self._marked = True
+        if name == MARKER:  # a run's, not an object of the output
             return None
         return StoredObject(name, size) if name else None
 
     def dangling(self) -> Sequence[Dangling]:
-        """Multipart uploads under the prefix never completed: ours if the marker is there."""
-        marked = self._marked or self.stat(MARKER) is not None
+        """Multipart uploads under the prefix never completed: ours if a marker records them."""
+        ours = self._taken_over()
         uploads: list[Dangling] = []
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
-        for _ in range(1000):
+        pages = Pages(self._display)
+        while True:
             page = self.call("", "list_multipart_uploads", **params)
             for item in page.get("Uploads", []):
                 key, upload_id = item.get("Key"), item.get("UploadId")
                 if not isinstance(key, str) or not isinstance(upload_id, str):
                     raise UnexpectedAnswer("a multipart upload without a key or an id")
                 started = str(item["Initiated"]) if item.get("Initiated") else None
-                uploads.append(Dangling(key[len(self.prefix) :], upload_id, started, marked))
-            if not page.get("IsTruncated"):
-                break
-            params["KeyMarker"] = page.get("NextKeyMarker")
-            params["UploadIdMarker"] = page.get("NextUploadIdMarker")
-        return uploads
+                name = key[len(self.prefix) :]
+                uploads.append(Dangling(name, upload_id, started, (name, upload_id) in ours))
+            markers = (page.get("NextKeyMarker"), page.get("NextUploadIdMarker"))
+            if not pages.more(bool(page.get("IsTruncated")), markers):
+                return uploads
+            params["KeyMarker"], params["UploadIdMarker"] = markers
+
+    def _taken_over(self) -> set[tuple[str, str]]:
+        """The uploads an earlier run's marker records; a usage error for a marker without
+        --force or --resume (its run may still be writing)."""
+        stored = self.stat(MARKER)
+        if stored is None:
+            return set()
+        if not (self.options.force or self.options.resume):
+            raise UsageError(
+                self.url_of(MARKER),
+                "another ckptfix run is writing to this prefix, or was killed while it did "
+                "(its marker is there)",
+                "wait for it to end; or pass --force (or --resume) to take over: the uploads "
+                "it recorded are aborted",
+            )
+        if stored.size > MARKER_MAX:
+            return set()
+        return recorded(self.read(MARKER, 0, stored.size)) if stored.size else set()
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
         for upload in uploads:
@@ -256,8 +278,15 @@ class S3Store:
     def mark(self) -> None:
         """Put the marker (once per run) before anything else is uploaded."""
         if not self._marked:
-            self.put(MARKER, _MARKER_TEXT, counted=False)
+            self.put(MARKER, self.marker.data(), counted=False)
             self._marked = True
+
+    def record(self, name: str, upload_id: str) -> None:
+        """An upload this run started, recorded in its marker before any part is sent."""
+        with self._lock:
+            self.marker.uploads.append((name, upload_id))
+            data = self.marker.data()
+        self.put(MARKER, data, counted=False)
 
     def begin(self, name: str, size: int) -> SingleUpload | MultipartUpload:
         self.mark()
@@ -377,6 +406,7 @@ class MultipartUpload:
         self.upload_id = answer.get("UploadId")
         if not isinstance(self.upload_id, str) or not self.upload_id:
             raise UnexpectedAnswer("CreateMultipartUpload without an UploadId")
+        store.record(name, self.upload_id)
         concurrency = in_flight(
             self.checksum.part, store.options.concurrency, store.options.max_in_flight
         )
