@@ -18,7 +18,7 @@ from ckptfix.io.descriptors import POOL
 from ckptfix.io.source import LocalFile, descriptor
 from ckptfix.ops.rewrite import ReshardOptions
 from tests.builders import Factory, Spec, seeded_bytes
-from tests.helpers import limit_open_files, measured, read_tensors
+from tests.helpers import cli, limit_open_files, measured, read_tensors
 
 CAPACITY = 4
 
@@ -211,20 +211,28 @@ def test_writes_under_a_very_low_limit(factory: Factory, to: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["reshard", "fix"])
+@pytest.mark.parametrize("limit", [12, 16])
 def test_a_limit_too_low_for_a_write_is_one_line_and_no_residue(
-    factory: Factory, command: str
+    factory: Factory, command: str, limit: int
 ) -> None:
     """Soft = hard = 16: the line named a staging file with "check the disk", and the
-    staging folder, whose removal needed descriptors too, was left behind."""
+    staging folder, whose removal needed descriptors too, was left behind. Whether a run
+    fits in so few descriptors depends on its threads' timing (the pool lends idle ones
+    out): at 16 it may succeed; when it does not, the one line names OUT (it named whichever
+    source or shard was being opened), and at 12 a module imported late was an internal
+    error."""
     model = _one_per_shard(factory)
     out = factory.root / "out"
-    run = measured(
-        command, model, "-o", out, *(["--max-shard", "12"] * (command == "reshard")), open_files=16
-    )
+    args = ["-o", out, *(["--max-shard", "12"] * (command == "reshard"))]
+    run = measured(command, model, *args, open_files=limit)
+    if run.code == 0:
+        assert limit == 16 and cli("inspect", out).code == 0
+        return
     assert run.code == 1, run.stderr
-    assert run.error_lines == [
-        f"error: {out}: too many open files: the process may open 16, fewer than this run "
-        "needs at once; nothing was written (rule open-files-limit; raise the limit (e.g. "
+    said = (
+        f"too many open files: the process may open {limit}, fewer than this run needs at "
+        "once; nothing was written (rule open-files-limit; raise the limit (e.g. "
         "`ulimit -n 1024`), then run again)"
-    ]
+    )
+    assert run.error_lines in ([f"error: {out}: {said}"], [f"error: {said}"])
     assert not out.exists() and not list(factory.root.glob(".ckptfix-*"))

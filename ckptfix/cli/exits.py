@@ -15,6 +15,7 @@ from ckptfix.core.errors import CkptfixError
 from ckptfix.core.signals import command_signals
 from ckptfix.core.signals import current as current_signals
 from ckptfix.core.text import json_bytes, redact, shown
+from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, out_of_descriptors
 
 ERROR_SCHEMA_VERSION = 1
 
@@ -62,6 +63,13 @@ class Group(WholeSummaries):
         except Exception as exc:  # the last resort: never a traceback for users
             if _debug():
                 raise
+            if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
+                # out of descriptors outside the writers' own handling (a module imported
+                # late, a config file): the run's limit, said as the writers say it
+                error = out_of_descriptors(None)
+                report.document(error.to_dict())
+                error_line(error.line())
+                return error.exit_code
             fix = "please report it; rerun with CKPTFIX_DEBUG=1 for the traceback"
             what = f"internal error: {type(exc).__name__}: {exc}"
             return report.failed("internal-error", None, what, fix, 1)

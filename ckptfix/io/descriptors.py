@@ -120,7 +120,7 @@ def open_files_limit() -> int | None:
     return system().open_files_limit()
 
 
-def out_of_descriptors(path: str) -> OpenFilesError:
+def out_of_descriptors(path: str | None) -> OpenFilesError:
     """The one-line error for a run that ran out of descriptors at `path`."""
     limit = open_files_limit()
     return OpenFilesError(

@@ -25,10 +25,10 @@ import stat
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 
-from ckptfix.core.errors import OutputConflictError, UsageError, WriteError
+from ckptfix.core.errors import OpenFilesError, OutputConflictError, UsageError, WriteError
 from ckptfix.core.signals import Signals, restore
 from ckptfix.core.signals import current as current_signals
-from ckptfix.io.descriptors import with_room
+from ckptfix.io.descriptors import out_of_descriptors, with_room
 from ckptfix.io.folder import inside, unlistable
 from ckptfix.io.urls import refuse_url
 from ckptfix.layouts.names import foreign_entries
@@ -449,6 +449,10 @@ def staged(claim: Claim) -> Iterator[Staging]:
             staging = Staging(claim, signals)
         signals.raise_deferred()
         yield staging
+    except OpenFilesError as exc:
+        # The run's fault, not the file's it was opening (a source, a shard read back, which
+        # of them depends on the workers' timing): said of OUT, whose write it stopped.
+        raise out_of_descriptors(claim.out) from exc
     finally:
         with signals.held():  # a second Ctrl-C must not cut the clean-up short
             if staging is not None:

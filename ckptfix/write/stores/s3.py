@@ -278,7 +278,7 @@ class S3Store:
     def mark(self) -> None:
         """Put the marker (once per run) before anything else is uploaded."""
         if not self._marked:
-            self.put(MARKER, self.marker.data(), counted=False)
+            self._put_marker(self.marker.data())
             self._marked = True
 
     def record(self, name: str, upload_id: str) -> None:
@@ -286,7 +286,13 @@ class S3Store:
         with self._lock:
             self.marker.uploads.append((name, upload_id))
             data = self.marker.data()
-        self.put(MARKER, data, counted=False)
+        self._put_marker(data)
+
+    def _put_marker(self, data: bytes) -> None:
+        """The marker is put but not read back: the tasks of one `--executor ray` run share
+        the prefix and each puts its own, so what S3 then reports may be another task's. (A
+        lost record only leaves that upload to be reported, not aborted: the safe side.)"""
+        self._put_object(MARKER, data)
 
     def begin(self, name: str, size: int) -> SingleUpload | MultipartUpload:
         self.mark()
@@ -294,16 +300,19 @@ class S3Store:
             return SingleUpload(self, name, size)
         return MultipartUpload(self, name, size)
 
-    def put(self, name: str, data: bytes, *, counted: bool = True) -> StoredObject:
-        """One PutObject with the object's SHA-256, compared with what S3 then reports
-        (`counted`: its bytes are output data, as the marker's are not)."""
+    def put(self, name: str, data: bytes) -> StoredObject:
+        """One PutObject with the object's SHA-256, compared with what S3 then reports."""
+        digest = self._put_object(name, data)
+        self.add_sent(len(data))
+        return self.verify(name, len(data), ("sha256", digest))
+
+    def _put_object(self, name: str, data: bytes) -> str:
         digest = _b64(hashlib.sha256(data).digest())
         self.call(
             name, "put_object", Bucket=self.bucket, Key=self.key(name), Body=data,
             ChecksumSHA256=digest, ChecksumAlgorithm="SHA256",
         )  # fmt: skip
-        self.add_sent(len(data) if counted else 0)
-        return self.verify(name, len(data), ("sha256", digest))
+        return digest
 
     def verify(self, name: str, size: int, checksum: tuple[str, str]) -> StoredObject:
         """The object as S3 reports it must have this size and checksum; one that does not
