@@ -15,7 +15,6 @@ from ckptfix.core.errors import CkptfixError
 from ckptfix.core.signals import command_signals
 from ckptfix.core.signals import current as current_signals
 from ckptfix.core.text import json_bytes, redact, shown
-from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, out_of_descriptors
 
 ERROR_SCHEMA_VERSION = 1
 
@@ -63,6 +62,8 @@ class Group(WholeSummaries):
         except Exception as exc:  # the last resort: never a traceback for users
             if _debug():
                 raise
+            from ckptfix.io.descriptors import OUT_OF_DESCRIPTORS, out_of_descriptors
+
             if isinstance(exc, OSError) and exc.errno in OUT_OF_DESCRIPTORS:
                 # out of descriptors outside the writers' own handling (a module imported
                 # late, a config file): the run's limit, said as the writers say it
