@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -54,14 +55,30 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"ckptfix platform: {system().name} (--platform {config.getoption('--platform')})"
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests of one system's own primitives (marked `native`) skip in the portable mode."""
+    """A test run against each remote backend runs against one of them in the fast suite, a
+    different one for each test in turn (make test: all); tests of one system's own
+    primitives (marked `native`) skip in the portable mode."""
+    _one_backend_each_in_the_fast_run(items)
     if config.getoption("--platform") != "portable":
         return
     skip = pytest.mark.skip(reason="tests the system's own primitives; --platform portable")
     for item in items:
         if item.get_closest_marker("native") is not None:
             item.add_marker(skip)
+
+
+def _one_backend_each_in_the_fast_run(items: list[pytest.Item]) -> None:
+    from tests.remote_servers import BACKENDS
+
+    for item in items:
+        backend = getattr(item, "callspec", None) and item.callspec.params.get("served")
+        if backend not in BACKENDS or item.get_closest_marker("slow") is not None:
+            continue
+        turn = zlib.crc32(getattr(item, "originalname", item.name).encode())
+        if backend != BACKENDS[turn % len(BACKENDS)]:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(params=["native", "portable"])

@@ -119,6 +119,7 @@ def test_shards_split_in_the_mappings_order(tmp_path: Path) -> None:
     assert result.files["model.safetensors.index.json"] > 0
 
 
+@pytest.mark.slow
 def test_what_huggingface_hub_refuses_is_written_whole(tmp_path: Path) -> None:
     """Views of one buffer (overlapping, transposed, strided) make huggingface_hub refuse
     the whole state dict; ckptfix writes each view whole, and exact aliases once."""
@@ -258,6 +259,7 @@ def test_a_failed_write_leaves_nothing(
     _nothing_left(tmp_path, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_a_failed_write_stops_its_checks_before_closing_their_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -198,6 +198,7 @@ def test_a_program_that_dies_leaves_nothing_at_out(tmp_path: Path, how: str) -> 
         assert len(left) == 1 and is_staging_folder(str(left[0]))
 
 
+@pytest.mark.slow
 def test_shards_take_their_names_once_checked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -235,6 +235,7 @@ def test_sarif_fingerprints_are_stable_and_unique(
     assert len(twice) == 2 and twice[0] != twice[1]
 
 
+@pytest.mark.slow
 def test_sarif_location_outside_the_workspace(
     workspace: Factory, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

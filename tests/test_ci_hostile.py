@@ -135,7 +135,13 @@ HOSTILE = [
 
 
 @pytest.mark.parametrize(
-    ("raw", "tensors"), HOSTILE, ids=["ascii", "not-utf8", "commands", "stop-commands"]
+    ("raw", "tensors"),
+    [
+        pytest.param(*case, id=name, marks=[] if name == "ascii" else [pytest.mark.slow])
+        for case, name in zip(
+            HOSTILE, ["ascii", "not-utf8", "commands", "stop-commands"], strict=True
+        )
+    ],
 )
 def test_ci_formats_with_hostile_names(
     workspace: Path,

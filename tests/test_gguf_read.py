@@ -244,6 +244,7 @@ class _Bytes:
     lengths=st.lists(st.integers(0, 300), min_size=1, max_size=400),
     window=st.sampled_from([16, 64, 257, 4096]),
 )
+@pytest.mark.slow
 def test_an_array_of_strings_is_walked_to_its_end_across_windows(
     lengths: list[int], window: int
 ) -> None:

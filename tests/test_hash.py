@@ -352,6 +352,7 @@ def test_memory_is_bounded_whatever_the_size(factory: Factory) -> None:
     assert run.peak_rss < 150 * 2**20, run.peak_rss
 
 
+@pytest.mark.slow
 def test_small_tensors_read_in_batches_hash_alike(factory: Factory, tmp_path: Path) -> None:
     """Small tensors are hashed from shared reads of up to 1 MiB (ops.digest._Batch): many of
     them, some just under and over the size that decides it, and views into one storage."""

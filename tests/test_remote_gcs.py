@@ -80,6 +80,7 @@ def test_a_folder_reports_what_the_local_copy_does(gcs: HttpServer) -> None:
     assert remote["bytes_fetched"] < 40_000
 
 
+@pytest.mark.slow
 def test_hash_and_convert_read_the_same_tensors(gcs: HttpServer, tmp_path: Path) -> None:
     folder = _model(gcs)
     (folder / "model-00007-of-00009.safetensors").unlink()
@@ -189,6 +190,7 @@ def test_transient_failures_are_retried_by_ckptfix(
     assert len(gcs.behaviour.log) == run.json()["remote"]["requests"] + 1  # the folder's info
 
 
+@pytest.mark.slow
 def test_a_server_that_does_not_answer_in_time(
     gcs: HttpServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

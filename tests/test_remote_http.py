@@ -146,6 +146,7 @@ def test_a_2gb_safetensors_file_costs_one_header_request(server: HttpServer) -> 
     assert run.json()["remote"]["bytes_fetched"] <= 64 * 2**10
 
 
+@pytest.mark.slow
 def test_a_long_header_takes_a_second_request_for_the_rest(server: HttpServer) -> None:
     specs = [Spec(f"layer.{i}.weight.with.a.long.name", "F16", (1,)) for i in range(3000)]
     path = Factory(server.root / "long").safetensors("model.safetensors", specs)
@@ -157,6 +158,7 @@ def test_a_long_header_takes_a_second_request_for_the_rest(server: HttpServer) -
     assert ranges == ["bytes=0-65535", f"bytes=65536-{8 + header - 1}"]
 
 
+@pytest.mark.slow
 def test_a_50_shard_folder_costs_a_few_requests_per_shard(server: HttpServer) -> None:
     shards = [[Spec(f"layer.{i}.{j}", "F32", (64, 64)) for j in range(4)] for i in range(50)]
     folder = Factory(server.root / "fifty").sharded("m", shards)

@@ -108,6 +108,7 @@ def test_a_failing_listing_is_retried_as_ckptfix_says(
     retried_inspect(f"hf://{REPO}", 2, monkeypatch)
 
 
+@pytest.mark.slow
 def test_a_hub_that_does_not_answer_in_time(
     hub: HttpServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -81,6 +81,7 @@ def test_header_encoding_and_size_are_the_plain_encoders(
     assert header_size(names, dtypes, shapes, offsets, metadata) == len(expected)
 
 
+@pytest.mark.slow
 def test_a_header_of_many_batches_is_one_document() -> None:
     """More entries than one batch (and a repeat across batches, where the last value wins
     at the first place, as in one dict)."""

@@ -51,6 +51,7 @@ def tensor_lists(draw: st.DrawFn) -> list[TensorInfo]:
     return tensors
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None)
 @given(tensor_lists())
 def test_totals_in_columns_are_the_totals_tensor_by_tensor(tensors: list[TensorInfo]) -> None:

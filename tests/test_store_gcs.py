@@ -93,6 +93,7 @@ def test_objects_of_every_size_are_stored_exactly_and_verified(gcs: HttpServer, 
     assert len(composes) == {1: 0, 2: 1, 36: 3}[parts]
 
 
+@pytest.mark.slow
 def test_parts_stream_in_parallel_within_the_budget(gcs: HttpServer) -> None:
     """Parts in flight at once: more than one, and never more bytes than the budget."""
     gcs.behaviour.delay = 0.05

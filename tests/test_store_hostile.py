@@ -490,7 +490,9 @@ def test_resume_with_readback_keeps_only_objects_whose_bytes_read_back(
 
 
 @needs("botocore")
-@pytest.mark.parametrize("endpoint", ["notaurl", "http://127.0.0.1:1/?sig=secret"])
+@pytest.mark.parametrize(
+    "endpoint", ["notaurl", pytest.param("http://127.0.0.1:1/?sig=secret", marks=pytest.mark.slow)]
+)
 @pytest.mark.parametrize("write", [True, False])
 def test_an_endpoint_botocore_cannot_use_is_a_settings_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, endpoint: str, write: bool

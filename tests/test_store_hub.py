@@ -105,6 +105,7 @@ def test_one_commit_holds_every_shard_the_small_files_and_the_deletions(hub: Htt
     assert any("/lfs-part/" in path for method, path, _ in hub.behaviour.log if method == "PUT")
 
 
+@pytest.mark.slow
 def test_a_subfolder_and_a_pull_request(hub: HttpServer) -> None:
     store = _store(f"hf://{REPO}/exported", hf_pr=True)
     upload_whole(store, "model.safetensors", pattern(2000))
