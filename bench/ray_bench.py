@@ -1,5 +1,5 @@
 """`make bench` job for `--executor ray` (`bench.py --only ray`): `hash` of the 2.2 GB
-five-shard folder, and `convert` of the 2.2 GB DCP folder to S3 (moto, on 127.0.0.1), with
+five-shard folder, and `convert` of the 4.4 GB DCP folder to S3 (moto, on 127.0.0.1), with
 the local executor, then on a Ray cluster on 127.0.0.1 of one node and of two
 (tests/ray_cluster.py, 1 CPU each): Ray's overhead over the local executor. The cluster is
 started before the runs and not timed; each run's own joining of it is."""
@@ -72,7 +72,7 @@ def _median_with(command: list[str], env: dict[str, str], repeat: int) -> Measur
     return Measure(statistics.median(run(command, env=env).wall for _ in range(repeat)), 0.0)
 
 
-WRITE_SHARD = "500MB"  # five shards of the 2.2 GB folder: five write tasks
+WRITE_SHARD = "500MB"  # nine shards of the 4.4 GB folder: nine write tasks
 
 
 @contextmanager
@@ -114,12 +114,12 @@ def _fresh_runs(command: list[str], env: dict[str, str], repeat: int, client: An
 
 
 def bench_ray_writes(repeat: int) -> list[str]:
-    """convert of the 2 GB DCP folder to s3:// with each executor, into an emptied prefix
+    """convert of the 4 GB DCP folder to s3:// with each executor, into an emptied prefix
     each time (moto keeps one output at a time: its objects spill to TMPDIR)."""
     import boto3
     from training import dcp_input, folder_size
 
-    folder = dcp_input("2gb")
+    folder = dcp_input("4gb")
     size = folder_size(folder) / 1e9
     command = [*CKPTFIX, "convert", str(folder), "-o", "s3://bench/out",
                "--max-shard", WRITE_SHARD]  # fmt: skip

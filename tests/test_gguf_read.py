@@ -6,6 +6,7 @@ table against gguf-py's GGML_QUANT_SIZES; block-quantized sizes wherever sizes a
 from __future__ import annotations
 
 import struct
+import sys
 from pathlib import Path
 
 import pytest
@@ -243,17 +244,20 @@ class _Bytes:
 @given(
     lengths=st.lists(st.integers(0, 300), min_size=1, max_size=400),
     window=st.sampled_from([16, 64, 257, 4096]),
+    native=st.booleans(),
 )
 @pytest.mark.slow
 def test_an_array_of_strings_is_walked_to_its_end_across_windows(
-    lengths: list[int], window: int
+    lengths: list[int], window: int, native: bool
 ) -> None:
     """skip_strings walks whole lengths within the window and stops at the first length that
-    is not whole in it: it must end exactly after the last string, whatever the window."""
+    is not whole in it: it must end exactly after the last string, whatever the window, read
+    as u64 views (little-endian hosts) or by struct (the others)."""
     body = b"".join(struct.pack("<Q", n) + bytes([n % 251]) * n for n in lengths)
     source = _Bytes(body + b"tail")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(gguf_header, "WINDOW", window)
+        patch.setattr(gguf_header, "_LITTLE_ENDIAN", native and sys.byteorder == "little")
         cursor = gguf_header.Cursor(source)
         cursor.skip_strings(len(lengths))
     assert cursor.position == len(body)

@@ -11,7 +11,6 @@ from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.memory import paused_gc
 from ckptfix.formats import FORMATS
-from ckptfix.formats.pickled import PickleFile
 
 
 @dataclass(frozen=True)
@@ -40,7 +39,7 @@ def _run(checkpoint: Checkpoint, options: CheckOptions) -> list[Finding]:
         found += gguf.split_findings(checkpoint)
     all_tensors = checkpoint.model_tensors
     nested = any(
-        isinstance(record.read, PickleFile) and record.read.nested_key is not None
+        getattr(record.read, "nested_key", None) is not None  # a torch file's (PickleFile)
         for record in checkpoint.chosen_files
     ) or lightning_saved(checkpoint)
     found += tensors.wrapper_prefix_findings(all_tensors, training_checkpoint=nested)

@@ -6,11 +6,10 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 
-from ckptfix.core.dtypes import DTYPES
+from ckptfix.core.dtypes import DTYPES, U64_MAX
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.safetensors import U64_MAX
 
 HUGE = 2**31
 _DTYPE = attrgetter("dtype")

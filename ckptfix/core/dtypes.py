@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+U64_MAX = 2**64 - 1  # the largest size, offset or dimension a file format can state
+
 
 class Kind(str, Enum):
     BOOL = "bool"

@@ -182,3 +182,12 @@ def redact(text: str) -> str:
     if "://" not in text:
         return text
     return _URL.sub(lambda match: _redact_url(match.group()), text)
+
+
+def plain_file_name(name: object) -> bool:
+    """A name inside the folder itself: no separators, no `..`, no NUL."""
+    return (
+        type(name) is str
+        and name not in ("", ".", "..")
+        and not any(mark in name for mark in ("/", "\\", "\x00"))
+    )

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 
 from ckptfix.core.findings import Finding
 
+RANK_SUFFIX = ".distcp"  # a DCP rank's data file: __0_0.distcp
+
 
 @dataclass(frozen=True)
 class TrainingLayout:

@@ -1,14 +1,11 @@
-"""Weight-file formats, one module each, registered in the order they are tried: the
-first whose `sniff` recognises a file's first bytes reads it (see base.py)."""
+"""Weight-file formats, one module each, declared in the order they are tried: the first
+whose first bytes (formats/sniff.py) a file has reads it, its module imported then (see
+base.py). Folder formats (DCP, DeepSpeed, Megatron) register when their layout loads them."""
 
-from ckptfix.formats import (  # noqa: F401  (registration order matters)
-    gguf,
-    lfs,
-    safetensors,
-    tar,
-    torch_legacy,
-    torch_zip,
-)
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions, read_file, sniffed_name
+from ckptfix.formats.sniff import FILE_FORMATS
+
+for _name, _module, _sniff in FILE_FORMATS:
+    FORMATS.declare(_name, _module, _sniff)
 
 __all__ = ["FORMATS", "FileRead", "ReadOptions", "read_file", "sniffed_name"]

@@ -2,13 +2,15 @@
 
 A format says whether a file's first bytes are its own (`sniff`), reads a file into tensor
 descriptors without touching tensor data (`read`), and knows the findings only it can see
-(`checks`). Formats register themselves in FORMATS in the order they are tried; the first
-whose `sniff` says yes reads the file. A file's format is never decided by its name alone.
+(`checks`). Formats are declared in FORMATS in the order they are tried (formats/sniff.py:
+each one's first bytes), and a format's module is imported the first time a file is of it,
+registering itself; the first whose `sniff` says yes reads the file. A file's format is never decided by its name alone.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import importlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,24 +62,54 @@ class Format(Protocol):
         ...
 
 
+@dataclass
+class _Entry:
+    """A registered format, or one declared by name and first bytes whose module is
+    imported the first time it is needed (it then registers itself, filling `format`)."""
+
+    name: str
+    module: str | None = None
+    sniff: Callable[[bytes], bool] | None = None
+    format: Format | None = None
+
+    def load(self) -> Format:
+        if self.format is None:
+            importlib.import_module(str(self.module))
+        assert self.format is not None, f"{self.module} registers no format {self.name!r}"
+        return self.format
+
+    def claims(self, head: bytes) -> bool:
+        if self.sniff is not None:
+            return self.sniff(head)
+        return self.format is not None and self.format.sniff(head)
+
+
 class Registry:
     """Formats in the order they are tried."""
 
     def __init__(self) -> None:
-        self._formats: list[Format] = []
+        self._entries: list[_Entry] = []
+
+    def declare(self, name: str, module: str, sniff: Callable[[bytes], bool]) -> None:
+        """A format tried by `sniff` whose module loads only for a file it claims."""
+        self._entries.append(_Entry(name, module, sniff))
 
     def register(self, fmt: Format) -> Format:
-        self._formats.append(fmt)
+        entry = next((e for e in self._entries if e.name == fmt.name), None)
+        if entry is None:
+            self._entries.append(_Entry(fmt.name, format=fmt))
+        else:
+            entry.format = fmt
         return fmt
 
     def __iter__(self) -> Iterator[Format]:
-        return iter(self._formats)
+        return iter([entry.load() for entry in self._entries])
 
     def named(self, name: str) -> Format:
-        return next(fmt for fmt in self._formats if fmt.name == name)
+        return next(entry.load() for entry in self._entries if entry.name == name)
 
     def sniff(self, head: bytes) -> Format | None:
-        return next((fmt for fmt in self._formats if fmt.sniff(head)), None)
+        return next((entry.load() for entry in self._entries if entry.claims(head)), None)
 
 
 FORMATS = Registry()

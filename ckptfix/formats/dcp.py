@@ -11,6 +11,7 @@ from typing import Any
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding
+from ckptfix.core.text import plain_file_name
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.benign import reader_allowlist
 from ckptfix.formats.pickle_scan import MAX_PICKLE_BYTES, PickleRejected
@@ -19,7 +20,6 @@ from ckptfix.formats.unpickler import Allowlist, DtypeMark, StorageRef, Stub, br
 from ckptfix.io.source import ByteSource
 
 METADATA = ".metadata"
-RANK_SUFFIX = ".distcp"
 _META = "torch.distributed.checkpoint.metadata"
 _FS = "torch.distributed.checkpoint.filesystem"
 _CLASSES = stubs(
@@ -150,15 +150,6 @@ def _entries(value: object, path: str) -> tuple[dict[str, TensorEntry], tuple[st
             stub = _state(entry, "TensorStorageMetadata", path, f"item {fqn!r}")
             tensors[fqn] = _tensor(fqn, stub, path)
     return tensors, tuple(others)
-
-
-def plain_file_name(name: object) -> bool:
-    """A name inside the folder itself: no separators, no `..`, no NUL."""
-    return (
-        type(name) is str
-        and name not in ("", ".", "..")
-        and not any(mark in name for mark in ("/", "\\", "\x00"))
-    )
 
 
 def _item(key: object, info: object, path: str) -> tuple[ItemKey, StorageItem]:

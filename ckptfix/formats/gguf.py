@@ -14,10 +14,11 @@ import re
 
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
+from ckptfix.formats import sniff
 from ckptfix.formats.base import FORMATS, FileRead, Format, ReadOptions
 from ckptfix.io.source import ByteSource
 
-MAGIC = b"GGUF"
+MAGIC = sniff.GGUF_MAGIC
 
 _HTML = rb"^\s*<(?:!doctype\s+html|html|head|body)\b"
 _TITLE = rb"<title[^>]*>([^<]{1,80})"
@@ -59,7 +60,7 @@ class GgufFormat:
     description = "a GGUF file"
 
     def sniff(self, head: bytes) -> bool:
-        return head.startswith(MAGIC)
+        return sniff.gguf(head)
 
     def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
         from ckptfix.formats.gguf_file import read_gguf

@@ -9,10 +9,11 @@ import re
 from ckptfix.core.errors import LfsPointerError
 from ckptfix.core.findings import Finding
 from ckptfix.core.sizes import format_size
+from ckptfix.formats import sniff
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions, head_of
 from ckptfix.io.source import ByteSource
 
-MAGIC = b"version https://git-lfs"
+MAGIC = sniff.LFS_MAGIC
 _SIZE = re.compile(rb"^size (\d+)\s*$", re.MULTILINE)
 _OID = re.compile(rb"^oid sha256:([0-9a-f]{64})\s*$", re.MULTILINE)
 
@@ -22,7 +23,7 @@ class LfsPointerFormat:
     description = "a Git LFS pointer"
 
     def sniff(self, head: bytes) -> bool:
-        return head.startswith(MAGIC)
+        return sniff.lfs_pointer(head)
 
     def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
         head = head_of(source)

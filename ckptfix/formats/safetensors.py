@@ -15,11 +15,12 @@ from itertools import chain
 from operator import attrgetter
 from typing import Any
 
-from ckptfix.core.dtypes import SAFETENSORS_DTYPES, DType
+from ckptfix.core.dtypes import SAFETENSORS_DTYPES, U64_MAX, DType
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding, finding
 from ckptfix.core.memory import paused_gc
 from ckptfix.core.tensor import TensorInfo
+from ckptfix.formats import sniff
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions, empty_names
 from ckptfix.formats.safetensors_columns import read_columns
 from ckptfix.formats.safetensors_encode import (
@@ -33,8 +34,7 @@ from ckptfix.formats.safetensors_encode import (
 from ckptfix.formats.strict_json import PART_SIZE, NotParts, object_parts, parse_header_json
 from ckptfix.io.source import ByteSource, LocalFile
 
-MAX_HEADER_SIZE = 100_000_000
-U64_MAX = 2**64 - 1
+MAX_HEADER_SIZE = sniff.SAFETENSORS_MAX_HEADER
 _TENSOR_FIELDS = ("dtype", "shape", "data_offsets")
 _REEXPORT = "re-download or re-export the file"
 
@@ -414,13 +414,7 @@ class SafetensorsFormat:
     description = "a safetensors file"
 
     def sniff(self, head: bytes) -> bool:
-        # Before pickle: a header length such as 128 starts with the byte 0x80, the pickle
-        # protocol marker. The writer pads the header with spaces, and the reference reader
-        # accepts leading JSON whitespace, so skip it before looking for the opening brace.
-        if len(head) < 9:
-            return False
-        (header_len,) = struct.unpack("<Q", head[:8])
-        return 0 < header_len <= MAX_HEADER_SIZE and head[8:].lstrip(b" \t\r\n")[:1] == b"{"
+        return sniff.safetensors(head)
 
     def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
         header = read_header(source)

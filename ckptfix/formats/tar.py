@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ckptfix.core.errors import UnsupportedFormatError
 from ckptfix.core.findings import Finding
+from ckptfix.formats import sniff
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.io.source import ByteSource
 
@@ -13,7 +14,7 @@ class TarFormat:
     description = "a tar archive"
 
     def sniff(self, head: bytes) -> bool:
-        return head[257:262] == b"ustar"  # POSIX tar's magic, after the first member's name
+        return sniff.tar(head)
 
     def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
         raise UnsupportedFormatError(

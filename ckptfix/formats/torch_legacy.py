@@ -13,6 +13,7 @@ from typing import Any
 
 from ckptfix.core.errors import CorruptFileError
 from ckptfix.core.findings import Finding
+from ckptfix.formats import sniff
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.pickle_scan import (
     MAX_PICKLE_BYTES,
@@ -178,7 +179,7 @@ class TorchLegacyFormat:
     description = "a pickle (legacy PyTorch checkpoint)"
 
     def sniff(self, head: bytes) -> bool:
-        return head[:1] == b"\x80"
+        return sniff.torch_legacy(head)
 
     def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
         return pickle_file(read_legacy(source), source, self.name, options)

@@ -16,6 +16,7 @@ from collections import Counter
 from ckptfix.core.dtypes import DTYPES
 from ckptfix.core.errors import CkptfixError, CorruptFileError, UnsupportedFormatError
 from ckptfix.core.findings import Finding
+from ckptfix.formats import sniff
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions
 from ckptfix.formats.pickle_scan import MAX_PICKLE_BYTES
 from ckptfix.formats.pickled import pickle_checks, pickle_file
@@ -182,7 +183,7 @@ class TorchZipFormat:
     description = "a zip archive (PyTorch checkpoint)"
 
     def sniff(self, head: bytes) -> bool:
-        return head.startswith(b"PK\x03\x04")
+        return sniff.torch_zip(head)
 
     def read(self, source: ByteSource, options: ReadOptions) -> FileRead:
         from ckptfix.formats.benign import PLAIN_ALLOWLIST

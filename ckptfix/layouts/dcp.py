@@ -24,9 +24,9 @@ from ckptfix.core.errors import (
 )
 from ckptfix.core.findings import Finding, finding, name_list
 from ckptfix.core.tensor import Piece, TensorInfo
-from ckptfix.core.training import TrainingLayout
+from ckptfix.core.training import RANK_SUFFIX, TrainingLayout
 from ckptfix.formats.base import FileRead, ReadOptions
-from ckptfix.formats.dcp import METADATA, RANK_SUFFIX, DcpMetadata, TensorEntry, read_metadata
+from ckptfix.formats.dcp import METADATA, DcpMetadata, TensorEntry, read_metadata
 from ckptfix.formats.dcp_chunks import ChunkReader, chunk_nbytes
 from ckptfix.formats.tensor_dict import STATE_DICT_KEYS
 from ckptfix.io.folder import LOCAL, Folder

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ckptfix.core.errors import CkptfixError, UsageError
 from ckptfix.core.findings import Finding, finding
-from ckptfix.formats.dcp import plain_file_name
+from ckptfix.core.text import plain_file_name
 from ckptfix.io.folder import LOCAL
 from ckptfix.layouts import deepspeed_universal as universal
 from ckptfix.layouts.hub import stays_inside

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from ckptfix.core.errors import UsageError
 from ckptfix.core.findings import finding, name_list
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.formats.dcp import plain_file_name
+from ckptfix.core.text import plain_file_name
 from ckptfix.formats.zero import ModelStates
 from ckptfix.formats.zero_universal import UniversalParam, read_universal_param
 from ckptfix.layouts.deepspeed_files import Reader, segment, spread_tensor, view_tensor

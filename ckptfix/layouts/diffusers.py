@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 
-from ckptfix.formats.dcp import plain_file_name
+from ckptfix.core.text import plain_file_name
 from ckptfix.layouts.names import scan_folder
 
 MODEL_INDEX = "model_index.json"

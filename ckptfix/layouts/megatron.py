@@ -25,9 +25,9 @@ from ckptfix.core.checkpoint import Checkpoint, FileRecord
 from ckptfix.core.dtypes import numel_of
 from ckptfix.core.errors import CkptfixError, CorruptFileError, DuplicateNameError, UsageError
 from ckptfix.core.tensor import TensorInfo
-from ckptfix.core.training import TrainingLayout
+from ckptfix.core.training import RANK_SUFFIX, TrainingLayout
 from ckptfix.formats.base import FileRead, ReadOptions
-from ckptfix.formats.dcp import METADATA, RANK_SUFFIX, DcpMetadata, TensorEntry, read_metadata
+from ckptfix.formats.dcp import METADATA, DcpMetadata, TensorEntry, read_metadata
 from ckptfix.formats.dcp_chunks import chunk_nbytes
 from ckptfix.formats.megatron import (
     COMMON_FILE,

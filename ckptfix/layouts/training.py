@@ -12,9 +12,8 @@ import os
 from ckptfix.core.checkpoint import Checkpoint
 from ckptfix.core.errors import UsageError
 from ckptfix.core.findings import finding, name_list
-from ckptfix.core.training import TrainingLayout
+from ckptfix.core.training import RANK_SUFFIX, TrainingLayout
 from ckptfix.formats.base import ReadOptions
-from ckptfix.formats.dcp import RANK_SUFFIX
 from ckptfix.io.folder import LOCAL, Folder
 
 ZERO_WEIGHTS = ("master", "module", "universal")
