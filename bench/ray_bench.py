@@ -12,6 +12,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -104,12 +105,17 @@ def _listing(client: Any) -> dict[str, tuple[int, str]]:
 
 
 def _fresh_runs(command: list[str], env: dict[str, str], repeat: int, client: Any) -> Measure:
-    """A warm-up run, then the median of `repeat`, each into an emptied prefix (not timed)."""
+    """A warm-up run, then the median of `repeat`, each into an emptied prefix (not timed);
+    a run that fails stops the bench with its error (a failed run is not a fast one)."""
     walls = []
     for _ in range(repeat + 1):
         for key in _listing(client):
             client.delete_object(Bucket="bench", Key=key)
-        walls.append(run(command, env=env).wall)
+        start = time.perf_counter()
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+        walls.append(time.perf_counter() - start)
+        if done.returncode != 0:
+            raise SystemExit(f"{' '.join(command)} failed ({done.returncode}): {done.stderr}")
     return Measure(statistics.median(walls[1:]), 0.0)
 
 
