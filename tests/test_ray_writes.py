@@ -423,3 +423,17 @@ def test_a_killed_folder_run_on_ray(env: dict[str, str], tmp_path: Path) -> None
     # (another run may be writing there; see README, "safe to delete when no run writes")
     left = sorted(set(os.listdir(tmp_path)) - {"local", "out", "served"})
     assert [name for name in left if not is_staging_folder(str(tmp_path / name))] == []
+
+
+def test_resume_refuses_an_object_of_another_run_before_any_task(
+    env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    """--resume without --force replaces nothing: a shard of another checkpoint under the
+    prefix is the local executor's usage error, before any task sends a byte."""
+    source, out = _model(tmp_path), f"s3://{bucket}/out"
+    s3.put_object(Bucket=bucket, Key="out/model-00009-of-00009.safetensors", Body=b"x")
+    args = ("reshard", source, "-o", out, "--max-shard", "100KB", "--resume")
+    local = _run(*args, env=_local(env), code=2).stderr.splitlines()[-1]
+    on_ray = _run(*args, "--executor", "ray", env=env, code=2).stderr.splitlines()[-1]
+    assert on_ray == local and "is not part of this run's output" in on_ray
+    assert names(s3, bucket, "out") == ["model-00009-of-00009.safetensors"]

@@ -196,7 +196,7 @@ def _commit(run: _Run) -> RewriteResult:
         shards = check_covered(plan, records, claim.out)
         check_stored(claim.store, shards)
         checked = CommitCheck(len(records), len(shards), 0, "store checksum")
-        return replace(_publish_store(run, shards, sorted(found)), commit=checked)
+        return replace(_publish_store(run, lambda: shards, sorted(found)), commit=checked)
     folder, shown = parts_folder(claim.real), parts_folder(claim.out)
     check_parts_folder(folder, shown)
     records = chosen_records(_local_records(folder), digest, shown)
@@ -254,17 +254,18 @@ def _publish_local(
 
 
 def _publish_store(
-    run: _Run, shards: Sequence[ShardRecord], records: Sequence[str]
+    run: _Run, shards: Callable[[], Sequence[ShardRecord]], records: Sequence[str]
 ) -> RewriteResult:
-    """Publish the shards the slices put in the store: the carried files, the index last,
-    the records (`records`) and what is stale deleted."""
+    """Publish the shards the slices put in the store (`shards()`: their records, checked;
+    called once the prefix passed the checks a local run makes before it sends anything):
+    the carried files, the index last, the records (`records`) and what is stale deleted."""
     from ckptfix.ops.rewrite import RewriteResult, carry_files
 
     source, plan, claim, options = run.source, run.plan, run.claim, run.options
     assert isinstance(claim, StoreClaim)
 
     def checked(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
-        return [WrittenFile(shard.file, shard.size) for shard in shards]
+        return [WrittenFile(shard.file, shard.size) for shard in shards()]
 
     written = write_to_store(
         plan,
@@ -304,13 +305,18 @@ def _on_runner(run: _Run) -> RewriteResult:
             if name not in claim.state.removed_first
         )
         target = PartTarget(digest, store=request.out, existing=existing)
-        records = slices(target, run.options.progress)
-        shards = check_covered(plan, records, claim.out)
-        check_stored(claim.store, shards)
-        for kept in (record for record in shards if record.kept):
-            claim.state.kept.append(kept.file)
-            claim.state.bytes_kept += kept.size
-        return _with_tasks_uploads(_publish_store(run, shards, ()), records)
+        records: list[PartRecord] = []
+
+        def uploaded() -> list[ShardRecord]:
+            records.extend(slices(target, run.options.progress))
+            shards = check_covered(plan, records, claim.out)
+            check_stored(claim.store, shards)
+            for kept in (record for record in shards if record.kept):
+                claim.state.kept.append(kept.file)
+                claim.state.bytes_kept += kept.size
+            return shards
+
+        return _with_tasks_uploads(_publish_store(run, uploaded, ()), records)
 
     def tasks(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         records = slices(PartTarget(digest, folder=job.staging), job.progress)
