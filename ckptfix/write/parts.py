@@ -140,10 +140,10 @@ def file_sha256(path: str, *, follow: bool = True) -> tuple[str, int]:
     pieces; with follow=False a link is refused (an OSError), never read through."""
     fd = system().open_regular(path, follow=follow)
     try:
-        hasher, at = hashlib.sha256(), 0
-        while data := system().pread(fd, _READ, at):
-            hasher.update(data)
-            at += len(data)
+        hasher, at, buffer = hashlib.sha256(), 0, memoryview(bytearray(_READ))
+        while count := system().read_into(fd, buffer, at):
+            hasher.update(buffer[:count])
+            at += count
         return hasher.hexdigest(), at
     finally:
         os.close(fd)
