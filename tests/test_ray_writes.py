@@ -437,3 +437,22 @@ def test_resume_refuses_an_object_of_another_run_before_any_task(
     on_ray = _run(*args, "--executor", "ray", env=env, code=2).stderr.splitlines()[-1]
     assert on_ray == local and "is not part of this run's output" in on_ray
     assert names(s3, bucket, "out") == ["model-00009-of-00009.safetensors"]
+
+
+def test_resume_refuses_a_shard_of_other_bytes_on_ray(
+    env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    """--resume without --force, a planned shard's name holding other bytes of the same
+    size: the local executor's usage error (raised by the task that writes that shard),
+    and nothing is published."""
+    source, out = _model(tmp_path), f"s3://{bucket}/out"
+    _run("reshard", source, "-o", tmp_path / "local", "--max-shard", "100KB", env=_local(env))
+    name = sorted(n for n in os.listdir(tmp_path / "local") if n.endswith(".safetensors"))[-1]
+    size = (tmp_path / "local" / name).stat().st_size
+    s3.put_object(Bucket=bucket, Key=f"out/{name}", Body=b"\0" * size)
+    args = ("reshard", source, "-o", out, "--max-shard", "100KB", "--resume")
+    local = _run(*args, env=_local(env), code=2).stderr.splitlines()[-1]
+    on_ray = _run(*args, "--executor", "ray", env=env, code=2).stderr.splitlines()[-1]
+    assert on_ray == local and f"out/{name}: is not what this run writes there" in on_ray
+    assert objects(s3, bucket, "out")[name] == b"\0" * size
+    assert not [n for n in names(s3, bucket, "out") if n.endswith(".json")]
