@@ -98,11 +98,11 @@ def test_commit_says_what_it_read(tmp_path: Path) -> None:
     assert f"every shard read back and its SHA-256 compared ({shards:,} bytes" in done.stdout
 
 
-@pytest.mark.parametrize("how", ["same-size", "link"])
+@pytest.mark.parametrize("how", ["same-size", "link", "longer"])
 def test_commit_refuses_a_shard_changed_with_its_time_set_back(how: str, tmp_path: Path) -> None:
-    """Its size and modification time are what its part recorded, its bytes are not (a
-    byte changed in the middle; a link to another file of the same size and time): the
-    commit reads it back and refuses it, and publishes nothing."""
+    """Its modification time is what its part recorded, its bytes are not (a byte changed
+    in the middle; a link to another file of the same bytes; bytes added): the commit
+    refuses it, and publishes nothing."""
     source, parts = _three_parts(tmp_path)
     shard = sorted(parts.glob("*.safetensors"))[1]
     status = shard.stat()
@@ -112,6 +112,9 @@ def test_commit_refuses_a_shard_changed_with_its_time_set_back(how: str, tmp_pat
             byte = handle.read(1)
             handle.seek(status.st_size // 2)
             handle.write(bytes([byte[0] ^ 1]))
+    elif how == "longer":
+        with shard.open("ab") as handle:
+            handle.write(b"\0" * 4096)
     else:
         other = tmp_path / "other.safetensors"
         other.write_bytes(shard.read_bytes())

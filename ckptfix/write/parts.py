@@ -12,6 +12,7 @@ index is put: nothing is published until the publisher checks every record.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -35,6 +36,8 @@ PARTS_PREFIX = ".ckptfix-parts-"  # beside a local OUT: the folder the parts wri
 RECORD = re.compile(r"\.ckptfix-part-([1-9][0-9]{0,5})-of-([1-9][0-9]{0,5})\.json")
 MAX_RECORD = 64 * 2**20  # bytes: a record lists its shards, a few hundred bytes each
 _READ = 16 * 2**20
+# What opening a shard that is gone, a link or not a regular file raises (platform.common)
+_NOT_THE_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.EBUSY})
 
 
 def record_name(part: int, count: int) -> str:
@@ -135,14 +138,19 @@ def sliced(plan: ShardPlan, job: ShardJob, indexes: Sequence[int]) -> tuple[Shar
     return replace(plan, shards=shards, index_file=None), replace(job, metadata=metadata)
 
 
-def file_sha256(path: str, *, follow: bool = True) -> tuple[str, int]:
+def file_sha256(path: str, *, follow: bool = True, limit: int | None = None) -> tuple[str, int]:
     """The SHA-256 (hex) of the regular file at `path` and its size, read in bounded
-    pieces; with follow=False a link is refused (an OSError), never read through."""
+    pieces (at most `limit` bytes, if given); with follow=False a link is refused (an
+    OSError), never read through."""
     fd = system().open_regular(path, follow=follow)
     try:
         hasher, at, buffer = hashlib.sha256(), 0, memoryview(bytearray(_READ))
-        while count := system().read_into(fd, buffer, at):
-            hasher.update(buffer[:count])
+        while limit is None or at < limit:
+            wanted = buffer if limit is None else buffer[: min(_READ, limit - at)]
+            count = system().read_into(fd, wanted, at)
+            if not count:
+                break
+            hasher.update(wanted[:count])
             at += count
         return hasher.hexdigest(), at
     finally:
@@ -330,11 +338,15 @@ def check_read_back(folder: str, shards: Sequence[ShardRecord], out: str) -> int
     run days before, anywhere). A link is refused, not followed. The bytes read."""
     read = 0
     for shard in shards:
-        if shard.checksum[0] != "sha256":
-            raise _changed(os.path.join(out, shard.file))
+        path = os.path.join(folder, shard.file)
         try:
-            digest, size = file_sha256(os.path.join(folder, shard.file), follow=False)
-        except OSError:  # missing, a link, not a regular file: not what the part wrote
+            if shard.checksum[0] != "sha256" or os.lstat(path).st_size != shard.size:
+                raise _changed(os.path.join(out, shard.file))
+            # one byte past the record's size: a file that grew meanwhile is not read whole
+            digest, size = file_sha256(path, follow=False, limit=shard.size + 1)
+        except OSError as exc:  # missing, a link, not a regular file: not what the part wrote
+            if exc.errno not in _NOT_THE_FILE:
+                raise
             raise _changed(os.path.join(out, shard.file)) from None
         read += size
         if (size, digest) != (shard.size, shard.checksum[1]):
