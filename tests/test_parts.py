@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -74,6 +75,61 @@ def test_commit_refuses_a_shard_changed_after_its_part(tmp_path: Path) -> None:
         "(rule verification-failed; run its part again, then --commit)"
     )
     assert not (tmp_path / "out").exists()
+
+
+def test_commit_reads_back_every_shard(tmp_path: Path) -> None:
+    """The commit hashes every byte of every part's shards, and says how many it read."""
+    source, parts = _three_parts(tmp_path)
+    shards = sum(path.stat().st_size for path in parts.glob("*.safetensors"))
+    done = cli("convert", source, "-o", tmp_path / "out", *SHARD, "--commit", "--json")
+    assert done.code == 0, done.stderr
+    assert done.json()["commit"] == {
+        "parts": 3, "shards": len(list((tmp_path / "out").glob("*.safetensors"))),
+        "bytes_read": shards, "by": "sha256 read back",
+    }  # fmt: skip
+    assert shards > 0
+
+
+def test_commit_says_what_it_read(tmp_path: Path) -> None:
+    source, parts = _three_parts(tmp_path)
+    shards = sum(path.stat().st_size for path in parts.glob("*.safetensors"))
+    done = cli("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
+    assert done.code == 0, done.stderr
+    assert f"every shard read back and its SHA-256 compared ({shards:,} bytes" in done.stdout
+
+
+@pytest.mark.parametrize("how", ["same-size", "link", "longer"])
+def test_commit_refuses_a_shard_changed_with_its_time_set_back(how: str, tmp_path: Path) -> None:
+    """Its modification time is what its part recorded, its bytes are not (a byte changed
+    in the middle; a link to another file of the same bytes; bytes added): the commit
+    refuses it, and publishes nothing."""
+    source, parts = _three_parts(tmp_path)
+    shard = sorted(parts.glob("*.safetensors"))[1]
+    status = shard.stat()
+    if how == "same-size":
+        with shard.open("r+b") as handle:
+            handle.seek(status.st_size // 2)
+            byte = handle.read(1)
+            handle.seek(status.st_size // 2)
+            handle.write(bytes([byte[0] ^ 1]))
+    elif how == "longer":
+        with shard.open("ab") as handle:
+            handle.write(b"\0" * 4096)
+    else:
+        other = tmp_path / "other.safetensors"
+        other.write_bytes(shard.read_bytes())
+        shard.unlink()
+        shard.symlink_to(other)
+        os.utime(other, ns=(status.st_atime_ns, status.st_mtime_ns))
+    os.utime(shard, ns=(status.st_atime_ns, status.st_mtime_ns))
+    assert os.stat(shard).st_mtime_ns == status.st_mtime_ns
+    before = tree_snapshot(parts)
+    done = cli("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
+    assert done.code == 1 and done.error_lines == [
+        f"error: {parts / shard.name}: is missing or changed since its part wrote it "
+        "(rule verification-failed; run its part again, then --commit)"
+    ]
+    assert not (tmp_path / "out").exists() and tree_snapshot(parts) == before
 
 
 def test_commit_refuses_a_forged_record(tmp_path: Path) -> None:

@@ -22,13 +22,15 @@ from typing import Any
 
 import pytest
 
+from ckptfix.write.staging import is_staging_folder
 from tests.builders import Factory, Spec
 from tests.optional import needs
 from tests.ray_cluster import ckptfix, cluster_env, ray_cluster, task_workers
 from tests.remote_servers import S3_ENV, http_server, moto_server
 from tests.store_helpers import NO_METADATA, folder_files, names, new_bucket, objects
+from tests.store_targets import Target, gcs_target
 
-pytestmark = [needs("ray"), needs("moto"), pytest.mark.slow]
+pytestmark = [needs("ray"), needs("moto"), needs("gcsfs"), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
@@ -38,13 +40,24 @@ def endpoint() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def address(endpoint: str) -> Iterator[str]:
-    """The cluster, its nodes (the workers) configured for moto as the driver is."""
+def servers(endpoint: str) -> Iterator[tuple[str, Target]]:
+    """The cluster, its nodes (the workers) configured for moto and for the loopback Cloud
+    Storage server as the driver is (the environment the nodes start with: as a cluster's
+    nodes have their own credentials and endpoints); and that server."""
     with pytest.MonkeyPatch.context() as patch:
         for name, value in {**S3_ENV, **NO_METADATA, "AWS_ENDPOINT_URL": endpoint}.items():
             patch.setenv(name, value)
-        with tempfile.TemporaryDirectory(prefix="ckray") as temp, ray_cluster(Path(temp)) as found:
-            yield found
+        with (
+            tempfile.TemporaryDirectory(prefix="ckray") as temp,
+            gcs_target(Path(temp) / "gcs", patch.setenv) as gcs,
+            ray_cluster(Path(temp)) as found,
+        ):
+            yield found, gcs
+
+
+@pytest.fixture(scope="module")
+def address(servers: tuple[str, Target]) -> str:
+    return servers[0]
 
 
 @pytest.fixture
@@ -266,8 +279,16 @@ def test_parts_in_any_order_then_commit(
         assert held and not [name for name in held if name.endswith("index.json")]
     else:  # the parts are beside OUT
         assert not out.exists() and (tmp_path / ".ckptfix-parts-out").is_dir()
-    _run("convert", source, "-o", out, "--max-shard", "100KB", "--commit", env=local)
+    done = _run("convert", source, "-o", out, "--max-shard", "100KB", "--commit", "--json",
+                env=local)  # fmt: skip
     assert destination.held() == folder_files(tmp_path / "local"), order
+    shards = [data for name, data in destination.held().items() if name.endswith(".safetensors")]
+    checked = json.loads(done.stdout)["commit"]
+    assert checked["parts"] == 3 and checked["shards"] == len(shards)
+    if isinstance(out, str):  # the store's checksums, nothing read back
+        assert (checked["by"], checked["bytes_read"]) == ("store checksum", 0)
+    else:
+        assert (checked["by"], checked["bytes_read"]) == ("sha256 read back", sum(map(len, shards)))
     assert sorted(os.listdir(tmp_path)) == [
         "local",
         "m",
@@ -290,3 +311,148 @@ def test_commit_refuses_a_missing_part(
     other = _run("convert", source, "-o", out, "--max-shard", "100KB", "--dtype", "bf16",
                  "--commit", env=local, code=1)  # fmt: skip
     assert "was written for another plan" in other.stderr.splitlines()[-1]
+
+
+def test_gcs_written_on_ray_is_the_local_output(
+    servers: tuple[str, Target], env: dict[str, str], tmp_path: Path
+) -> None:
+    """The tasks upload to gs:// with the endpoint and credentials their nodes have."""
+    gcs, source = servers[1], _model(tmp_path)
+    _run("reshard", source, "-o", tmp_path / "local", "--max-shard", "100KB", env=_local(env))
+    ray = _run("reshard", source, "-o", gcs.url(), "--max-shard", "100KB", "--executor", "ray",
+               "--json", env=env)  # fmt: skip
+    expected = folder_files(tmp_path / "local")
+    assert gcs.read() == expected and len(expected) >= 7
+    shards = sum(len(data) for name, data in expected.items() if name.endswith(".safetensors"))
+    assert json.loads(ray.stdout)["written"]["upload"]["bytes_sent"] >= shards
+
+
+def test_an_hf_output_is_refused_on_ray(env: dict[str, str], tmp_path: Path) -> None:
+    """The Hub publishes what one process uploaded, in one commit."""
+    refused = _run("reshard", _model(tmp_path), "-o", "hf://someone/model", "--executor", "ray",
+                   env=env, code=2)  # fmt: skip
+    assert refused.stderr.splitlines()[-1] == (
+        "error: --executor: an hf:// output is uploaded and committed by one process (rule "
+        "usage; write to a folder or s3:// with parts, or run without --part and --executor ray)"
+    )
+
+
+def _killed_at_half(args: list[object], env: dict[str, str], count: Callable[[], int]) -> int:
+    """Start `ckptfix ARGS` and SIGKILL it once `count()` (the shards complete at OUT) is
+    about half of `planned`; the count when it was killed, after Ray ended its tasks."""
+    planned = int(str(args.pop()))
+    command = [sys.executable, "-m", "ckptfix", *map(str, args)]
+    driver = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while count() < planned // 2 and driver.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert driver.poll() is None, "the run ended before half its shards were written"
+    driver.kill()
+    driver.communicate(timeout=60)
+    deadline = time.monotonic() + 60  # Ray ends a dead driver's tasks
+    while task_workers("write_part") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert task_workers("write_part") == []
+    return count()
+
+
+def test_a_killed_s3_run_resumed_on_ray(
+    env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    """A driver killed at about half its shards, then the same command with --resume: the
+    local executor's bytes; what was kept is said and not sent again; run again, every
+    shard is kept and no tensor byte is sent."""
+    _model(tmp_path / "served")
+    out, shard = f"s3://{bucket}/out", ("--max-shard", "100KB")
+    with http_server(tmp_path / "served") as server:
+        url = f"{server.url}/m"
+        _run("reshard", url, "-o", tmp_path / "local", *shard, env=_local(env))
+        expected = folder_files(tmp_path / "local")
+        planned = [name for name in expected if name.endswith(".safetensors")]
+        server.behaviour.delay = 0.2
+
+        def complete() -> int:
+            return len([name for name in names(s3, bucket, "out") if name in planned])
+
+        args: list[object] = ["reshard", url, "-o", out, *shard, "--executor", "ray"]
+        there = _killed_at_half([*args, len(planned)], env, complete)
+        assert 0 < there < len(planned)
+        kept = {name: len(data) for name, data in objects(s3, bucket, "out").items()}
+        assert not [name for name in kept if name.endswith(".json")]  # nothing published
+        server.behaviour.delay = 0
+        first = json.loads(_run(*args, "--resume", "--json", env=env).stdout)
+        second = json.loads(_run(*args, "--resume", "--json", env=env).stdout)
+    assert objects(s3, bucket, "out") == expected
+    small = sum(len(data) for name, data in expected.items() if name not in planned)
+    upload = first["written"]["upload"]
+    assert sorted(upload["kept"]) == sorted(n for n in kept if n in planned)
+    assert upload["bytes_kept"] == sum(size for n, size in kept.items() if n in planned) > 0
+    total = sum(map(len, expected.values()))
+    assert upload["bytes_sent"] == total - upload["bytes_kept"]
+    again = second["written"]["upload"]
+    assert sorted(again["kept"]) == sorted(planned)
+    assert again["bytes_sent"] == small  # the index and the small files, published again
+
+
+def test_a_killed_folder_run_on_ray(env: dict[str, str], tmp_path: Path) -> None:
+    """To a shared folder: --resume is the local executor's usage error (a folder is
+    written whole or not at all, nothing of it to resume); the same command again writes
+    the local output."""
+    _model(tmp_path / "served")
+    out, shard = tmp_path / "out", ("--max-shard", "100KB")
+    with http_server(tmp_path / "served") as server:
+        url = f"{server.url}/m"
+        _run("reshard", url, "-o", tmp_path / "local", *shard, env=_local(env))
+        planned = [n for n in folder_files(tmp_path / "local") if n.endswith(".safetensors")]
+        server.behaviour.delay = 0.2
+
+        def complete() -> int:
+            staged = [p for p in tmp_path.glob(".ckptfix-*/*.safetensors")]
+            return len([path for path in staged if path.name in planned])
+
+        args: list[object] = ["reshard", url, "-o", out, *shard, "--executor", "ray"]
+        assert 0 < _killed_at_half([*args, len(planned)], env, complete) < len(planned)
+        assert not out.exists()
+        server.behaviour.delay = 0
+        on_ray = _run(*args, "--resume", env=env, code=2).stderr.splitlines()[-1]
+        local = _run(*args[:-2], "--resume", env=_local(env), code=2).stderr.splitlines()[-1]
+        assert on_ray == local and "--resume" in on_ray
+        _run(*args, env=env)
+    assert folder_files(out) == folder_files(tmp_path / "local")
+    # What a killed local run leaves too: its marked staging folder, which nothing deletes
+    # (another run may be writing there; see README, "safe to delete when no run writes")
+    left = sorted(set(os.listdir(tmp_path)) - {"local", "out", "served"})
+    assert [name for name in left if not is_staging_folder(str(tmp_path / name))] == []
+
+
+def test_resume_refuses_an_object_of_another_run_before_any_task(
+    env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    """--resume without --force replaces nothing: a shard of another checkpoint under the
+    prefix is the local executor's usage error, before any task sends a byte."""
+    source, out = _model(tmp_path), f"s3://{bucket}/out"
+    s3.put_object(Bucket=bucket, Key="out/model-00009-of-00009.safetensors", Body=b"x")
+    args = ("reshard", source, "-o", out, "--max-shard", "100KB", "--resume")
+    local = _run(*args, env=_local(env), code=2).stderr.splitlines()[-1]
+    on_ray = _run(*args, "--executor", "ray", env=env, code=2).stderr.splitlines()[-1]
+    assert on_ray == local and "is not part of this run's output" in on_ray
+    assert names(s3, bucket, "out") == ["model-00009-of-00009.safetensors"]
+
+
+def test_resume_refuses_a_shard_of_other_bytes_on_ray(
+    env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    """--resume without --force, a planned shard's name holding other bytes of the same
+    size: the local executor's usage error (raised by the task that writes that shard),
+    and nothing is published."""
+    source, out = _model(tmp_path), f"s3://{bucket}/out"
+    _run("reshard", source, "-o", tmp_path / "local", "--max-shard", "100KB", env=_local(env))
+    name = sorted(n for n in os.listdir(tmp_path / "local") if n.endswith(".safetensors"))[-1]
+    size = (tmp_path / "local" / name).stat().st_size
+    s3.put_object(Bucket=bucket, Key=f"out/{name}", Body=b"\0" * size)
+    args = ("reshard", source, "-o", out, "--max-shard", "100KB", "--resume")
+    local = _run(*args, env=_local(env), code=2).stderr.splitlines()[-1]
+    on_ray = _run(*args, "--executor", "ray", env=env, code=2).stderr.splitlines()[-1]
+    assert on_ray == local and f"out/{name}: is not what this run writes there" in on_ray
+    assert objects(s3, bucket, "out")[name] == b"\0" * size
+    assert not [n for n in names(s3, bucket, "out") if n.endswith(".json")]

@@ -33,6 +33,7 @@ from ckptfix.ops.report import Report
 if TYPE_CHECKING:
     from ckptfix.ops.rewrite import RewriteResult
     from ckptfix.plan.shards import ShardPlan
+    from ckptfix.write.parts import CommitCheck
     from ckptfix.write.results import WriteResult
 
 _STYLE = {Severity.ERROR: "bold red", Severity.WARNING: "yellow", Severity.INFO: "cyan"}
@@ -293,6 +294,18 @@ def rewrite(result: RewriteResult) -> None:
         return
     for line in _written_notes(result.written):
         console.print(line, soft_wrap=True)
+    if result.commit is not None:
+        console.print(_commit_note(result.commit), soft_wrap=True)
+
+
+def _commit_note(check: CommitCheck) -> Text:
+    how = (
+        f"every shard read back and its SHA-256 compared ({check.bytes_read:,} bytes, "
+        f"{format_size(check.bytes_read)} read)"
+        if check.by != "store checksum"
+        else "every shard's size and checksum compared as the store reports them (nothing read)"
+    )
+    return text(f"commit: {check.parts} part(s), {check.shards} shard(s) checked: {how}")
 
 
 def _plan_table(plan: ShardPlan) -> Table:

@@ -48,7 +48,7 @@ from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
 from ckptfix.write.extras import carried_as_file, copy_extra, write_generated
 from ckptfix.write.output import check_free_space, check_names, check_quantized, wrap_os_error
-from ckptfix.write.parts import PartRecord
+from ckptfix.write.parts import CommitCheck, PartRecord
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards
@@ -69,6 +69,7 @@ class RewriteResult:
     written: WriteResult | None
     destination: str | None = None  # an object-store OUT, as it may be printed
     part: PartRecord | None = None  # what a slice of a split run wrote (ops.rewrite_parts)
+    commit: CommitCheck | None = None  # how --commit checked the parts it published
 
     def to_dict(self) -> dict[str, object]:
         document = self.report.to_dict()
@@ -79,6 +80,8 @@ class RewriteResult:
         if self.part is not None:
             document["part"] = {"part": self.part.part, "of": self.part.count,
                                 "plan_digest": self.part.digest}  # fmt: skip
+        if self.commit is not None:
+            document["commit"] = self.commit.to_dict()
         return document
 
 

@@ -23,11 +23,13 @@ from ckptfix.write.output import write_index
 from ckptfix.write.parts import (
     MAX_RECORD,
     RECORD,
+    CommitCheck,
     PartRecord,
     ShardRecord,
     check_covered,
     check_local,
     check_parts_folder,
+    check_read_back,
     check_stored,
     chosen_records,
     ensure_parts_folder,
@@ -133,6 +135,10 @@ def _task(run: _Run) -> RewriteResult:
         options = store_options(run.request.options)
         store = open_store(target.store, options)
         records = write_slice_to_store(plan_part, job_part, store, options, target.existing)
+        stats = store.stats()  # this task's: the driver adds them to the run's report
+        record = PartRecord(run.digest, target.part, target.count, tuple(records),
+                            stats.bytes_sent, stats.requests)  # fmt: skip
+        return _result(run, None, record)
     record = PartRecord(run.digest, target.part, target.count, tuple(records))
     return _result(run, None, record)
 
@@ -186,14 +192,18 @@ def _commit(run: _Run) -> RewriteResult:
             for name, item in claim.state.existing.items()
             if RECORD.fullmatch(name)
         }
-        shards = check_covered(plan, chosen_records(found, digest, claim.out), claim.out)
+        records = chosen_records(found, digest, claim.out)
+        shards = check_covered(plan, records, claim.out)
         check_stored(claim.store, shards)
-        return _publish_store(run, shards, sorted(found))
+        checked = CommitCheck(len(records), len(shards), 0, "store checksum")
+        return replace(_publish_store(run, lambda: shards, sorted(found)), commit=checked)
     folder, shown = parts_folder(claim.real), parts_folder(claim.out)
     check_parts_folder(folder, shown)
-    found = _local_records(folder)
-    shards = check_covered(plan, chosen_records(found, digest, shown), shown)
-    check_local(folder, shards, shown)
+    records = chosen_records(_local_records(folder), digest, shown)
+    shards = check_covered(plan, records, shown)
+    checked = CommitCheck(
+        len(records), len(shards), check_read_back(folder, shards, shown), "sha256 read back"
+    )
 
     def move(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         from ckptfix.platform import system
@@ -206,7 +216,7 @@ def _commit(run: _Run) -> RewriteResult:
 
     result = _publish_local(run, move)
     remove_tree(folder)  # published: the parts are in OUT now, the records served
-    return result
+    return replace(result, commit=checked)
 
 
 def _local_records(folder: str) -> dict[str, bytes]:
@@ -244,17 +254,18 @@ def _publish_local(
 
 
 def _publish_store(
-    run: _Run, shards: Sequence[ShardRecord], records: Sequence[str]
+    run: _Run, shards: Callable[[], Sequence[ShardRecord]], records: Sequence[str]
 ) -> RewriteResult:
-    """Publish the shards the slices put in the store: the carried files, the index last,
-    the records (`records`) and what is stale deleted."""
+    """Publish the shards the slices put in the store (`shards()`: their records, checked;
+    called once the prefix passed the checks a local run makes before it sends anything):
+    the carried files, the index last, the records (`records`) and what is stale deleted."""
     from ckptfix.ops.rewrite import RewriteResult, carry_files
 
     source, plan, claim, options = run.source, run.plan, run.claim, run.options
     assert isinstance(claim, StoreClaim)
 
     def checked(sink: StoreSink, plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
-        return [WrittenFile(shard.file, shard.size) for shard in shards]
+        return [WrittenFile(shard.file, shard.size) for shard in shards()]
 
     written = write_to_store(
         plan,
@@ -278,11 +289,10 @@ def _on_runner(run: _Run) -> RewriteResult:
     request = replace(request, tensors=len(run.job.tensors))
     sizes = [shard.nbytes for shard in plan.shards]
 
-    def slices(target: PartTarget, progress: Any) -> list[ShardRecord]:
-        records = runner(
+    def slices(target: PartTarget, progress: Any) -> list[PartRecord]:
+        return runner(
             replace(request, options=replace(task_options, target=target)), sizes, progress
         )
-        return check_covered(plan, records, claim.out)
 
     if isinstance(claim, StoreClaim):
         for shard in plan.shards:  # an earlier index must not list a shard being replaced
@@ -295,13 +305,36 @@ def _on_runner(run: _Run) -> RewriteResult:
             if name not in claim.state.removed_first
         )
         target = PartTarget(digest, store=request.out, existing=existing)
-        shards = slices(target, run.options.progress)
-        check_stored(claim.store, shards)
-        return _publish_store(run, shards, ())
+        records: list[PartRecord] = []
+
+        def uploaded() -> list[ShardRecord]:
+            records.extend(slices(target, run.options.progress))
+            shards = check_covered(plan, records, claim.out)
+            check_stored(claim.store, shards)
+            for kept in (record for record in shards if record.kept):
+                claim.state.kept.append(kept.file)
+                claim.state.bytes_kept += kept.size
+            return shards
+
+        return _with_tasks_uploads(_publish_store(run, uploaded, ()), records)
 
     def tasks(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
-        shards = slices(PartTarget(digest, folder=job.staging), job.progress)
+        records = slices(PartTarget(digest, folder=job.staging), job.progress)
+        shards = check_covered(plan, records, job.out)
         check_local(job.staging, shards, job.out)
         return _with_index(plan, job, shards)
 
     return _publish_local(run, tasks)
+
+
+def _with_tasks_uploads(result: RewriteResult, records: Sequence[PartRecord]) -> RewriteResult:
+    """The run's upload report with what its tasks sent (each to a store of its own) added
+    to what the driver sent."""
+    written = result.written
+    assert written is not None and written.upload is not None
+    upload = replace(
+        written.upload,
+        bytes_sent=written.upload.bytes_sent + sum(record.sent for record in records),
+        requests=written.upload.requests + sum(record.requests for record in records),
+    )
+    return replace(result, written=replace(written, upload=upload))

@@ -12,6 +12,7 @@ index is put: nothing is published until the publisher checks every record.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -35,6 +36,8 @@ PARTS_PREFIX = ".ckptfix-parts-"  # beside a local OUT: the folder the parts wri
 RECORD = re.compile(r"\.ckptfix-part-([1-9][0-9]{0,5})-of-([1-9][0-9]{0,5})\.json")
 MAX_RECORD = 64 * 2**20  # bytes: a record lists its shards, a few hundred bytes each
 _READ = 16 * 2**20
+# What opening a shard that is gone, a link or not a regular file raises (platform.common)
+_NOT_THE_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.EBUSY})
 
 
 def record_name(part: int, count: int) -> str:
@@ -50,6 +53,7 @@ class ShardRecord:
     size: int
     checksum: tuple[str, str]
     mtime_ns: int = 0
+    kept: bool = False  # --resume: already in the store as planned, not sent again
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class PartRecord:
     part: int
     count: int
     shards: tuple[ShardRecord, ...]
+    sent: int = 0  # object bytes the part sent to a store (its kept shards' not counted)
+    requests: int = 0  # requests it made to the store
 
     @property
     def name(self) -> str:
@@ -76,11 +82,12 @@ class PartRecord:
             document = json.loads(data)
             shards = tuple(
                 ShardRecord(str(s["file"]), int(s["size"]), (str(s["checksum"][0]),
-                            str(s["checksum"][1])), int(s["mtime_ns"]))
+                            str(s["checksum"][1])), int(s["mtime_ns"]), s.get("kept") is True)
                 for s in document["shards"]
             )  # fmt: skip
             return cls(str(document["digest"]), int(document["part"]), int(document["count"]),
-                       shards)  # fmt: skip
+                       shards, int(document.get("sent", 0)),
+                       int(document.get("requests", 0)))  # fmt: skip
         except (ValueError, KeyError, TypeError, IndexError):
             raise VerificationError(
                 where, "is not a part record ckptfix wrote", "run that part again"
@@ -131,14 +138,21 @@ def sliced(plan: ShardPlan, job: ShardJob, indexes: Sequence[int]) -> tuple[Shar
     return replace(plan, shards=shards, index_file=None), replace(job, metadata=metadata)
 
 
-def file_sha256(path: str) -> str:
-    fd = system().open_read(path)
+def file_sha256(path: str, *, follow: bool = True, limit: int | None = None) -> tuple[str, int]:
+    """The SHA-256 (hex) of the regular file at `path` and its size, read in bounded
+    pieces (at most `limit` bytes, if given); with follow=False a link is refused (an
+    OSError), never read through."""
+    fd = system().open_regular(path, follow=follow)
     try:
-        hasher, at = hashlib.sha256(), 0
-        while data := system().pread(fd, _READ, at):
-            hasher.update(data)
-            at += len(data)
-        return hasher.hexdigest()
+        hasher, at, buffer = hashlib.sha256(), 0, memoryview(bytearray(_READ))
+        while limit is None or at < limit:
+            wanted = buffer if limit is None else buffer[: min(_READ, limit - at)]
+            count = system().read_into(fd, wanted, at)
+            if not count:
+                break
+            hasher.update(wanted[:count])
+            at += count
+        return hasher.hexdigest(), at
     finally:
         os.close(fd)
 
@@ -154,7 +168,7 @@ def write_slice_to_folder(plan: ShardPlan, job: ShardJob, folder: str) -> list[S
         records = []
         for item in written:
             path = os.path.join(scratch, item.path)
-            records.append(ShardRecord(item.path, item.bytes, ("sha256", file_sha256(path))))
+            records.append(ShardRecord(item.path, item.bytes, ("sha256", file_sha256(path)[0])))
         placed = []
         for record in records:
             target = os.path.join(folder, record.file)
@@ -184,8 +198,9 @@ def write_slice_to_store(
     except BaseException:
         sink.discard()
         raise
+    kept = set(state.kept)
     return [
-        ShardRecord(name, stored.size, stored.checksum or ("none", ""))
+        ShardRecord(name, stored.size, stored.checksum or ("none", ""), kept=name in kept)
         for name, stored in sink.stored.items()
     ]
 
@@ -279,8 +294,33 @@ def check_covered(plan: ShardPlan, records: Sequence[PartRecord], out: str) -> l
     return result
 
 
+@dataclass(frozen=True)
+class CommitCheck:
+    """How --commit checked the parts' shards before it published them: local shards read
+    back whole and hashed (`bytes_read`), or a store's objects by the checksum the store
+    reports (nothing read)."""
+
+    parts: int
+    shards: int
+    bytes_read: int
+    by: str  # "sha256 read back" or "store checksum"
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+def _changed(shown: str) -> VerificationError:
+    return VerificationError(
+        shown,
+        "is missing or changed since its part wrote it",
+        "run its part again, then --commit",
+    )
+
+
 def check_local(folder: str, shards: Sequence[ShardRecord], out: str) -> None:
-    """Every shard in `folder` as its part left it (size and modification time)."""
+    """Every shard in `folder` as its task left it (size and modification time): for the
+    staging folder of a Ray run, which only that run writes into, minutes after its tasks
+    verified every shard against the source."""
     for shard in shards:
         path = os.path.join(folder, shard.file)
         try:
@@ -288,11 +328,30 @@ def check_local(folder: str, shards: Sequence[ShardRecord], out: str) -> None:
         except FileNotFoundError:
             status = None
         if status is None or (status.st_size, status.st_mtime_ns) != (shard.size, shard.mtime_ns):
-            raise VerificationError(
-                os.path.join(out, shard.file),
-                "is missing or changed since its part wrote it",
-                "run its part again, then --commit",
-            )
+            raise _changed(os.path.join(out, shard.file))
+
+
+def check_read_back(folder: str, shards: Sequence[ShardRecord], out: str) -> int:
+    """Every shard in `folder` holding the bytes its part recorded: read back whole, in
+    bounded pieces, and its SHA-256 compared with the record's (a size and a modification
+    time prove nothing: a file can be changed and its time set back; and parts may have
+    run days before, anywhere). A link is refused, not followed. The bytes read."""
+    read = 0
+    for shard in shards:
+        path = os.path.join(folder, shard.file)
+        try:
+            if shard.checksum[0] != "sha256" or os.lstat(path).st_size != shard.size:
+                raise _changed(os.path.join(out, shard.file))
+            # one byte past the record's size: a file that grew meanwhile is not read whole
+            digest, size = file_sha256(path, follow=False, limit=shard.size + 1)
+        except OSError as exc:  # missing, a link, not a regular file: not what the part wrote
+            if exc.errno not in _NOT_THE_FILE:
+                raise
+            raise _changed(os.path.join(out, shard.file)) from None
+        read += size
+        if (size, digest) != (shard.size, shard.checksum[1]):
+            raise _changed(os.path.join(out, shard.file))
+    return read
 
 
 def check_stored(store: ObjectStore, shards: Sequence[ShardRecord]) -> None:
@@ -300,8 +359,4 @@ def check_stored(store: ObjectStore, shards: Sequence[ShardRecord]) -> None:
     for shard in shards:
         stored = store.stat(shard.file)
         if stored is None or (stored.size, stored.checksum) != (shard.size, shard.checksum):
-            raise VerificationError(
-                f"{store.display.rstrip('/')}/{shard.file}",
-                "is missing or changed since its part wrote it",
-                "run its part again, then --commit",
-            )
+            raise _changed(f"{store.display.rstrip('/')}/{shard.file}")
