@@ -26,7 +26,7 @@ class Faults:
 
     corrupt_part: int | None = None  # the Nth UploadPart (1-based, whole run) gets a byte flipped
     drop_part: int | None = None  # the Nth UploadPart is answered 200 and never stored
-    lie_checksum: bool = False  # HEAD answers carry another SHA-256
+    lie_checksum: bool = False  # HEAD answers carry another checksum (whichever algorithm)
     refuse: Callable[[str, str], int | None] = lambda method, path: None  # a status, or None
     part_delay: float = 0.0
     on_part: Callable[[int], None] | None = None  # called with the part count, before sending
@@ -96,8 +96,9 @@ class _Handler(BaseHTTPRequestHandler):
         if listing is not None and self.command == "GET" and "list-type=2" in self.path:
             data = listing(data)
         if self.command == "HEAD" and self.server.faults.lie_checksum:
-            for name in [k for k in reply if k.lower() == "x-amz-checksum-sha256"]:
-                reply[name] = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="
+            for name in [k for k in reply if k.lower().startswith("x-amz-checksum-")]:
+                if name.lower() != "x-amz-checksum-type":
+                    reply[name] = "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="[: len(reply[name])]
         self._answer(answer.status, reply, data, head=self.command == "HEAD")
 
     def _answer(

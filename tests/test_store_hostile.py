@@ -473,11 +473,11 @@ def test_resume_with_readback_keeps_only_objects_whose_bytes_read_back(
     assert cli("reshard", folder, "-o", f"s3://{bucket}/out", *_SPLIT).code == 0
     whole = objects(s3, bucket, "out")
     key = f"out/{SHARDS_OF_2[0]}"
-    claimed = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")["ChecksumSHA256"]
+    claimed = s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")["ChecksumCRC32"]
     bad = bytearray(whole[SHARDS_OF_2[0]])
     bad[-1] ^= 0xFF  # same size; the store reports the planned checksum (moto takes it)
     s3.put_object(
-        Bucket=bucket, Key=key, Body=bytes(bad), ChecksumSHA256=claimed, ChecksumAlgorithm="SHA256"
+        Bucket=bucket, Key=key, Body=bytes(bad), ChecksumCRC32=claimed, ChecksumAlgorithm="CRC32"
     )
     args = ["reshard", folder, "-o", f"s3://{bucket}/out", *_SPLIT, "--resume"]
     run = cli(*args, "--force", "--verify-readback", "--json")

@@ -1,16 +1,17 @@
 """How object-store uploads cut a stream into parts (write.stores.parts) and the checksum S3
-reports for them (write.stores.s3.CompositeSha256), without a server."""
+reports for them (write.stores.s3.CompositeCrc32), without a server."""
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import threading
 
 import pytest
 
 from ckptfix.write.stores.parts import MIB, PartPump, in_flight, part_size
-from ckptfix.write.stores.s3 import MAX_PARTS, MIN_PART, CompositeSha256, s3_part_size
+from ckptfix.write.stores.s3 import MAX_PARTS, MIN_PART, CompositeCrc32, s3_part_size
 
 
 @pytest.mark.parametrize("size", [0, 1, 5 * MIB, 16 * MIB + 1, 160 * 2**30, 5 * 2**40])
@@ -67,13 +68,17 @@ def test_a_failed_part_stops_the_stream() -> None:
 @pytest.mark.parametrize("size", [1000, 16 * MIB, 16 * MIB + 1, 40 * MIB + 3])
 def test_the_composite_checksum_is_the_one_s3_computes(size: int) -> None:
     data = hashlib.sha256(b"seed").digest() * (size // 32) + b"z" * (size % 32)
-    hasher = CompositeSha256(size)
+    hasher = CompositeCrc32(size)
     for start in range(0, size, 3 * MIB + 5):
         hasher.update(data[start : start + 3 * MIB + 5])
     part = s3_part_size(size)
-    if size <= part:  # one PutObject: the whole object's SHA-256
-        want = base64.b64encode(hashlib.sha256(data).digest()).decode()
-    else:  # S3's COMPOSITE: the SHA-256 of the parts' SHA-256s
-        digests = [hashlib.sha256(data[i : i + part]).digest() for i in range(0, size, part)]
-        want = base64.b64encode(hashlib.sha256(b"".join(digests)).digest()).decode()
-    assert hasher.value() == ("sha256", want)
+
+    def crc(chunk: bytes) -> bytes:
+        return binascii.crc32(chunk).to_bytes(4, "big")
+
+    if size <= part:  # one PutObject: the whole object's CRC-32
+        want = base64.b64encode(crc(data)).decode()
+    else:  # S3's COMPOSITE: the CRC-32 of the parts' CRC-32s, 4 bytes each, big-endian
+        crcs = [crc(data[i : i + part]) for i in range(0, size, part)]
+        want = base64.b64encode(crc(b"".join(crcs))).decode()
+    assert hasher.value() == ("crc32", want)
