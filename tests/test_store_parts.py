@@ -1,5 +1,5 @@
 """How object-store uploads cut a stream into parts (write.stores.parts) and the checksum S3
-reports for them (write.stores.s3.CompositeSha256), without a server."""
+reports for them (write.stores.s3_checksum.CompositeSha256), without a server."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from ckptfix.write.stores.parts import MIB, PartPump, in_flight, part_size
-from ckptfix.write.stores.s3 import MAX_PARTS, MIN_PART, CompositeSha256, s3_part_size
+from ckptfix.write.stores.s3_checksum import MAX_PARTS, MIN_PART, CompositeSha256, s3_part_size
 
 
 @pytest.mark.parametrize("size", [0, 1, 5 * MIB, 16 * MIB + 1, 160 * 2**30, 5 * 2**40])

@@ -13,10 +13,11 @@ that were sent. Smaller objects are one PutObject with the whole object's SHA-25
 the same way. The part size depends only on the object's size (part_size), so --resume can
 compute the checksum an existing object must have without sending anything.
 
-A run writes a marker object (MARKER, see s3_marker) under the prefix before its first upload,
-records in it each multipart upload it starts, and removes it once the output is published:
-the next run aborts the uploads a marker records (a killed run's; taking over a marker needs
---force or --resume, as its run may still be alive) and reports and leaves any other.
+A run puts a marker object (MARKER, see s3_marker) under the prefix before its first upload
+and a small record object of each multipart upload it starts, and removes them once the
+output is published: the next run aborts the uploads records vouch for (a killed run's;
+taking over a marker needs --force or --resume, as its run may still be alive) and reports
+and leaves any other.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import dataclasses
 import hashlib
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ckptfix.core.errors import RemoteError, UsageError, VerificationError
@@ -36,11 +37,20 @@ from ckptfix.io.remote_answers import Listing, answer_seconds
 from ckptfix.io.remote_errors import UnexpectedAnswer, parsed
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
 from ckptfix.write.stores.common import Pages
-from ckptfix.write.stores.parts import PartPump, in_flight, part_size
-from ckptfix.write.stores.s3_marker import MARKER, MARKER_MAX, RunMarker, recorded
+from ckptfix.write.stores.parts import PartPump, in_flight
+from ckptfix.write.stores.s3_checksum import CompositeSha256, s3_part_size
+from ckptfix.write.stores.s3_checksum import b64 as _b64
+from ckptfix.write.stores.s3_marker import (
+    MARKER,
+    MARKER_MAX,
+    RECORDS,
+    RECORDS_MAX,
+    RunMarker,
+    is_marker,
+    record_name,
+    recorded,
+)
 
-MIN_PART = 5 * 2**20  # S3's smallest part but the last
-MAX_PARTS = 10_000
 _DELETE_BATCH = 1000  # DeleteObjects' limit
 MAX_COPY = 5 * 2**30  # CopyObject's limit
 
@@ -53,48 +63,6 @@ def split_url(url: str) -> tuple[str, str]:
     if not bucket or "@" in bucket or ":" in bucket:
         raise UsageError(redact(url), "names no bucket", "write -o s3://BUCKET/PREFIX")
     return bucket, prefix + "/" if prefix else ""
-
-
-def s3_part_size(size: int) -> int:
-    return part_size(size, max_parts=MAX_PARTS, minimum=MIN_PART)
-
-
-def _b64(digest: bytes) -> str:
-    return base64.b64encode(digest).decode()
-
-
-class CompositeSha256:
-    """The checksum S3 reports for an object of `size` bytes uploaded as this module does
-    (see the module docstring)."""
-
-    def __init__(self, size: int) -> None:
-        self.part = s3_part_size(size)
-        self.single = size <= self.part
-        self.whole = hashlib.sha256()
-        self.digests: list[bytes] = []
-        self.filled = 0
-
-    def update(self, data: bytes | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        if self.single:
-            self.whole.update(view)
-            return
-        while len(view):
-            take = min(self.part - self.filled, len(view))
-            self.whole.update(view[:take])
-            view, self.filled = view[take:], self.filled + take
-            if self.filled == self.part:
-                self._close_part()
-
-    def _close_part(self) -> None:
-        self.digests.append(self.whole.digest())
-        self.whole, self.filled = hashlib.sha256(), 0
-
-    def value(self) -> tuple[str, str]:
-        if self.single:
-            return ("sha256", _b64(self.whole.digest()))
-        digests = self.digests + ([self.whole.digest()] if self.filled else [])
-        return ("sha256", _b64(hashlib.sha256(b"".join(digests)).digest()))
 
 
 class S3Store:
@@ -157,18 +125,25 @@ class S3Store:
     def list(self) -> Sequence[StoredObject]:
         """Every object under the prefix, sub-folders' included (our marker left out)."""
         found: list[StoredObject] = []
-        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
+        for items in self._pages(""):
+            found += [item for item in map(self._listed, items) if item is not None]
+        return found
+
+    def _pages(self, under: str) -> Iterator[Sequence[Mapping[str, Any]]]:
+        """The entries of each page of a listing of the prefix's `under`, within the remote
+        reads' listing bounds."""
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.key(under)}
         bounds, pages = Listing(self.listing_seconds), Pages(self._display)
         with bounds.pages_of_this_thread():
             while True:
                 page = self.call("", "list_objects_v2", **params)
                 items = page.get("Contents", [])
-                found += [item for item in map(self._listed, items) if item is not None]
+                yield items
                 token = page.get("NextContinuationToken")
                 more = pages.more(bool(page.get("IsTruncated")), token)
                 bounds.page(len(items), more=more)
                 if not more:
-                    return found
+                    return
                 params["ContinuationToken"] = token
 
     def _listed(self, item: Mapping[str, Any]) -> StoredObject | None:
@@ -178,12 +153,13 @@ class S3Store:
         if not isinstance(size, int) or size < 0:
             raise UnexpectedAnswer(f"a listing entry without a size ({key[:80]!r})")
         name = key[len(self.prefix) :]
-        if name == MARKER:  # a run's, not an object of the output
+        if is_marker(name):  # a run's, not an object of the output
             return None
         return StoredObject(name, size) if name else None
 
     def dangling(self) -> Sequence[Dangling]:
-        """Multipart uploads under the prefix never completed: ours if a marker records them."""
+        """Multipart uploads under the prefix never completed: ours if a record vouches for
+        them."""
         ours = self._taken_over()
         uploads: list[Dangling] = []
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
@@ -196,15 +172,16 @@ class S3Store:
                     raise UnexpectedAnswer("a multipart upload without a key or an id")
                 started = str(item["Initiated"]) if item.get("Initiated") else None
                 name = key[len(self.prefix) :]
-                uploads.append(Dangling(name, upload_id, started, (name, upload_id) in ours))
+                mine = record_name(name, upload_id) in ours
+                uploads.append(Dangling(name, upload_id, started, mine))
             markers = (page.get("NextKeyMarker"), page.get("NextUploadIdMarker"))
             if not pages.more(bool(page.get("IsTruncated")), markers):
                 return uploads
             params["KeyMarker"], params["UploadIdMarker"] = markers
 
-    def _taken_over(self) -> set[tuple[str, str]]:
-        """The uploads an earlier run's marker records; a usage error for a marker without
-        --force or --resume (its run may still be writing)."""
+    def _taken_over(self) -> set[str]:
+        """The records of an earlier run (record_name of each upload it started); a usage
+        error for a marker without --force or --resume (its run may still be writing)."""
         stored = self.stat(MARKER)
         if stored is None:
             return set()
@@ -216,13 +193,38 @@ class S3Store:
                 "wait for it to end; or pass --force (or --resume) to take over: the uploads "
                 "it recorded are aborted",
             )
-        if stored.size > MARKER_MAX:
-            return set()
-        return recorded(self.read(MARKER, 0, stored.size)) if stored.size else set()
+        records = set(self._records())
+        if 0 < stored.size <= MARKER_MAX:  # an older ckptfix kept its records in the marker
+            legacy = recorded(self.read(MARKER, 0, stored.size))
+            records |= {record_name(name, upload_id) for name, upload_id in legacy}
+        return records
+
+    def _records(self) -> Sequence[str]:
+        """The records under the prefix (names relative to it), at most RECORDS_MAX."""
+        found: list[str] = []
+        for items in self._pages(RECORDS):
+            found += [item.name for item in map(self._listed_record, items)]
+            if len(found) > RECORDS_MAX:
+                raise RemoteError(
+                    self.url_of(RECORDS),
+                    "remote-error",
+                    f"holds more than {RECORDS_MAX:,} upload records, which no ckptfix run writes",
+                    "delete that sub-prefix when no ckptfix run is writing, then run again",
+                )
+        return found
+
+    def _listed_record(self, item: Mapping[str, Any]) -> StoredObject:
+        key = item.get("Key")
+        if not isinstance(key, str) or not key.startswith(self.key(RECORDS)):
+            raise UnexpectedAnswer("a listing entry outside the prefix asked for")
+        return StoredObject(key[len(self.prefix) :], 0)
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
+        """Abort the uploads, then delete their records."""
+        uploads = list(uploads)
         for upload in uploads:
             self.abort_upload(upload.name, upload.upload_id)
+        self.delete([record_name(upload.name, upload.upload_id) for upload in uploads])
 
     def abort_upload(self, name: str, upload_id: str) -> None:
         try:
@@ -282,16 +284,18 @@ class S3Store:
             self._marked = True
 
     def record(self, name: str, upload_id: str) -> None:
-        """An upload this run started, recorded in its marker before any part is sent."""
-        with self._lock:
-            self.marker.uploads.append((name, upload_id))
-            data = self.marker.data()
-        self._put_marker(data)
+        """An upload this run started, recorded before any part is sent: an object of its
+        own (one small request, whatever the number of uploads before it)."""
+        self._put_object(record_name(name, upload_id), self.marker.record(name, upload_id))
+
+    def forget(self, name: str, upload_id: str) -> None:
+        """The record of an upload this run completed or aborted: only uploads under way
+        keep theirs."""
+        self.delete([record_name(name, upload_id)])
 
     def _put_marker(self, data: bytes) -> None:
         """The marker is put but not read back: the tasks of one `--executor ray` run share
-        the prefix and each puts its own, so what S3 then reports may be another task's. (A
-        lost record only leaves that upload to be reported, not aborted: the safe side.)"""
+        the prefix and each puts its own, so what S3 then reports may be another task's."""
         self._put_object(MARKER, data)
 
     def begin(self, name: str, size: int) -> SingleUpload | MultipartUpload:
@@ -338,9 +342,10 @@ class S3Store:
         self, files: Mapping[str, bytes], delete: Sequence[str], *, message: str
     ) -> Sequence[StoredObject]:
         """Put `files` in order (the caller puts the index last), delete `delete`, then the
-        marker: from the index on the output is complete."""
+        records (every process's of the run) and the marker: from the index on the output
+        is complete."""
         stored = [self.put(name, data) for name, data in files.items()]
-        self.delete([*delete, MARKER])
+        self.delete([*delete, *self._records(), MARKER])
         self._marked = False
         return stored
 
@@ -456,6 +461,7 @@ class MultipartUpload:
             MultipartUpload={"Parts": parts},
         )  # fmt: skip
         self.done = True
+        self.store.forget(self.name, self.upload_id)  # nothing left to abort
         return self.store.verify(self.name, self.size, self.checksum.value())
 
     def abort(self) -> None:
@@ -463,6 +469,7 @@ class MultipartUpload:
         if not self.done:
             self.done = True
             self.store.abort_upload(self.name, str(self.upload_id))
+            self.store.forget(self.name, str(self.upload_id))
 
 
 def _check_size(store: S3Store, name: str, fed: int, size: int, *, final: bool) -> None:
