@@ -52,7 +52,7 @@ from ckptfix.write.stores.s3_marker import (
 )
 
 _DELETE_BATCH = 1000  # DeleteObjects' limit
-MAX_COPY = 5 * 2**30  # CopyObject's limit
+MAX_COPY = 5 * 2**30  # CopyObject's limit: larger objects are copied in parts
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -350,23 +350,23 @@ class S3Store:
         return stored
 
     def rename(self, old: str, new: str, sha256: str) -> StoredObject:
-        """CopyObject with the copy's SHA-256 computed by S3, compared with `sha256`; then
-        `old` deleted. One CopyObject copies at most MAX_COPY bytes."""
+        """CopyObject with the copy's SHA-256 computed by S3, compared with `sha256`; an
+        object over MAX_COPY (what one CopyObject copies) is copied in parts (s3_copy);
+        then `old` deleted."""
         stored = self.stat(old)
         if stored is None:
             raise VerificationError(self.url_of(old), "is missing after its upload", "run again")
         if stored.size > MAX_COPY:
-            raise UsageError(
-                self.url_of(old),
-                f"a shard of {stored.size:,} bytes cannot take its final name (S3 copies at "
-                "most 5 GiB in one request; ckptfix.Writer names its shards last)",
-                "keep max_shard and each tensor under 5 GiB, or use ckptfix.save(..., out=URL)",
-            )
-        self.call(
-            new, "copy_object", Bucket=self.bucket, Key=self.key(new),
-            CopySource={"Bucket": self.bucket, "Key": self.key(old)}, ChecksumAlgorithm="SHA256",
-        )  # fmt: skip
-        copied = self.verify(new, stored.size, ("sha256", _b64(bytes.fromhex(sha256))))
+            from ckptfix.write.stores.s3_copy import copy_multipart
+
+            copied = copy_multipart(self, stored, new, sha256)
+        else:
+            self.call(
+                new, "copy_object", Bucket=self.bucket, Key=self.key(new),
+                CopySource={"Bucket": self.bucket, "Key": self.key(old)},
+                ChecksumAlgorithm="SHA256",
+            )  # fmt: skip
+            copied = self.verify(new, stored.size, ("sha256", _b64(bytes.fromhex(sha256))))
         self.delete([old])
         return copied
 

@@ -1,7 +1,8 @@
 """The SHA-256 S3 reports for an object uploaded as s3.S3Store uploads it (see s3's module
 docstring): the whole object's for one PutObject; for a multipart upload, the COMPOSITE
 value (the SHA-256 of the parts' digests). The part size depends only on the object's size,
-so --resume knows the value an object must have without sending anything."""
+so --resume (and a copy cut where the source's parts were, s3_copy) knows the value an
+object must have without sending anything."""
 
 from __future__ import annotations
 
