@@ -6,6 +6,7 @@ one-line error. And `--part I/N` + `--commit` run as separate processes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -191,6 +192,15 @@ def test_a_worker_killed_during_a_write_is_retried(
     assert written == folder_files(tmp_path / "local")
 
 
+def _ray_driver(
+    source: str, out: str, max_shard: str, env: dict[str, str], stderr: int
+) -> subprocess.Popen[bytes]:
+    """`reshard SOURCE -o OUT --executor ray` in a process of its own (to be stopped)."""
+    command = [sys.executable, "-m", "ckptfix", "reshard", source, "-o", out,
+               "--max-shard", max_shard, "--executor", "ray"]  # fmt: skip
+    return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+
+
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
 @pytest.mark.parametrize("to_store", [False, True], ids=["folder", "s3"])
 def test_a_stopped_driver_publishes_nothing(
@@ -201,11 +211,7 @@ def test_a_stopped_driver_publishes_nothing(
     out = f"s3://{bucket}/out" if to_store else str(tmp_path / "out")
     with http_server(tmp_path / "served") as server:
         server.behaviour.delay = 0.3
-        command = [sys.executable, "-m", "ckptfix", "reshard", f"{server.url}/m", "-o", out,
-                   "--max-shard", "100KB", "--executor", "ray"]  # fmt: skip
-        driver = subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+        driver = _ray_driver(f"{server.url}/m", out, "100KB", env, subprocess.PIPE)
         deadline = time.monotonic() + 60
         while not task_workers("write_part") and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -456,3 +462,66 @@ def test_resume_refuses_a_shard_of_other_bytes_on_ray(
     assert on_ray == local and f"out/{name}: is not what this run writes there" in on_ray
     assert objects(s3, bucket, "out")[name] == b"\0" * size
     assert not [n for n in names(s3, bucket, "out") if n.endswith(".json")]
+
+
+def _slow_model(root: Path) -> Path:
+    """Four shards of forty 256 KiB tensors: each output shard (10 MiB, two upload parts)
+    reads forty ranges from the server, so its upload stays under way while they come."""
+    shards = [[Spec(f"w.{shard}.{i}", "F32", (64, 1024)) for i in range(40)] for shard in range(4)]
+    folder = Factory(root).sharded("m", shards)
+    Factory(root).config("m", torch_dtype="float32")
+    return folder
+
+
+def _uploads_under_way(s3: Any, bucket: str) -> list[tuple[str, str]]:
+    listed = s3.list_multipart_uploads(Bucket=bucket).get("Uploads", [])
+    return sorted((item["Key"], item["UploadId"]) for item in listed)
+
+
+def _recorded(s3: Any, bucket: str) -> list[tuple[str, str]]:
+    """The uploads under way, once each has its record (a task killed between starting an
+    upload and recording it leaves that one to be reported, not aborted: the safe side)."""
+    from ckptfix.write.stores.s3_marker import record_name
+
+    under_way = _uploads_under_way(s3, bucket)
+    records = set(names(s3, bucket, "out"))
+    mine = [(key, upload) for key, upload in under_way if record_name(key[4:], upload) in records]
+    return mine if mine == under_way else []
+
+
+def _kill_run(driver: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the driver and every write task at once (no task is retried, none aborts
+    its upload)."""
+    driver.kill()
+    for pid in task_workers("write_part"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    driver.wait(60)
+    deadline = time.monotonic() + 60
+    while task_workers("write_part") and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def test_a_killed_ray_runs_uploads_of_every_task_are_aborted_by_the_next_run(
+    env: dict[str, str], s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    """The tasks of a Ray run share the prefix: each records its own uploads, so a --force
+    run after the run was killed aborts every task's, not only the last one's."""
+    source, out = _slow_model(tmp_path / "served"), f"s3://{bucket}/out"
+    with http_server(tmp_path / "served") as server:
+        server.behaviour.delay = 0.25
+        driver = _ray_driver(f"{server.url}/m", out, "11MB", env, subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while len(_recorded(s3, bucket)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        _kill_run(driver)
+    assert task_workers("write_part") == []
+    left = _uploads_under_way(s3, bucket)
+    assert len(left) >= 2, "no two tasks had an upload under way"
+    run = _run("reshard", source, "-o", out, "--max-shard", "11MB", "--force", "--json",
+               env=_local(env))  # fmt: skip
+    upload = json.loads(run.stdout)["written"]["upload"]
+    assert sorted(upload["aborted_uploads"]) == sorted(key[4:] for key, _ in left), (upload, left)
+    assert upload["other_uploads"] == [], (upload, left)
+    assert _uploads_under_way(s3, bucket) == []
+    assert not [name for name in names(s3, bucket, "out") if ".ckptfix" in name]

@@ -368,20 +368,76 @@ def test_a_writer_whose_store_lies_publishes_nothing(store: Target, tmp_path: Pa
         assert store.server is not None and not store.server.behaviour.kept.get("commits")
 
 
-def test_a_writer_shard_larger_than_s3_copies_is_refused_and_removed(
+def _copied_in_parts(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """S3 copies at most 5 GiB in one CopyObject (MAX_COPY): made 12 MiB here, so that a
+    Writer's 16 MiB shard takes its name by UploadPartCopy requests (counted, by part)."""
+    from ckptfix.write.stores import s3, s3_copy
+
+    monkeypatch.setattr(s3, "MAX_COPY", 12 * 2**20)
+    copied: list[int] = []
+    real = s3_copy._copy_part
+
+    def counted(store: Any, names: Any, number: int, start: int, end: int) -> Any:
+        copied.append(number)
+        return real(store, names, number, start, end)
+
+    monkeypatch.setattr(s3_copy, "_copy_part", counted)
+    return copied
+
+
+def test_a_writer_shard_larger_than_one_s3_copy_is_copied_in_parts(
     moto: tuple[str, Proxy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """S3 copies at most 5 GiB in one CopyObject (MAX_COPY, made 1 MiB here)."""
-    import ckptfix
-    from ckptfix.write.stores import s3
-
-    monkeypatch.setattr(s3, "MAX_COPY", 2**20)
+    copied = _copied_in_parts(monkeypatch)
+    _write(tmp_path / "local", "20MB")
     for store in s3_target(moto, monkeypatch.setenv):
-        with pytest.raises(ckptfix.UsageError) as caught:
-            _write(store.url(), "9MB")
-        assert "S3 copies at most 5 GiB" in str(caught.value) and "\n" not in str(caught.value)
-        assert [name for name in store.names() if name != ".ckptfix-writing"] == []
+        _write(store.url(), "20MB")
+        assert store.read() == folder_files(tmp_path / "local")
         assert store.leftovers() == []
+    assert sorted(copied) == [1, 2, 3]  # the 16 MiB shard: two 8 MiB parts and its header
+
+
+def test_a_writer_copy_in_parts_that_differs_is_not_published(
+    moto: tuple[str, Proxy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 reports another checksum for the copy only (from its first copied part on)."""
+    import ckptfix
+
+    copied = _copied_in_parts(monkeypatch)
+    faults = moto[1].faults
+    for store in s3_target(moto, monkeypatch.setenv):
+
+        def lie_from_the_copy(method: str, path: str) -> None:
+            if method == "PUT" and "/out/model-" in path and "partNumber=" in path:
+                faults.lie_checksum = True
+
+        faults.on_request = lie_from_the_copy
+        with pytest.raises(ckptfix.VerificationError) as caught:
+            _write(store.url(), "20MB")
+        assert "\n" not in str(caught.value) and "model-00001-of-00002" in str(caught.value)
+        assert copied and not [name for name in store.names() if name.endswith(".index.json")]
+        assert store.leftovers() == []
+
+
+def test_a_writer_copy_in_parts_that_fails_is_aborted(
+    moto: tuple[str, Proxy], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ckptfix
+
+    copied = _copied_in_parts(monkeypatch)
+    for store in s3_target(moto, monkeypatch.setenv):
+
+        def refuse_the_third_part(method: str, path: str) -> int | None:
+            third = method == "PUT" and "/out/model-" in path and "partNumber=3" in path
+            return 403 if third else None
+
+        moto[1].faults.refuse = refuse_the_third_part
+        with pytest.raises(ckptfix.CkptfixError) as caught:
+            _write(store.url(), "20MB")
+        assert "\n" not in str(caught.value) and "model-00001-of-00002" in str(caught.value)
+        assert 3 in copied and store.leftovers() == []  # the copy's upload aborted
+        # what stays is the marker, as after any failed run (no upload's record)
+        assert store.names() == [".ckptfix-writing"]
 
 
 def test_a_writer_copy_that_differs_is_not_published(

@@ -1,10 +1,13 @@
 """What a hostile review of `-o s3://|gs://|hf://` found (tests of its fixes, most severe
 first): an output that is the input by another spelling, a listing that contradicts itself,
---resume replacing what is not its own, a bucket root's sub-prefixes, ... Against moto's
+--resume replacing what is not its own, a bucket root's sub-prefixes, ... and the S3 run
+marker's records (write.stores.s3_marker): marker traffic linear in the uploads, every
+process of a run keeping its own records, a hostile prefix of records read in bounds. Against moto's
 server behind the loopback proxy (tests/store_proxy.py)."""
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -292,20 +295,176 @@ def test_a_marker_left_by_a_run_aborts_no_upload_it_did_not_record(
 def test_the_marker_records_each_upload_before_its_parts_are_sent(
     s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
 ) -> None:
-    from ckptfix.write.stores.s3_marker import recorded
+    from ckptfix.write.stores.s3_marker import record_name
 
     folder = big_model(Factory(tmp_path), shards=2)  # each shard four parts
-    seen: list[set[tuple[str, str]]] = []
+    seen: list[list[str]] = []
 
     def hook(number: int) -> None:
-        body = s3.get_object(Bucket=bucket, Key="out/.ckptfix-writing")["Body"].read()
-        seen.append(recorded(body))
+        """The uploads under way whose record is there, as each part is sent."""
+        records = set(names(s3, bucket, "out"))
+        seen.append(
+            sorted(
+                key[len("out/") :]
+                for key, upload_id in _upload_ids(s3, bucket)
+                if record_name(key[len("out/") :], upload_id) in records
+            )
+        )
 
     proxy.faults.on_part = hook
     assert cli("reshard", folder, "-o", f"s3://{bucket}/out", "--max-shard", "40MB").code == 0
-    started = [sorted(name for name, _ in ids) for ids in seen]
-    first, both = ["model-00001-of-00002.safetensors"], SHARDS_OF_2
-    assert started == [first] * 4 + [both] * 4  # every part after its upload's record
+    first, second = SHARDS_OF_2
+    assert seen == [[first]] * 4 + [[second]] * 4  # every part after its upload's record
+    assert [name for name in names(s3, bucket, "out") if ".ckptfix" in name] == []
+
+
+def _store(url: str, *, force: bool = False) -> Any:
+    from ckptfix.write.stores.base import StoreOptions
+    from ckptfix.write.stores.s3 import S3Store
+
+    return S3Store(url, StoreOptions(force=force))
+
+
+def _start(store: Any, *names: str) -> list[str]:
+    """Multipart uploads started (and recorded) by `store`, no part sent: a run killed
+    there. Their upload ids."""
+    ids = []
+    for name in names:
+        upload = store.begin(name, 2**30)  # over one part: a multipart upload
+        upload.pump.close()
+        ids.append(upload.upload_id)
+    return ids
+
+
+def _small(factory: Factory) -> Path:
+    """Two small shards, rewritten as one model.safetensors."""
+    folder = factory.sharded("m", [[Spec("a")], [Spec("b"), Spec("c")]])
+    factory.config("m")
+    return folder
+
+
+SHARDS = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+
+
+# --- the marker traffic grows linearly ------------------------------------------------
+
+
+def _marker_traffic(bucket: str, uploads: int) -> list[int]:
+    """The body sizes of the requests for the marker and records, while `uploads` multipart
+    uploads are started (counted on the client, by a botocore event hook)."""
+    store = _store(f"s3://{bucket}/out-{uploads}")
+    sizes: list[int] = []
+
+    def count(request: Any, **_: Any) -> None:
+        if ".ckptfix-writing" in request.url:
+            sizes.append(int(request.headers.get("Content-Length", 0)))
+
+    events = store.client.meta.events  # the client is shared: the hook is taken off after
+    events.register("before-send.s3", count)
+    try:
+        _start(store, *(f"model-{i:05d}-of-{uploads:05d}.safetensors" for i in range(uploads)))
+    finally:
+        events.unregister("before-send.s3", count)
+    return sizes
+
+
+@s3_test
+def test_the_marker_traffic_grows_linearly_with_the_uploads(bucket: str) -> None:
+    few, many = _marker_traffic(bucket, 5), _marker_traffic(bucket, 80)
+    assert len(few) == 1 + 5 and len(many) == 1 + 80  # the marker once, a record each
+    assert max(many) < 512  # each request its own size, whatever came before
+    assert sum(many) < 80 / 5 * sum(few) * 1.2
+
+
+# --- every process of a run keeps its own records ----------------------------------------------
+
+
+@s3_test
+def test_the_records_of_every_process_of_a_run_are_taken_over(s3: Any, bucket: str) -> None:
+    """Two processes writing to one prefix (the tasks of a Ray run): the next run finds both
+    processes' uploads, not the last one's only."""
+    url = f"s3://{bucket}/out"
+    first, second = _start(_store(url), SHARDS[0]), _start(_store(url), SHARDS[1])
+    found = _store(url, force=True).dangling()
+    assert sorted((u.name, u.upload_id, u.ours) for u in found) == [
+        (SHARDS[0], first[0], True),
+        (SHARDS[1], second[0], True),
+    ]
+
+
+@s3_test
+def test_a_killed_runs_uploads_are_aborted_with_force_and_its_records_are_no_objects(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    folder = _small(Factory(tmp_path))
+    url = f"s3://{bucket}/out"
+    _start(_store(url), SHARDS[0])
+    _start(_store(url), SHARDS[1])
+    s3.create_multipart_upload(Bucket=bucket, Key="out/sub/theirs.bin")  # another tool's
+    theirs = [item for item in _upload_ids(s3, bucket) if item[0] == "out/sub/theirs.bin"]
+    refused = cli("reshard", folder, "-o", url)
+    assert refused.code == 2 and "marker" in refused.stderr and "--force" in refused.stderr
+    run = cli("reshard", folder, "-o", url, "--force", "--json")  # no --replace-any
+    assert run.code == 0, run.stderr
+    upload = run.json()["written"]["upload"]
+    assert sorted(upload["aborted_uploads"]) == SHARDS
+    assert upload["other_uploads"] == ["sub/theirs.bin"]
+    assert _upload_ids(s3, bucket) == theirs
+    assert names(s3, bucket, "out") == ["config.json", "model.safetensors"]
+
+
+@s3_test
+def test_an_older_ckptfixs_marker_still_vouches_for_its_uploads(
+    s3: Any, bucket: str, tmp_path: Path
+) -> None:
+    """Before the records, a marker listed every upload of its run."""
+    folder = _small(Factory(tmp_path))
+    started = s3.create_multipart_upload(Bucket=bucket, Key=f"out/{SHARDS[0]}")["UploadId"]
+    marker = {"note": "", "run": "0" * 32, "uploads": [[SHARDS[0], started]]}
+    s3.put_object(Bucket=bucket, Key="out/.ckptfix-writing", Body=json.dumps(marker).encode())
+    run = cli("reshard", folder, "-o", f"s3://{bucket}/out", "--force", "--json")
+    assert run.code == 0, run.stderr
+    assert run.json()["written"]["upload"]["aborted_uploads"] == [SHARDS[0]]
+    assert _upload_ids(s3, bucket) == []
+
+
+# --- a hostile prefix: records are listed within bounds, never read --------------------
+
+
+def _put_records(s3: Any, bucket: str, count: int, size: int = 10) -> None:
+    s3.put_object(Bucket=bucket, Key="out/.ckptfix-writing", Body=b"{}")
+    for number in range(count):
+        key = f"out/.ckptfix-writing.d/{number:064x}"
+        s3.put_object(Bucket=bucket, Key=key, Body=b"x" * size)
+
+
+@s3_test
+def test_records_are_matched_by_name_and_never_read(
+    s3: Any, bucket: str, proxy: Proxy, tmp_path: Path
+) -> None:
+    folder = _small(Factory(tmp_path))
+    _put_records(s3, bucket, 3, size=8 * 2**20)  # huge ones
+    run = cli("reshard", folder, "-o", f"s3://{bucket}/out", "--force")
+    assert run.code == 0, run.stderr
+    read = [path for method, path in proxy.faults.log if method == "GET" and "writing.d/" in path]
+    assert read == []
+    assert [name for name in names(s3, bucket, "out") if ".ckptfix" in name] == []
+
+
+@s3_test
+def test_a_prefix_holding_more_records_than_any_run_writes_is_one_line(
+    s3: Any, bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptfix.write.stores import s3 as s3_store
+
+    monkeypatch.setattr(s3_store, "RECORDS_MAX", 3)  # 100,000 in earnest
+    folder = _small(Factory(tmp_path))
+    _put_records(s3, bucket, 4)
+    run = cli("reshard", folder, "-o", f"s3://{bucket}/out", "--force")
+    assert run.code == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert run.stderr.startswith(f"error: s3://{bucket}/out/.ckptfix-writing.d/: holds more ")
+    assert "more than 3 upload records" in run.stderr and "Traceback" not in run.stderr
+    assert [name for name in names(s3, bucket, "out") if ".ckptfix" not in name] == []
 
 
 # --- 5. the Hub: the repository's own files are not the output's ------------------------

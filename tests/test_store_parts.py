@@ -1,5 +1,6 @@
-"""How object-store uploads cut a stream into parts (write.stores.parts) and the checksum S3
-reports for them (write.stores.s3.CompositeCrc32), without a server."""
+"""How object-store uploads cut a stream into parts (write.stores.parts), the checksum S3
+reports for them (write.stores.s3_checksum.CompositeCrc32), and the parts a copy over S3's
+5 GiB CopyObject is cut into (write.stores.s3_copy), without a server."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ import base64
 import binascii
 import hashlib
 import threading
+from typing import Any
 
 import pytest
 
 from ckptfix.write.stores.parts import MIB, PartPump, in_flight, part_size
-from ckptfix.write.stores.s3 import MAX_PARTS, MIN_PART, CompositeCrc32, s3_part_size
+from ckptfix.write.stores.s3_checksum import MAX_PARTS, MIN_PART, CompositeCrc32, s3_part_size
+from tests.optional import needs
+from tests.remote_servers import S3_ENV
+
+GIB = 2**30
 
 
 @pytest.mark.parametrize("size", [0, 1, 5 * MIB, 16 * MIB + 1, 160 * 2**30, 5 * 2**40])
@@ -82,3 +88,61 @@ def test_the_composite_checksum_is_the_one_s3_computes(size: int) -> None:
         crcs = [crc(data[i : i + part]) for i in range(0, size, part)]
         want = base64.b64encode(crc(b"".join(crcs))).decode()
     assert hasher.value() == ("crc32", want)
+
+
+def _renamed(size: int, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, Any]]]:
+    """The requests S3Store.rename makes for a provisional shard of `size` bytes (S3's
+    answers stood in for: nothing of that size is sent anywhere)."""
+    from ckptfix.write.stores.base import StoredObject, StoreOptions
+    from ckptfix.write.stores.s3 import S3Store
+    from ckptfix.write.stores.s3_checksum import b64
+
+    for name, value in {**S3_ENV, "AWS_ENDPOINT_URL": "http://127.0.0.1:9"}.items():
+        monkeypatch.setenv(name, value)
+    store = S3Store("s3://bucket/out", StoreOptions())
+    digest = hashlib.sha256(b"the shard").digest()
+    calls: list[tuple[str, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def call(name: str, operation: str, **parameters: Any) -> Any:
+        with lock:
+            calls.append((operation, parameters))
+        if operation == "create_multipart_upload":
+            return {"UploadId": "the-upload"}
+        return {"CopyPartResult": {"ETag": '"etag"'}} if operation == "upload_part_copy" else {}
+
+    monkeypatch.setattr(store, "call", call)
+    monkeypatch.setattr(
+        store, "stat", lambda name: StoredObject(name, size, ("sha256", b64(digest)))
+    )
+    store.rename(".ckptfix-shard-00001.safetensors", "model.safetensors", digest.hex())
+    return calls
+
+
+@needs("botocore")
+def test_a_shard_of_5_gib_is_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _renamed(5 * GIB, monkeypatch)
+    assert [operation for operation, _ in calls] == ["copy_object", "delete_objects"]
+
+
+@needs("botocore")
+@pytest.mark.parametrize("size", [5 * GIB + 1, 5 * 2**40], ids=["5GiB+1", "5TiB"])
+def test_a_shard_over_5_gib_is_copied_in_parts_within_s3s_limits(
+    size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls = _renamed(size, monkeypatch)
+    operations = [operation for operation, _ in calls]
+    assert operations[0] == "create_multipart_upload" and "copy_object" not in operations
+    ranges = sorted(
+        (parameters["PartNumber"], parameters["CopySourceRange"])
+        for operation, parameters in calls
+        if operation == "upload_part_copy"
+    )
+    assert 1 < len(ranges) <= 10_000 and [n for n, _ in ranges] == list(range(1, len(ranges) + 1))
+    spans = [tuple(map(int, text.removeprefix("bytes=").split("-"))) for _, text in ranges]
+    assert spans[0][0] == 0 and spans[-1][1] == size - 1
+    assert all(spans[i][1] + 1 == spans[i + 1][0] for i in range(len(spans) - 1))
+    assert all(end - start + 1 <= 5 * GIB for start, end in spans)
+    completed = [p for operation, p in calls if operation == "complete_multipart_upload"]
+    assert len(completed[0]["MultipartUpload"]["Parts"]) == len(ranges)
+    assert operations[-1] == "delete_objects"  # the provisional name, once the copy is checked

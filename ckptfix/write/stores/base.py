@@ -120,8 +120,8 @@ class ObjectStore(Protocol):
 
     def rename(self, old: str, new: str, sha256: str) -> StoredObject:
         """Give a complete object that nothing lists yet its final name (`ckptfix.Writer`
-        learns its shards' names last): a server-side copy (S3 CopyObject, Cloud Storage
-        compose of one source) checked against `sha256` (hex, of the object's bytes) or the
+        learns its shards' names last): a server-side copy (S3 CopyObject, or UploadPartCopy
+        parts above 5 GiB; Cloud Storage compose of one source) checked against `sha256` (hex, of the object's bytes) or the
         store's checksum of `old`, then `old` deleted; on the Hub, the path the commit gives
         the uploaded file. Nothing is sent again."""
 

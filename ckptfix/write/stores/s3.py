@@ -15,10 +15,11 @@ the CPU on both ends, 2.2 GB took 5 s more against a server that checks it). Sma
 are one PutObject with the whole object's CRC-32, compared the same way. The part size depends only on the object's size (part_size), so --resume can
 compute the checksum an existing object must have without sending anything.
 
-A run writes a marker object (MARKER, see s3_marker) under the prefix before its first upload,
-records in it each multipart upload it starts, and removes it once the output is published:
-the next run aborts the uploads a marker records (a killed run's; taking over a marker needs
---force or --resume, as its run may still be alive) and reports and leaves any other.
+A run puts a marker object (MARKER, see s3_marker) under the prefix before its first upload
+and a small record object of each multipart upload it starts, and removes them once the
+output is published: the next run aborts the uploads records vouch for (a killed run's;
+taking over a marker needs --force or --resume, as its run may still be alive) and reports
+and leaves any other.
 """
 
 from __future__ import annotations
@@ -27,8 +28,7 @@ import base64
 import dataclasses
 import threading
 import uuid
-import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ckptfix.core.errors import RemoteError, UsageError, VerificationError
@@ -38,13 +38,22 @@ from ckptfix.io.remote_answers import Listing, answer_seconds
 from ckptfix.io.remote_errors import UnexpectedAnswer, parsed
 from ckptfix.write.stores.base import Dangling, StoredObject, StoreOptions, UploadStats
 from ckptfix.write.stores.common import Pages
-from ckptfix.write.stores.parts import PartPump, in_flight, part_size
-from ckptfix.write.stores.s3_marker import MARKER, MARKER_MAX, RunMarker, recorded
+from ckptfix.write.stores.parts import PartPump, in_flight
+from ckptfix.write.stores.s3_checksum import CompositeCrc32, composite, crc32, s3_part_size
+from ckptfix.write.stores.s3_checksum import b64 as _b64
+from ckptfix.write.stores.s3_marker import (
+    MARKER,
+    MARKER_MAX,
+    RECORDS,
+    RECORDS_MAX,
+    RunMarker,
+    is_marker,
+    record_name,
+    recorded,
+)
 
-MIN_PART = 5 * 2**20  # S3's smallest part but the last
-MAX_PARTS = 10_000
 _DELETE_BATCH = 1000  # DeleteObjects' limit
-MAX_COPY = 5 * 2**30  # CopyObject's limit
+MAX_COPY = 5 * 2**30  # CopyObject's limit: larger objects are copied in parts
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -55,57 +64,6 @@ def split_url(url: str) -> tuple[str, str]:
     if not bucket or "@" in bucket or ":" in bucket:
         raise UsageError(redact(url), "names no bucket", "write -o s3://BUCKET/PREFIX")
     return bucket, prefix + "/" if prefix else ""
-
-
-def s3_part_size(size: int) -> int:
-    return part_size(size, max_parts=MAX_PARTS, minimum=MIN_PART)
-
-
-def _b64(digest: bytes) -> str:
-    return base64.b64encode(digest).decode()
-
-
-def crc32(data: bytes | bytearray | memoryview) -> bytes:
-    """The CRC-32 S3 reports for these bytes: 4 bytes, big-endian."""
-    return zlib.crc32(data).to_bytes(4, "big")
-
-
-def composite(crcs: Sequence[bytes]) -> tuple[str, str]:
-    """The checksum S3 reports for a multipart upload of parts with these CRC-32s."""
-    return ("crc32", _b64(crc32(b"".join(crcs))))
-
-
-class CompositeCrc32:
-    """The checksum S3 reports for an object of `size` bytes uploaded as this module does
-    (see the module docstring)."""
-
-    def __init__(self, size: int) -> None:
-        self.part = s3_part_size(size)
-        self.single = size <= self.part
-        self.running = 0  # the CRC-32 of the part being filled
-        self.crcs: list[bytes] = []
-        self.filled = 0
-
-    def update(self, data: bytes | memoryview) -> None:
-        view = memoryview(data).cast("B")
-        if self.single:
-            self.running = zlib.crc32(view, self.running)
-            return
-        while len(view):
-            take = min(self.part - self.filled, len(view))
-            self.running = zlib.crc32(view[:take], self.running)
-            view, self.filled = view[take:], self.filled + take
-            if self.filled == self.part:
-                self._close_part()
-
-    def _close_part(self) -> None:
-        self.crcs.append(self.running.to_bytes(4, "big"))
-        self.running, self.filled = 0, 0
-
-    def value(self) -> tuple[str, str]:
-        if self.single:
-            return ("crc32", _b64(self.running.to_bytes(4, "big")))
-        return composite(self.crcs + ([self.running.to_bytes(4, "big")] if self.filled else []))
 
 
 class S3Store:
@@ -168,18 +126,25 @@ class S3Store:
     def list(self) -> Sequence[StoredObject]:
         """Every object under the prefix, sub-folders' included (our marker left out)."""
         found: list[StoredObject] = []
-        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
+        for items in self._pages(""):
+            found += [item for item in map(self._listed, items) if item is not None]
+        return found
+
+    def _pages(self, under: str) -> Iterator[Sequence[Mapping[str, Any]]]:
+        """The entries of each page of a listing of the prefix's `under`, within the remote
+        reads' listing bounds."""
+        params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.key(under)}
         bounds, pages = Listing(self.listing_seconds), Pages(self._display)
         with bounds.pages_of_this_thread():
             while True:
                 page = self.call("", "list_objects_v2", **params)
                 items = page.get("Contents", [])
-                found += [item for item in map(self._listed, items) if item is not None]
+                yield items
                 token = page.get("NextContinuationToken")
                 more = pages.more(bool(page.get("IsTruncated")), token)
                 bounds.page(len(items), more=more)
                 if not more:
-                    return found
+                    return
                 params["ContinuationToken"] = token
 
     def _listed(self, item: Mapping[str, Any]) -> StoredObject | None:
@@ -189,12 +154,13 @@ class S3Store:
         if not isinstance(size, int) or size < 0:
             raise UnexpectedAnswer(f"a listing entry without a size ({key[:80]!r})")
         name = key[len(self.prefix) :]
-        if name == MARKER:  # a run's, not an object of the output
+        if is_marker(name):  # a run's, not an object of the output
             return None
         return StoredObject(name, size) if name else None
 
     def dangling(self) -> Sequence[Dangling]:
-        """Multipart uploads under the prefix never completed: ours if a marker records them."""
+        """Multipart uploads under the prefix never completed: ours if a record vouches for
+        them."""
         ours = self._taken_over()
         uploads: list[Dangling] = []
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
@@ -207,15 +173,16 @@ class S3Store:
                     raise UnexpectedAnswer("a multipart upload without a key or an id")
                 started = str(item["Initiated"]) if item.get("Initiated") else None
                 name = key[len(self.prefix) :]
-                uploads.append(Dangling(name, upload_id, started, (name, upload_id) in ours))
+                mine = record_name(name, upload_id) in ours
+                uploads.append(Dangling(name, upload_id, started, mine))
             markers = (page.get("NextKeyMarker"), page.get("NextUploadIdMarker"))
             if not pages.more(bool(page.get("IsTruncated")), markers):
                 return uploads
             params["KeyMarker"], params["UploadIdMarker"] = markers
 
-    def _taken_over(self) -> set[tuple[str, str]]:
-        """The uploads an earlier run's marker records; a usage error for a marker without
-        --force or --resume (its run may still be writing)."""
+    def _taken_over(self) -> set[str]:
+        """The records of an earlier run (record_name of each upload it started); a usage
+        error for a marker without --force or --resume (its run may still be writing)."""
         stored = self.stat(MARKER)
         if stored is None:
             return set()
@@ -227,13 +194,38 @@ class S3Store:
                 "wait for it to end; or pass --force (or --resume) to take over: the uploads "
                 "it recorded are aborted",
             )
-        if stored.size > MARKER_MAX:
-            return set()
-        return recorded(self.read(MARKER, 0, stored.size)) if stored.size else set()
+        records = set(self._records())
+        if 0 < stored.size <= MARKER_MAX:  # an older ckptfix kept its records in the marker
+            legacy = recorded(self.read(MARKER, 0, stored.size))
+            records |= {record_name(name, upload_id) for name, upload_id in legacy}
+        return records
+
+    def _records(self) -> Sequence[str]:
+        """The records under the prefix (names relative to it), at most RECORDS_MAX."""
+        found: list[str] = []
+        for items in self._pages(RECORDS):
+            found += [item.name for item in map(self._listed_record, items)]
+            if len(found) > RECORDS_MAX:
+                raise RemoteError(
+                    self.url_of(RECORDS),
+                    "remote-error",
+                    f"holds more than {RECORDS_MAX:,} upload records, which no ckptfix run writes",
+                    "delete that sub-prefix when no ckptfix run is writing, then run again",
+                )
+        return found
+
+    def _listed_record(self, item: Mapping[str, Any]) -> StoredObject:
+        key = item.get("Key")
+        if not isinstance(key, str) or not key.startswith(self.key(RECORDS)):
+            raise UnexpectedAnswer("a listing entry outside the prefix asked for")
+        return StoredObject(key[len(self.prefix) :], 0)
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:
+        """Abort the uploads, then delete their records."""
+        uploads = list(uploads)
         for upload in uploads:
             self.abort_upload(upload.name, upload.upload_id)
+        self.delete([record_name(upload.name, upload.upload_id) for upload in uploads])
 
     def abort_upload(self, name: str, upload_id: str) -> None:
         try:
@@ -295,16 +287,18 @@ class S3Store:
             self._marked = True
 
     def record(self, name: str, upload_id: str) -> None:
-        """An upload this run started, recorded in its marker before any part is sent."""
-        with self._lock:
-            self.marker.uploads.append((name, upload_id))
-            data = self.marker.data()
-        self._put_marker(data)
+        """An upload this run started, recorded before any part is sent: an object of its
+        own (one small request, whatever the number of uploads before it)."""
+        self._put_object(record_name(name, upload_id), self.marker.record(name, upload_id))
+
+    def forget(self, name: str, upload_id: str) -> None:
+        """The record of an upload this run completed or aborted: only uploads under way
+        keep theirs."""
+        self.delete([record_name(name, upload_id)])
 
     def _put_marker(self, data: bytes) -> None:
         """The marker is put but not read back: the tasks of one `--executor ray` run share
-        the prefix and each puts its own, so what S3 then reports may be another task's. (A
-        lost record only leaves that upload to be reported, not aborted: the safe side.)"""
+        the prefix and each puts its own, so what S3 then reports may be another task's."""
         self._put_object(MARKER, data)
 
     def begin(self, name: str, size: int) -> SingleUpload | MultipartUpload:
@@ -351,30 +345,31 @@ class S3Store:
         self, files: Mapping[str, bytes], delete: Sequence[str], *, message: str
     ) -> Sequence[StoredObject]:
         """Put `files` in order (the caller puts the index last), delete `delete`, then the
-        marker: from the index on the output is complete."""
+        records (every process's of the run) and the marker: from the index on the output
+        is complete."""
         stored = [self.put(name, data) for name, data in files.items()]
-        self.delete([*delete, MARKER])
+        self.delete([*delete, *self._records(), MARKER])
         self._marked = False
         return stored
 
     def rename(self, old: str, new: str, sha256: str) -> StoredObject:
-        """CopyObject with the copy's SHA-256 computed by S3, compared with `sha256`; then
-        `old` deleted. One CopyObject copies at most MAX_COPY bytes."""
+        """CopyObject with the copy's SHA-256 computed by S3, compared with `sha256`; an
+        object over MAX_COPY (what one CopyObject copies) is copied in parts (s3_copy);
+        then `old` deleted."""
         stored = self.stat(old)
         if stored is None:
             raise VerificationError(self.url_of(old), "is missing after its upload", "run again")
         if stored.size > MAX_COPY:
-            raise UsageError(
-                self.url_of(old),
-                f"a shard of {stored.size:,} bytes cannot take its final name (S3 copies at "
-                "most 5 GiB in one request; ckptfix.Writer names its shards last)",
-                "keep max_shard and each tensor under 5 GiB, or use ckptfix.save(..., out=URL)",
-            )
-        self.call(
-            new, "copy_object", Bucket=self.bucket, Key=self.key(new),
-            CopySource={"Bucket": self.bucket, "Key": self.key(old)}, ChecksumAlgorithm="SHA256",
-        )  # fmt: skip
-        copied = self.verify(new, stored.size, ("sha256", _b64(bytes.fromhex(sha256))))
+            from ckptfix.write.stores.s3_copy import copy_multipart
+
+            copied = copy_multipart(self, stored, new)
+        else:
+            self.call(
+                new, "copy_object", Bucket=self.bucket, Key=self.key(new),
+                CopySource={"Bucket": self.bucket, "Key": self.key(old)},
+                ChecksumAlgorithm="SHA256",
+            )  # fmt: skip
+            copied = self.verify(new, stored.size, ("sha256", _b64(bytes.fromhex(sha256))))
         self.delete([old])
         return copied
 
@@ -465,6 +460,7 @@ class MultipartUpload:
             MultipartUpload={"Parts": parts},
         )  # fmt: skip
         self.done = True
+        self.store.forget(self.name, self.upload_id)  # nothing left to abort
         return self.store.verify(self.name, self.size, checksum)
 
     def abort(self) -> None:
@@ -472,6 +468,7 @@ class MultipartUpload:
         if not self.done:
             self.done = True
             self.store.abort_upload(self.name, str(self.upload_id))
+            self.store.forget(self.name, str(self.upload_id))
 
 
 def _check_size(store: S3Store, name: str, fed: int, size: int, *, final: bool) -> None:
