@@ -10,6 +10,7 @@ test` runs the fast suite a second time so."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import zlib
@@ -38,7 +39,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Switch the platform before any test runs (each xdist worker does too)."""
+    """Switch the platform before any test runs (each xdist worker does too). A suite
+    started in the background of a shell without job control inherits SIGINT ignored, and
+    so would every ckptfix the tests start (an ignored signal stays ignored): Ctrl-C tests
+    would then see a run that cannot be interrupted. The tests' processes get it back."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     from ckptfix.platform import _use_for_tests
 
     name = config.getoption("--platform")
