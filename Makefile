@@ -82,7 +82,7 @@ fs-tools:
 # minutes of one core).
 # Then the fast suite once more on ckptfix's portable primitives (test-portable).
 test: $(FULL) $(TF4) fs-tools
-	$(PY) -m pytest -q -n 2
+	$(PY) -m pytest -q -n 2 --dist loadgroup
 	$(MAKE) --no-print-directory test-portable
 
 # The inner loop: everything but the tests marked slow (signals, interop, huge files, property,
@@ -92,13 +92,13 @@ test: $(FULL) $(TF4) fs-tools
 # PYTHONDONTWRITEBYTECODE is set: without it every run, and every CLI process a test starts,
 # compiles ckptfix and rewrites the tests' asserts again (it cost 25 s of CPU of 164).
 test-fast: $(FULL)
-	PYTHONDONTWRITEBYTECODE= CKPTFIX_FUZZ_EXAMPLES=100 $(PY) -m pytest -q -m "not slow" -n 2
+	PYTHONDONTWRITEBYTECODE= CKPTFIX_FUZZ_EXAMPLES=100 $(PY) -m pytest -q -m "not slow" -n 2 --dist loadgroup
 
 # The fast suite on the portable primitives (ckptfix.platform.portable: reads at offsets without
 # pread, no O_NOFOLLOW or dir_fd, no renameat2, buffered copies, a lock file), which Windows and
 # other systems build on and which only run here so (tests/conftest.py, --platform).
 test-portable: $(FULL)
-	PYTHONDONTWRITEBYTECODE= CKPTFIX_FUZZ_EXAMPLES=100 $(PY) -m pytest -q -m "not slow" -n 2 --platform portable
+	PYTHONDONTWRITEBYTECODE= CKPTFIX_FUZZ_EXAMPLES=100 $(PY) -m pytest -q -m "not slow" -n 2 --dist loadgroup --platform portable
 
 lint: $(FULL)
 	$(BIN)/ruff check .

@@ -24,7 +24,9 @@ from tests.optional import needs
 from tests.ray_cluster import CPUS_PER_NODE, ckptfix, cluster_env, ray_cluster, task_workers
 from tests.remote_servers import http_server
 
-pytestmark = [needs("ray"), pytest.mark.slow]
+# One xdist worker runs every Ray test (make test: --dist loadgroup): one cluster at a time,
+# and tests that look for task processes by name see only their own cluster's.
+pytestmark = [needs("ray"), pytest.mark.slow, pytest.mark.xdist_group("ray")]
 dcp_saved = fixtures.dcp_saved  # fixtures shared by the training tests
 
 

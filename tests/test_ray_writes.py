@@ -31,7 +31,15 @@ from tests.remote_servers import S3_ENV, http_server, moto_server
 from tests.store_helpers import NO_METADATA, folder_files, names, new_bucket, objects
 from tests.store_targets import Target, gcs_target
 
-pytestmark = [needs("ray"), needs("moto"), needs("gcsfs"), pytest.mark.slow]
+# One xdist worker runs every Ray test (make test: --dist loadgroup): one cluster at a time,
+# and tests that look for task processes by name see only their own cluster's.
+pytestmark = [
+    needs("ray"),
+    needs("moto"),
+    needs("gcsfs"),
+    pytest.mark.slow,
+    pytest.mark.xdist_group("ray"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -201,6 +209,17 @@ def _ray_driver(
     return subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
+def _joined(driver: subprocess.Popen[bytes]) -> bytes:
+    """What the driver said up to joining the cluster (read from its stderr)."""
+    assert driver.stderr is not None
+    said = b""
+    while b"ray: joined the cluster" not in said:
+        line = driver.stderr.readline()
+        assert line, f"the driver ended before joining the cluster: {said!r}"
+        said += line
+    return said
+
+
 @pytest.mark.parametrize("stop", [signal.SIGKILL, signal.SIGINT], ids=["killed", "ctrl-c"])
 @pytest.mark.parametrize("to_store", [False, True], ids=["folder", "s3"])
 def test_a_stopped_driver_publishes_nothing(
@@ -212,12 +231,14 @@ def test_a_stopped_driver_publishes_nothing(
     with http_server(tmp_path / "served") as server:
         server.behaviour.delay = 0.3
         driver = _ray_driver(f"{server.url}/m", out, "100KB", env, subprocess.PIPE)
-        deadline = time.monotonic() + 60
+        said = _joined(driver)  # its handlers are in place: the tasks seen next may be
+        deadline = time.monotonic() + 60  # another test's (another xdist worker's cluster)
         while not task_workers("write_part") and time.monotonic() < deadline:
             time.sleep(0.02)
         assert task_workers("write_part"), "no write task started"
         driver.send_signal(stop)
-        _, err = driver.communicate(timeout=60)
+        _, rest = driver.communicate(timeout=60)
+        err = said + rest
         deadline = time.monotonic() + 60  # Ray ends a dead driver's tasks
         while task_workers("write_part") and time.monotonic() < deadline:
             time.sleep(0.1)
