@@ -79,9 +79,9 @@ def test_differences_are_listed(tmp_path: Path) -> None:
         "  new",
         "dtype/shape changed: 1",
         "  b: BF16 [3] → F32 [3]",
-        "bytes changed: 1",
+        "tensors with other bytes: 1",
         "  t.weight",
-        "different: 1 only in A, 1 only in B, 1 dtype/shape changed, 1 bytes changed; "
+        "different: 1 only in A, 1 only in B, 1 dtype/shape changed, 1 with other bytes; "
         "1 of 3 common tensors identical → exit 1 (--fail-on any)",
     ]
 
@@ -298,7 +298,7 @@ def test_values_of_integers_complex_and_output(tmp_path: Path) -> None:
     run = cli("diff", tmp_path / "a.safetensors", tmp_path / "b.safetensors", "--values")
     assert run.code == 1
     assert run.stdout.splitlines()[:4] == [
-        "bytes changed: 3",
+        "tensors with other bytes: 3",
         "  c: 1 of 3 elements differ, max abs 4, max rel 1.1094",
         "  i: 3 of 10 elements differ",
         "  m: 1 of 2 elements differ",

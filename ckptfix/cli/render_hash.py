@@ -105,7 +105,7 @@ def _difference_lines(result: DiffResult) -> list[Text]:
         ],
     )
     lines += _section(
-        "bytes changed",
+        "tensors with other bytes",
         [
             _name(c.name) + (f": {_values(c.values)}" if c.values else "")
             for c in result.bytes_changed
@@ -138,7 +138,7 @@ def _summary(result: DiffResult, fail_on: str) -> str:
         (len(result.only_in_a), "only in A"),
         (len(result.only_in_b), "only in B"),
         (len(result.layout_changed), "dtype/shape changed"),
-        (len(result.bytes_changed), "bytes changed"),
+        (len(result.bytes_changed), "with other bytes"),
     ]
     same = result.compared - len(result.layout_changed) - len(result.bytes_changed)
     found = ", ".join(f"{count:,} {what}" for count, what in parts if count)
