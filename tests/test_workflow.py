@@ -70,5 +70,7 @@ def test_the_makefile_finds_the_venvs_python_on_each_system(system: str, python:
     done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
     lines = done.stdout.splitlines()
     assert lines[0] == "python -m venv /venv"
-    expected = f'CKPTFIX_FUZZ_EXAMPLES=100 {python} -m pytest -q -m "not slow" -n 2 --dist loadgroup'
+    expected = (
+        f'CKPTFIX_FUZZ_EXAMPLES=100 {python} -m pytest -q -m "not slow" -n 2 --dist loadgroup'
+    )
     assert lines[-1] == f"PYTHONDONTWRITEBYTECODE= {expected}"

@@ -84,7 +84,7 @@ def write_split(
             "--to", "torch output is written by one process", "drop --part, --commit and --executor"
         )
     tensors, metadata, index_metadata = planned
-    digest = plan_digest(plan, tensors, metadata, index_metadata)
+    digest = plan_digest(plan, tensors, metadata, index_metadata, source.checkpoint.source)
     job = ShardJob(
         tensors, metadata, index_metadata, source.checkpoint.source, staging="",
         out=claim.out, verify=options.verify, progress=options.progress,

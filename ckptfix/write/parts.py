@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from ckptfix.core.errors import UsageError, VerificationError
+from ckptfix.io.gather import Sources
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.platform import system
@@ -99,16 +100,24 @@ def plan_digest(
     tensors: Mapping[str, OutTensor],
     metadata: Sequence[Mapping[str, str]],
     index_metadata: Mapping[str, object],
+    sources: Sources,
 ) -> str:
     """The SHA-256 of what a plan writes: every shard's name and header (names, dtypes,
-    shapes, offsets, metadata), where each tensor is read from, and the index."""
+    shapes, offsets, metadata), where each tensor's bytes are read from, and the index. A
+    source file counts by what it is (ByteSource.identity: its size and modification time,
+    an object's version), never by its path: parts of two checkpoints found one after the
+    other behind one path differ, and one file spelled two ways (relative, absolute, from
+    another folder) does not."""
     hasher = hashlib.sha256()
+    identities: dict[str, bytes] = {}
     for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
         header, _ = shard_header(shard, tensors, shard_metadata)
         hasher.update(shard.file.encode() + b"\0" + hashlib.sha256(header).digest())
         for name in shard.tensors:
-            source = tensors[name].source
-            hasher.update(repr((source.file, source.byte_range)).encode())
+            for piece in tensors[name].source.pieces:
+                if piece.source not in identities:
+                    identities[piece.source] = repr(sources(piece.source).identity()).encode()
+                hasher.update(identities[piece.source] + repr(replace(piece, source="")).encode())
     if plan.index_file is not None:
         hasher.update(plan.index_file.encode() + index_bytes(plan, index_metadata))
     return hasher.hexdigest()

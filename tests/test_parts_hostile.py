@@ -1,0 +1,55 @@
+"""`--part I/N` and `--commit` against what a hostile review tried (hostile25): parts of two
+checkpoints behind one path, planted links, forged or special records, a shard swapped
+after its check, failures and signals in the middle of a commit. Each refused with one line,
+nothing the user did not name touched, every part's shards kept for a later commit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.builders import Factory, Spec
+from tests.helpers import cli, one_error_line, tree_snapshot
+
+SHARD = ("--max-shard", "20KB")
+
+
+def _model(root: Path, name: str = "m") -> Path:
+    specs = [Spec(f"t.{i}", "F32", (32, 32 * (1 + i % 4))) for i in range(12)]
+    return Factory(root).sharded(name, [specs[:6], specs[6:]])
+
+
+def _run(*args: object) -> None:
+    done = cli(*map(str, args))
+    assert done.code == 0, done.stderr
+
+
+def test_parts_of_two_checkpoints_behind_one_path_are_refused(tmp_path: Path) -> None:
+    first, second = _model(tmp_path / "a"), _model(tmp_path / "b")
+    latest, out = tmp_path / "latest", tmp_path / "out"
+    latest.symlink_to(first)
+    _run("convert", latest, "-o", out, *SHARD, "--part", "1/2")
+    latest.unlink()
+    latest.symlink_to(second)
+    _run("convert", latest, "-o", out, *SHARD, "--part", "2/2")
+    parts = tmp_path / ".ckptfix-parts-out"
+    before = tree_snapshot(parts)
+    line = one_error_line("convert", latest, "-o", out, *SHARD, "--commit")
+    assert line.startswith(
+        f"error: {parts}/.ckptfix-part-1-of-2.json: part 1 of 2 was written for another plan"
+    )
+    assert not out.exists() and tree_snapshot(parts) == before
+
+
+def test_one_file_spelled_two_ways_is_one_plan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = _model(tmp_path)
+    _run("convert", source, "-o", tmp_path / "whole", *SHARD)
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "1/2")
+    monkeypatch.chdir(tmp_path)
+    _run("convert", "m", "-o", "out", *SHARD, "--part", "2/2")
+    monkeypatch.chdir(source)
+    _run("convert", ".", "-o", tmp_path / "out", *SHARD, "--commit")
+    assert tree_snapshot(tmp_path / "out") == tree_snapshot(tmp_path / "whole")
