@@ -5,6 +5,7 @@ nothing the user did not name touched, every part's shards kept for a later comm
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -53,3 +54,17 @@ def test_one_file_spelled_two_ways_is_one_plan(
     monkeypatch.chdir(source)
     _run("convert", ".", "-o", tmp_path / "out", *SHARD, "--commit")
     assert tree_snapshot(tmp_path / "out") == tree_snapshot(tmp_path / "whole")
+
+
+def test_a_link_planted_where_the_record_is_written_is_not_followed(tmp_path: Path) -> None:
+    source = _model(tmp_path)
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "1/2")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's")
+    parts = tmp_path / ".ckptfix-parts-out"
+    # the names an earlier version wrote the record to first (this process's id: cli runs here)
+    for name in (".ckptfix-part-2-of-2.json", ".ckptfix-part-1-of-2.json"):
+        (parts / f"{name}.{os.getpid()}.tmp").symlink_to(victim)
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "2/2")
+    assert victim.read_text() == "the user's"
+    assert not [p for p in parts.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]

@@ -12,11 +12,13 @@ index is put: nothing is published until the publisher checks every record.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
+import secrets
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -215,14 +217,23 @@ def write_slice_to_store(
 
 
 def write_record(folder: str, record: PartRecord) -> None:
-    """The record beside the slice's shards, replacing an earlier one atomically."""
+    """The record beside the slice's shards, replacing an earlier one atomically: written
+    first to a new file of a name nobody can guess (created, never opened through a link or
+    over a file that is there)."""
     path = os.path.join(folder, record.name)
-    scratch = f"{path}.{os.getpid()}.tmp"
-    with open(scratch, "wb") as handle:
-        handle.write(record.to_json())
-        handle.flush()
-        system().sync(handle.fileno())
-    system().replace(scratch, path)
+    scratch = f"{path}.{os.getpid()}-{secrets.token_hex(8)}.tmp"
+    fd = system().create(scratch, 0o644)
+    try:
+        try:
+            system().write_all(fd, record.to_json(), 0)
+            system().sync(fd)
+        finally:
+            os.close(fd)
+        system().replace(scratch, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            system().remove_file(system().native(scratch))
+        raise
     system().sync_folder(folder)
 
 
