@@ -5,8 +5,11 @@ nothing the user did not name touched, every part's shards kept for a later comm
 
 from __future__ import annotations
 
+import errno
 import os
+import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -68,3 +71,63 @@ def test_a_link_planted_where_the_record_is_written_is_not_followed(tmp_path: Pa
     _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "2/2")
     assert victim.read_text() == "the user's"
     assert not [p for p in parts.iterdir() if p.name.endswith(".tmp") and not p.is_symlink()]
+
+
+def _three_parts(tmp_path: Path) -> tuple[Path, Path]:
+    source = _model(tmp_path)
+    for part in (1, 2, 3):
+        _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", f"{part}/3")
+    return source, tmp_path / ".ckptfix-parts-out"
+
+
+def test_a_shard_swapped_after_the_records_are_checked_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptfix.ops import rewrite_parts
+
+    source, parts = _three_parts(tmp_path)
+    shard = sorted(parts.glob("*.safetensors"))[1]
+    publish = rewrite_parts._publish_local
+
+    def swapped_first(*args: Any) -> Any:  # another writer, in the window before the swap
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 1
+        scratch = parts / "swap.tmp"
+        scratch.write_bytes(bytes(data))
+        os.replace(scratch, shard)
+        return publish(*args)
+
+    monkeypatch.setattr(rewrite_parts, "_publish_local", swapped_first)
+    line = one_error_line("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
+    assert line.startswith(f"error: {shard}: is missing or changed since its part wrote it")
+    assert not (tmp_path / "out").exists()
+    assert shard.exists()  # put back, where its part's re-run replaces it
+
+
+@pytest.mark.parametrize("failure", ["disk-full", "sigint"])
+def test_a_commit_stopped_after_the_moves_puts_every_shard_back(
+    failure: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptfix.ops import rewrite_parts
+
+    source, parts = _three_parts(tmp_path)
+    before = tree_snapshot(parts)
+    index = rewrite_parts._with_index
+
+    def stopped(*args: Any) -> Any:
+        if failure == "sigint":
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return index(*args)
+
+    monkeypatch.setattr(rewrite_parts, "_with_index", stopped)
+    run = cli("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
+    assert run.code == (130 if failure == "sigint" else 1), run.stderr
+    [line] = run.error_lines
+    assert "internal error" not in line and "Traceback" not in run.stderr
+    assert tree_snapshot(parts) == before and not (tmp_path / "out").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckptfix-")] == [parts.name]
+    monkeypatch.setattr(rewrite_parts, "_with_index", index)
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
+    assert not parts.exists() and (tmp_path / "out" / "model.safetensors.index.json").exists()

@@ -13,15 +13,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ckptfix.core.errors import SourceChangedError, UsageError
+from ckptfix.core.errors import CkptfixError, SourceChangedError, UsageError
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.rewrite_options import PartRequest, PartTarget, WriteOptions
 from ckptfix.ops.source import RewriteSource
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
-from ckptfix.write.output import write_index
+from ckptfix.write.output import wrap_os_error, write_index
 from ckptfix.write.parts import (
     MAX_RECORD,
+    NOT_THE_FILE,
     RECORD,
     CommitCheck,
     PartRecord,
@@ -35,6 +36,7 @@ from ckptfix.write.parts import (
     ensure_parts_folder,
     part_of,
     parts_folder,
+    parts_moved,
     plan_digest,
     sliced,
     write_record,
@@ -100,11 +102,14 @@ def write_split(
             "the plan is one file with no index: there is nothing to split",
             "run the command without --part",
         )
-    if split.part is not None:
-        return _part(run)
-    if split.commit:
-        return _commit(run)
-    return _on_runner(run)
+    try:
+        if split.part is not None:
+            return _part(run)
+        return _commit(run) if split.commit else _on_runner(run)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
+    except OSError as exc:  # as a run that is not split says it (disk full, read-only...)
+        raise wrap_os_error(exc, claim.out) from exc
 
 
 def _result(run: _Run, written: WriteResult | None, record: PartRecord) -> RewriteResult:
@@ -201,22 +206,26 @@ def _commit(run: _Run) -> RewriteResult:
     check_parts_folder(folder, shown)
     records = chosen_records(_local_records(folder), digest, shown)
     shards = check_covered(plan, records, shown)
-    checked = CommitCheck(
-        len(records), len(shards), check_read_back(folder, shards, shown), "sha256 read back"
-    )
+    read = [0]
 
     def move(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
-        from ckptfix.platform import system
-
-        for shard in shards:
-            system().rename_new(
-                os.path.join(folder, shard.file), os.path.join(job.staging, shard.file)
-            )
+        # Moved first, then read back where nobody else writes: what is checked is what is
+        # published; whatever stops the commit before the swap puts them back (Staging.adopt).
+        assert isinstance(claim, Claim) and claim.staging is not None
+        try:
+            claim.staging.adopt(folder, [shard.file for shard in shards])
+        except OSError as exc:
+            if exc.errno not in NOT_THE_FILE:
+                raise
+            raise parts_moved(shown) from None
+        read[0] = check_read_back(job.staging, shards, shown)
         return _with_index(plan, job, shards)
 
     result = _publish_local(run, move)
     remove_tree(folder)  # published: the parts are in OUT now, the records served
-    return replace(result, commit=checked)
+    return replace(
+        result, commit=CommitCheck(len(records), len(shards), read[0], "sha256 read back")
+    )
 
 
 def _local_records(folder: str) -> dict[str, bytes]:

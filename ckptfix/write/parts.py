@@ -40,7 +40,7 @@ RECORD = re.compile(r"\.ckptfix-part-([1-9][0-9]{0,5})-of-([1-9][0-9]{0,5})\.jso
 MAX_RECORD = 64 * 2**20  # bytes: a record lists its shards, a few hundred bytes each
 _READ = 16 * 2**20
 # What opening a shard that is gone, a link or not a regular file raises (platform.common)
-_NOT_THE_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.EBUSY})
+NOT_THE_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.EBUSY})
 
 
 def record_name(part: int, count: int) -> str:
@@ -337,6 +337,15 @@ def _changed(shown: str) -> VerificationError:
     )
 
 
+def parts_moved(shown: str) -> VerificationError:
+    """A shard gone from the parts folder as --commit moved it: another commit took it."""
+    return VerificationError(
+        shown,
+        "a shard left the folder of parts while --commit moved it (another --commit?)",
+        "let the other --commit finish, or run --commit again",
+    )
+
+
 def check_local(folder: str, shards: Sequence[ShardRecord], out: str) -> None:
     """Every shard in `folder` as its task left it (size and modification time): for the
     staging folder of a Ray run, which only that run writes into, minutes after its tasks
@@ -365,7 +374,7 @@ def check_read_back(folder: str, shards: Sequence[ShardRecord], out: str) -> int
             # one byte past the record's size: a file that grew meanwhile is not read whole
             digest, size = file_sha256(path, follow=False, limit=shard.size + 1)
         except OSError as exc:  # missing, a link, not a regular file: not what the part wrote
-            if exc.errno not in _NOT_THE_FILE:
+            if exc.errno not in NOT_THE_FILE:
                 raise
             raise _changed(os.path.join(out, shard.file)) from None
         read += size
