@@ -6,6 +6,7 @@ nothing the user did not name touched, every part's shards kept for a later comm
 from __future__ import annotations
 
 import errno
+import json
 import os
 import signal
 from pathlib import Path
@@ -131,3 +132,89 @@ def test_a_commit_stopped_after_the_moves_puts_every_shard_back(
     monkeypatch.setattr(rewrite_parts, "_with_index", index)
     _run("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
     assert not parts.exists() and (tmp_path / "out" / "model.safetensors.index.json").exists()
+
+
+def _commit_line(source: Path, tmp_path: Path) -> str:
+    line = one_error_line("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
+    assert not (tmp_path / "out").exists()
+    return line
+
+
+def test_a_record_of_no_parts_is_refused_and_nothing_removed(tmp_path: Path) -> None:
+    source, parts = _three_parts(tmp_path)
+    record = json.loads((parts / ".ckptfix-part-1-of-3.json").read_bytes())
+    for name in (".ckptfix-part-2-of-3.json", ".ckptfix-part-3-of-3.json"):
+        (parts / name).unlink()
+    record.update(count=0, part=0, shards=[])
+    (parts / ".ckptfix-part-1-of-3.json").write_text(json.dumps(record))
+    before = tree_snapshot(parts)
+    line = _commit_line(source, tmp_path)
+    assert line.startswith(f"error: {parts}/.ckptfix-part-1-of-3.json: is not a part record")
+    assert "part 0 of 0" in line and tree_snapshot(parts) == before
+
+
+@pytest.mark.parametrize(
+    "value", ["1e999", "Infinity", "1e400", "[" * 100_000 + "]" * 100_000, "true", "-1"]
+)
+def test_a_malformed_record_value_is_one_line(value: str, tmp_path: Path) -> None:
+    source, parts = _three_parts(tmp_path)
+    path = parts / ".ckptfix-part-2-of-3.json"
+    path.write_text(path.read_text().replace('"part": 2', f'"part": {value}'))
+    line = _commit_line(source, tmp_path)
+    assert line.startswith(f"error: {path}: is not a part record ckptfix wrote")
+
+
+def test_a_record_that_is_not_the_part_its_name_says_is_refused(tmp_path: Path) -> None:
+    source, parts = _three_parts(tmp_path)
+    (parts / ".ckptfix-part-2-of-3.json").rename(parts / ".ckptfix-part-1-of-9.json")
+    line = _commit_line(source, tmp_path)
+    assert line.startswith(
+        f"error: {parts}/.ckptfix-part-1-of-9.json: says it is part 2 of 3, not the part"
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "link", "large"])
+def test_a_record_that_is_not_a_small_regular_file_is_refused(kind: str, tmp_path: Path) -> None:
+    source, parts = _three_parts(tmp_path)
+    path = parts / ".ckptfix-part-2-of-3.json"
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "folder":
+        path.mkdir()
+    elif kind == "link":
+        (tmp_path / "passwd").write_text("root:x:0:0")
+        path.symlink_to(tmp_path / "passwd")
+    else:
+        with path.open("wb") as handle:
+            handle.truncate(64 * 2**20 + 1)  # sparse: no disk
+    line = _commit_line(source, tmp_path)
+    assert line.startswith(f"error: {path}: ")
+    assert ("larger than a part record" if kind == "large" else "cannot be read") in line
+
+
+def test_a_stray_record_beside_a_complete_split_is_ignored(tmp_path: Path) -> None:
+    source, _ = _three_parts(tmp_path)
+    _run("convert", source, "-o", tmp_path / "whole", *SHARD)
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "1/2")
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
+    assert tree_snapshot(tmp_path / "out") == tree_snapshot(tmp_path / "whole")
+
+
+def test_two_incomplete_splits_say_how_to_go_on(tmp_path: Path) -> None:
+    source = _model(tmp_path)
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "1/2")
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "1/3")
+    line = _commit_line(source, tmp_path)
+    assert "split 2 and 3 ways are both there, and neither is complete" in line
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "2/2")
+    _run("convert", source, "-o", tmp_path / "out", *SHARD, "--commit")
+
+
+@pytest.mark.parametrize("value", ["²/3", "1/³", "١/٣", "0/0", "1/100001", " 1/2", "1/2/3"])
+def test_part_takes_ascii_digits_only(value: str, tmp_path: Path) -> None:
+    run = cli("convert", _model(tmp_path), "-o", tmp_path / "out", *SHARD, "--part", value)
+    assert run.code == 2, run.stderr
+    [line] = run.error_lines
+    assert line.startswith(f"error: --part: {value!r} is not I/N")
+    assert not (tmp_path / ".ckptfix-parts-out").exists()

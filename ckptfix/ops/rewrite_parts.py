@@ -9,8 +9,9 @@ SRC and options, and its digest (write.parts.plan_digest) says so."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ckptfix.core.errors import CkptfixError, SourceChangedError, UsageError
@@ -20,19 +21,24 @@ from ckptfix.ops.source import RewriteSource
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.write.output import wrap_os_error, write_index
-from ckptfix.write.parts import (
+from ckptfix.write.part_records import (
     MAX_RECORD,
-    NOT_THE_FILE,
     RECORD,
-    CommitCheck,
     PartRecord,
     ShardRecord,
+    chosen_records,
+    local_records,
+    read_records,
+    too_large,
+)
+from ckptfix.write.parts import (
+    NOT_THE_FILE,
+    CommitCheck,
     check_covered,
     check_local,
     check_parts_folder,
     check_read_back,
     check_stored,
-    chosen_records,
     ensure_parts_folder,
     part_of,
     parts_folder,
@@ -192,19 +198,19 @@ def _commit(run: _Run) -> RewriteResult:
     claim, plan, digest = run.claim, run.plan, run.digest
     if isinstance(claim, StoreClaim):
         _check_store_prefix(run)
-        found = {
-            name: claim.store.read(name, 0, min(item.size, MAX_RECORD))
-            for name, item in claim.state.existing.items()
-            if RECORD.fullmatch(name)
-        }
-        records = chosen_records(found, digest, claim.out)
+        found = sorted(name for name in claim.state.existing if RECORD.fullmatch(name))
+        records = chosen_records(
+            read_records(_stored_records(claim, found), digest, claim.out), digest, claim.out
+        )
         shards = check_covered(plan, records, claim.out)
         check_stored(claim.store, shards)
         checked = CommitCheck(len(records), len(shards), 0, "store checksum")
         return replace(_publish_store(run, lambda: shards, sorted(found)), commit=checked)
     folder, shown = parts_folder(claim.real), parts_folder(claim.out)
     check_parts_folder(folder, shown)
-    records = chosen_records(_local_records(folder), digest, shown)
+    records = chosen_records(
+        read_records(local_records(folder, shown), digest, shown), digest, shown
+    )
     shards = check_covered(plan, records, shown)
     read = [0]
 
@@ -228,16 +234,16 @@ def _commit(run: _Run) -> RewriteResult:
     )
 
 
-def _local_records(folder: str) -> dict[str, bytes]:
-    found: dict[str, bytes] = {}
-    if not os.path.isdir(folder):
-        return found
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if RECORD.fullmatch(name) and os.path.getsize(path) <= MAX_RECORD:
-            with open(path, "rb") as handle:
-                found[name] = handle.read()
-    return found
+def _stored_records(
+    claim: StoreClaim, names: Sequence[str]
+) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """The record objects of the prefix, each read when asked (at most MAX_RECORD bytes:
+    a larger one is an error naming it)."""
+    for name in names:
+        item, shown = claim.state.existing[name], f"{claim.out.rstrip('/')}/{name}"
+        if item.size > MAX_RECORD:
+            raise too_large(shown)
+        yield name, partial(claim.store.read, name, 0, item.size)
 
 
 def _with_index(plan: ShardPlan, job: ShardJob, shards: Sequence[ShardRecord]) -> list[WrittenFile]:

@@ -15,9 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import os
-import re
 import secrets
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -29,6 +27,7 @@ from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.platform import system
 from ckptfix.write.output import index_bytes
+from ckptfix.write.part_records import PartRecord, ShardRecord
 from ckptfix.write.safetensors import ShardJob, shard_header, write_shards
 from ckptfix.write.staging import is_staging_folder, write_marker
 from ckptfix.write.store_sink import StoreSink, StoreState
@@ -36,65 +35,9 @@ from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
 from ckptfix.write.tree import remove_tree
 
 PARTS_PREFIX = ".ckptfix-parts-"  # beside a local OUT: the folder the parts write into
-RECORD = re.compile(r"\.ckptfix-part-([1-9][0-9]{0,5})-of-([1-9][0-9]{0,5})\.json")
-MAX_RECORD = 64 * 2**20  # bytes: a record lists its shards, a few hundred bytes each
 _READ = 16 * 2**20
 # What opening a shard that is gone, a link or not a regular file raises (platform.common)
 NOT_THE_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.EBUSY})
-
-
-def record_name(part: int, count: int) -> str:
-    return f".ckptfix-part-{part}-of-{count}.json"
-
-
-@dataclass(frozen=True)
-class ShardRecord:
-    """One written shard: its name, size, checksum (algorithm, value), and for a local file
-    its modification time (which the publisher checks, rather than reading it again)."""
-
-    file: str
-    size: int
-    checksum: tuple[str, str]
-    mtime_ns: int = 0
-    kept: bool = False  # --resume: already in the store as planned, not sent again
-
-
-@dataclass(frozen=True)
-class PartRecord:
-    """What slice `part` of `count` of the plan `digest` wrote."""
-
-    digest: str
-    part: int
-    count: int
-    shards: tuple[ShardRecord, ...]
-    sent: int = 0  # object bytes the part sent to a store (its kept shards' not counted)
-    requests: int = 0  # requests it made to the store
-
-    @property
-    def name(self) -> str:
-        return record_name(self.part, self.count)
-
-    def to_json(self) -> bytes:
-        document = {"ckptfix_part": 1, **asdict(self)}
-        return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, where: str) -> PartRecord:
-        """A record as a part wrote it; anything else is a one-line error naming `where`."""
-        try:
-            document = json.loads(data)
-            shards = tuple(
-                ShardRecord(str(s["file"]), int(s["size"]), (str(s["checksum"][0]),
-                            str(s["checksum"][1])), int(s["mtime_ns"]), s.get("kept") is True)
-                for s in document["shards"]
-            )  # fmt: skip
-            return cls(str(document["digest"]), int(document["part"]), int(document["count"]),
-                       shards, int(document.get("sent", 0)),
-                       int(document.get("requests", 0)))  # fmt: skip
-        except (ValueError, KeyError, TypeError, IndexError):
-            raise VerificationError(
-                where, "is not a part record ckptfix wrote", "run that part again"
-            ) from None
 
 
 def plan_digest(
@@ -264,40 +207,6 @@ def parts_folder(real_out: str) -> str:
     return os.path.join(parent, PARTS_PREFIX + name)
 
 
-def chosen_records(found: Mapping[str, bytes], digest: str, out: str) -> list[PartRecord]:
-    """The records of one complete run of parts of the plan `digest`: every part of 1..N
-    present, each for this plan; a missing or mismatched one is an error naming it."""
-    records = [PartRecord.from_json(data, f"{out}/{name}") for name, data in sorted(found.items())]
-    ours = [record for record in records if record.digest == digest]
-    counts = sorted({record.count for record in ours}) or sorted({r.count for r in records})
-    if not counts:
-        raise VerificationError(
-            out, "no part was written for this plan (no .ckptfix-part-I-of-N.json)",
-            "run the same command with --part I/N for each part, then --commit",
-        )  # fmt: skip
-    if len(counts) > 1:
-        raise VerificationError(
-            out, f"parts of runs split {counts[0]} and {counts[1]} ways are both there",
-            "run every part of one split again, then --commit",
-        )  # fmt: skip
-    count = counts[0]
-    by_part = {record.part: record for record in records if record.count == count}
-    for part in range(1, count + 1):
-        record = by_part.get(part)
-        if record is None:
-            raise VerificationError(
-                f"{out}/{record_name(part, count)}", f"part {part} of {count} is missing",
-                f"run the same command with --part {part}/{count}, then --commit again",
-            )  # fmt: skip
-        if record.digest != digest:
-            raise VerificationError(
-                f"{out}/{record.name}",
-                f"part {part} of {count} was written for another plan (other source or options)",
-                f"run the same command with --part {part}/{count}, then --commit again",
-            )
-    return [by_part[part] for part in range(1, count + 1)]
-
-
 def check_covered(plan: ShardPlan, records: Sequence[PartRecord], out: str) -> list[ShardRecord]:
     """Every planned shard written by the part the split gives it, in plan order."""
     result: list[ShardRecord] = []
@@ -311,6 +220,11 @@ def check_covered(plan: ShardPlan, records: Sequence[PartRecord], out: str) -> l
                 f"run the same command with --part {record.part}/{record.count} again",
             )
         result += record.shards
+    if [shard.file for shard in result] != [shard.file for shard in plan.shards]:
+        raise VerificationError(  # the parts' slices must be the plan's shards, no more or less
+            out, "the parts' records do not list the plan's shards",
+            "run every part again, then --commit",
+        )  # fmt: skip
     return result
 
 
