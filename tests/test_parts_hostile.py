@@ -218,3 +218,58 @@ def test_part_takes_ascii_digits_only(value: str, tmp_path: Path) -> None:
     [line] = run.error_lines
     assert line.startswith(f"error: --part: {value!r} is not I/N")
     assert not (tmp_path / ".ckptfix-parts-out").exists()
+
+
+def test_parts_of_an_out_with_a_long_name(tmp_path: Path) -> None:
+    source, out = _model(tmp_path), tmp_path / ("o" * 250)
+    _run("convert", source, "-o", tmp_path / "whole", *SHARD)
+    for part in (1, 2):
+        _run("convert", source, "-o", out, *SHARD, "--part", f"{part}/2")
+    [parts] = [p for p in tmp_path.iterdir() if p.name.startswith(".ckptfix-parts-")]
+    assert len(parts.name) <= 255
+    _run("convert", source, "-o", out, *SHARD, "--commit")
+    assert tree_snapshot(out) == tree_snapshot(tmp_path / "whole") and not parts.exists()
+
+
+def test_a_folder_where_a_shard_of_the_part_goes_is_one_line(tmp_path: Path) -> None:
+    source, parts = _three_parts(tmp_path)
+    shard = sorted(parts.glob("*.safetensors"))[-1]
+    shard.unlink()
+    shard.mkdir()
+    line = one_error_line("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "3/3")
+    assert line.startswith("error: ") and "(rule write-failed;" in line
+    assert shard.is_dir()
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_part_checks_the_free_space_first(
+    read_only: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptfix.platform import system
+
+    source = _model(tmp_path)
+    monkeypatch.setattr(type(system()), "disk_space", lambda self, folder: (1000, read_only))
+    line = one_error_line("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "1/2")
+    what = "cannot write: Read-only file system" if read_only else "not enough free space"
+    assert line.startswith(f"error: {tmp_path / 'out'}: {what}")
+    assert not (tmp_path / ".ckptfix-parts-out").exists()
+
+
+def test_a_part_whose_folder_a_commit_removed_meanwhile_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shutil
+
+    from ckptfix.ops import rewrite_parts
+
+    source, parts = _three_parts(tmp_path)
+    ensure = rewrite_parts.ensure_parts_folder
+
+    def committed_meanwhile(folder: str, shown: str) -> None:
+        ensure(folder, shown)
+        shutil.rmtree(folder)  # as a --commit that published the parts does
+
+    monkeypatch.setattr(rewrite_parts, "ensure_parts_folder", committed_meanwhile)
+    line = one_error_line("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "2/3")
+    assert "internal error" not in line and "(rule write-failed;" in line
+    assert not parts.exists()

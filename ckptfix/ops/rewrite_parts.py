@@ -20,7 +20,7 @@ from ckptfix.ops.rewrite_options import PartRequest, PartTarget, WriteOptions
 from ckptfix.ops.source import RewriteSource
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
-from ckptfix.write.output import wrap_os_error, write_index
+from ckptfix.write.output import check_free_space, wrap_os_error, write_index
 from ckptfix.write.part_records import (
     MAX_RECORD,
     RECORD,
@@ -167,7 +167,10 @@ def _part(run: _Run) -> RewriteResult:
         claim.store.publish({record.name: record.to_json()}, [], message="ckptfix part")
         where = claim.out.rstrip("/")
     else:
+        from ckptfix.ops.rewrite import nearest_folder
+
         where = parts_folder(claim.real)
+        check_free_space(nearest_folder(os.path.dirname(where)), plan_part.total_size, claim.out)
         ensure_parts_folder(where, parts_folder(claim.out))
         records = write_slice_to_folder(plan_part, job_part, where)
         record = PartRecord(digest, part, count, tuple(records))

@@ -35,6 +35,7 @@ from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
 from ckptfix.write.tree import remove_tree
 
 PARTS_PREFIX = ".ckptfix-parts-"  # beside a local OUT: the folder the parts write into
+_MAX_NAME = 255  # bytes of a file name (ext4, XFS, APFS, NTFS's UTF-16 units are fewer)
 _READ = 16 * 2**20
 # What opening a shard that is gone, a link or not a regular file raises (platform.common)
 NOT_THE_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.EBUSY})
@@ -203,8 +204,15 @@ def check_parts_folder(folder: str, shown: str) -> None:
 
 
 def parts_folder(real_out: str) -> str:
+    """The parts folder beside OUT: `.ckptfix-parts-NAME`, within the 255 bytes a name may
+    hold (a long NAME cut, and told from the others cut alike by a hash of it)."""
     parent, name = os.path.split(real_out.rstrip(os.sep))
-    return os.path.join(parent, PARTS_PREFIX + name)
+    folder = PARTS_PREFIX + name
+    if len(os.fsencode(folder)) > _MAX_NAME:
+        tag = "-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+        kept = os.fsencode(folder)[: _MAX_NAME - len(tag)]
+        folder = kept.decode(errors="ignore") + tag  # a character cut in two is dropped
+    return os.path.join(parent, folder)
 
 
 def check_covered(plan: ShardPlan, records: Sequence[PartRecord], out: str) -> list[ShardRecord]:
