@@ -273,3 +273,37 @@ def test_a_part_whose_folder_a_commit_removed_meanwhile_is_one_line(
     line = one_error_line("convert", source, "-o", tmp_path / "out", *SHARD, "--part", "2/3")
     assert "internal error" not in line and "(rule write-failed;" in line
     assert not parts.exists()
+
+
+_STOPPED_PART = """
+import os, signal, sys, time
+import ckptfix.write.parts as parts
+write = parts.write_shards
+def stopped(*args):
+    os.kill(os.getpid(), signal.SIG{name})  # as Slurm preempting the job
+    time.sleep(0.2)
+    return write(*args)
+parts.write_shards = stopped
+sys.argv = ["ckptfix", *sys.argv[1:]]
+from ckptfix.cli.entry import main
+main()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["TERM", "INT"])
+def test_a_stopped_part_leaves_no_scratch_folder(name: str, tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    source, parts = _three_parts(tmp_path)
+    (parts / ".ckptfix-part-2-of-3.json").unlink()
+    before = sorted(p.name for p in parts.iterdir())
+    args = ["convert", str(source), "-o", str(tmp_path / "out"), *SHARD, "--part", "2/3"]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    done = subprocess.run(
+        [sys.executable, "-c", _STOPPED_PART.format(name=name), *args],
+        env=env, capture_output=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 128 + getattr(signal, f"SIG{name}"), done.stderr
+    assert sorted(p.name for p in parts.iterdir()) == before

@@ -22,12 +22,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from ckptfix.core.errors import UsageError, VerificationError
+from ckptfix.core.signals import Signals, writing_to
 from ckptfix.io.gather import Sources
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.platform import system
 from ckptfix.write.output import index_bytes
 from ckptfix.write.part_records import PartRecord, ShardRecord
+from ckptfix.write.results import Progress
 from ckptfix.write.safetensors import ShardJob, shard_header, write_shards
 from ckptfix.write.staging import is_staging_folder, write_marker
 from ckptfix.write.store_sink import StoreSink, StoreState
@@ -114,25 +116,43 @@ def file_sha256(path: str, *, follow: bool = True, limit: int | None = None) -> 
 
 def write_slice_to_folder(plan: ShardPlan, job: ShardJob, folder: str) -> list[ShardRecord]:
     """Write the slice's shards into a scratch folder inside `folder`, verify them, then
-    rename them into `folder` (replacing what an earlier run of the slice left)."""
-    scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=folder)
-    try:
-        write_marker(scratch)
-        job.staging = scratch
-        written = write_shards(plan, job)
-        records = []
-        for item in written:
-            path = os.path.join(scratch, item.path)
-            records.append(ShardRecord(item.path, item.bytes, ("sha256", file_sha256(path)[0])))
-        placed = []
-        for record in records:
-            target = os.path.join(folder, record.file)
-            system().replace(os.path.join(scratch, record.file), target)
-            placed.append(replace(record, mtime_ns=os.stat(target).st_mtime_ns))
-        system().sync_folder(folder)
-        return placed
-    finally:
-        remove_tree(scratch)
+    rename them into `folder` (replacing what an earlier run of the slice left). SIGINT and
+    SIGTERM stop it as they stop a run's write: the scratch folder is removed first."""
+    with writing_to(folder) as signals:
+        scratch = ""
+        try:
+            with signals.held():
+                scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=folder)
+                write_marker(scratch)
+            job.staging, job.progress = scratch, _checking(signals, job.progress)
+            written = write_shards(plan, job)
+            records = []
+            for item in written:
+                path = os.path.join(scratch, item.path)
+                records.append(ShardRecord(item.path, item.bytes, ("sha256", file_sha256(path)[0])))
+            signals.raise_deferred()
+            placed = []
+            for record in records:
+                target = os.path.join(folder, record.file)
+                system().replace(os.path.join(scratch, record.file), target)
+                placed.append(replace(record, mtime_ns=os.stat(target).st_mtime_ns))
+            system().sync_folder(folder)
+            return placed
+        finally:
+            with signals.held():
+                if scratch:
+                    remove_tree(scratch)
+
+
+def _checking(signals: Signals, progress: Progress | None) -> Progress:
+    """`progress` and a safe point to stop at (a signal kept while other code ran)."""
+
+    def advance(done: int, total: int) -> None:
+        signals.raise_deferred()
+        if progress is not None:
+            progress(done, total)
+
+    return advance
 
 
 def write_slice_to_store(
