@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 
 from tests.builders import Factory, Spec
 from tests.helpers import cli, one_error_line, tree_snapshot
+from tests.optional import needs
 
 SHARD = ("--max-shard", "20KB")
 
@@ -307,3 +309,78 @@ def test_a_stopped_part_leaves_no_scratch_folder(name: str, tmp_path: Path) -> N
     )  # fmt: skip
     assert done.returncode == 128 + getattr(signal, f"SIG{name}"), done.stderr
     assert sorted(p.name for p in parts.iterdir()) == before
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A client of moto's S3 with bucket `bkt`, ckptfix pointed at it (in this process)."""
+    import boto3
+
+    from tests.remote_servers import S3_ENV, moto_server
+    from tests.store_helpers import FAST, NO_METADATA
+
+    with moto_server() as endpoint:
+        for name, value in {**S3_ENV, **FAST, **NO_METADATA, "AWS_ENDPOINT_URL": endpoint}.items():
+            monkeypatch.setenv(name, value)
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=S3_ENV["AWS_DEFAULT_REGION"])
+        client.create_bucket(Bucket="bkt")
+        yield client
+
+
+@pytest.mark.slow
+@needs("moto")
+def test_an_s3_record_of_no_parts_deletes_nothing(s3: Any, tmp_path: Path) -> None:
+    from tests.store_helpers import objects
+
+    source = _model(tmp_path)
+    for part in (1, 2, 3):
+        _run("convert", source, "-o", "s3://bkt/out", *SHARD, "--part", f"{part}/3")
+    record = json.loads(
+        s3.get_object(Bucket="bkt", Key="out/.ckptfix-part-1-of-3.json")["Body"].read()
+    )
+    for part in (2, 3):
+        s3.delete_object(Bucket="bkt", Key=f"out/.ckptfix-part-{part}-of-3.json")
+    record.update(count=0, part=0, shards=[])
+    s3.put_object(Bucket="bkt", Key="out/.ckptfix-part-1-of-3.json", Body=json.dumps(record))
+    before = objects(s3, "bkt", "out")
+    line = one_error_line("convert", source, "-o", "s3://bkt/out", *SHARD, "--commit")
+    assert line.startswith("error: s3://bkt/out/.ckptfix-part-1-of-3.json: is not a part record")
+    assert objects(s3, "bkt", "out") == before
+
+
+@pytest.mark.slow
+@needs("moto")
+def test_parts_of_two_s3_sources_behind_one_url_are_refused(s3: Any, tmp_path: Path) -> None:
+    first, second = _model(tmp_path / "a"), _model(tmp_path / "b")
+    shard = second / "model-00002-of-00002.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1  # other values: another ETag
+    shard.write_bytes(bytes(data))
+    out = tmp_path / "out"
+    _run("reshard", first, "-o", "s3://bkt/src")
+    _run("convert", "s3://bkt/src", "-o", out, *SHARD, "--part", "1/2")
+    _run("reshard", second, "-o", "s3://bkt/src", "--force")
+    _run("convert", "s3://bkt/src", "-o", out, *SHARD, "--part", "2/2")
+    line = one_error_line("convert", "s3://bkt/src", "-o", out, *SHARD, "--commit")
+    assert "part 1 of 2 was written for another plan" in line and not out.exists()
+
+
+def test_a_shard_another_commit_took_meanwhile_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptfix.ops import rewrite_parts
+
+    source, parts = _three_parts(tmp_path)
+    shard = sorted(parts.glob("*.safetensors"))[-1]
+    before = tree_snapshot(parts)
+    publish = rewrite_parts._publish_local
+
+    def taken_first(*args: Any) -> Any:  # by another --commit of the same parts
+        shard.rename(tmp_path / shard.name)
+        return publish(*args)
+
+    monkeypatch.setattr(rewrite_parts, "_publish_local", taken_first)
+    line = _commit_line(source, tmp_path)
+    assert line.startswith(f"error: {parts}: a shard left the folder of parts while --commit")
+    (tmp_path / shard.name).rename(shard)
+    assert tree_snapshot(parts) == before
