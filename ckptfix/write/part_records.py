@@ -13,7 +13,7 @@ import json
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -62,12 +62,15 @@ class PartRecord:
         return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
 
     @classmethod
-    def from_json(cls, data: bytes, where: str) -> PartRecord:
+    def from_json(cls, data: bytes, where: str, digest: str | None = None) -> PartRecord:
         """A record as a part wrote it; anything else (a malformed value of any kind, a
-        part outside 1..count, a count over MAX_PARTS) is a one-line error naming `where`."""
+        part outside 1..count, a count over MAX_PARTS) is a one-line error naming `where`.
+        With `digest`, a record of another plan is read without its shards."""
         try:
             document = json.loads(data)
-            shards = tuple(map(_shard, _field(document, "shards", list)))
+            shards = _field(document, "shards", list)
+            ours = digest is None or _field(document, "digest", str) == digest
+            shards = tuple(map(_shard, shards)) if ours else ()
             record = cls(_field(document, "digest", str), _count(document, "part"),
                          _count(document, "count"), shards, _size(document.get("sent", 0)),
                          _size(document.get("requests", 0)))  # fmt: skip
@@ -123,14 +126,14 @@ def read_records(
                 "remove the records of earlier runs (.ckptfix-part-*.json), then --commit",
             )  # fmt: skip
         where = f"{out}/{name}"
-        record = PartRecord.from_json(read(), where)
+        record = PartRecord.from_json(read(), where, digest)
         if record.name != name:
             raise VerificationError(
                 where,
                 f"says it is part {record.part} of {record.count}, not the part its name says",
                 "run that part again",
             )
-        yield record if record.digest == digest else replace(record, shards=())
+        yield record
 
 
 def local_records(folder: str, shown: str) -> Iterator[tuple[str, Callable[[], bytes]]]:
