@@ -4,6 +4,7 @@ is imported only when `--executor ray` is given."""
 
 from __future__ import annotations
 
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -125,10 +126,17 @@ def parse_part(text: str | None) -> tuple[int, int] | None:
     """`I/N` as (I, N), 1 <= I <= N; a usage error otherwise."""
     if text is None:
         return None
-    part, _, count = text.partition("/")
-    if not (part.isdigit() and count.isdigit() and 1 <= int(part) <= int(count) <= 100_000):
-        raise UsageError("--part", f"{text!r} is not I/N", "pass e.g. --part 2/8 (1 <= I <= N)")
-    return int(part), int(count)
+    from ckptfix.write.part_records import MAX_PARTS
+
+    # ASCII digits only: str.isdigit also takes '²' (which int() refuses) and '١' (which
+    # it reads as 1)
+    found = re.fullmatch(r"([0-9]{1,6})/([0-9]{1,6})", text)
+    if found is None or not 1 <= int(found[1]) <= int(found[2]) <= MAX_PARTS:
+        raise UsageError(
+            "--part", f"{text!r} is not I/N",
+            f"pass e.g. --part 2/8 (1 <= I <= N <= {MAX_PARTS:,})",
+        )  # fmt: skip
+    return int(found[1]), int(found[2])
 
 
 @contextmanager

@@ -15,7 +15,8 @@ from ckptfix.executors.ray_work import (
     working_folder,
 )
 from ckptfix.ops.rewrite_options import PartRequest
-from ckptfix.write.parts import PartRecord, part_of_sizes
+from ckptfix.write.part_records import PartRecord
+from ckptfix.write.parts import part_of_sizes
 from ckptfix.write.results import Progress
 from ckptfix.write.stores.base import StoreOptions
 

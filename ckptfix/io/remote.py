@@ -218,6 +218,10 @@ class RemoteFile:
     def change_token(self) -> tuple[object, ...]:
         return self.session.backend.token(self.session.info(self.url, self.path))
 
+    def identity(self) -> tuple[object, ...]:
+        """The version the file was first seen as (size, ETag, generation, blob id...)."""
+        return self.session.backend.token(self.info())
+
     def close(self) -> None:
         with self._lock:
             self._head = None

@@ -38,6 +38,11 @@ class ByteSource(Protocol):
     def change_token(self) -> tuple[object, ...]:
         """Equal before and after a run only if the file did not change in between."""
 
+    def identity(self) -> tuple[object, ...]:
+        """What tells this version of the file from another wherever it is read (a split
+        run's plan digest: write.parts): not its path, which another process may spell
+        otherwise, and not what only one machine sees (a device or inode number)."""
+
 
 def past_end(label: str, needed: int, size: int) -> CorruptFileError:
     """A read that the file's own structure asked for, past its end."""
@@ -218,6 +223,14 @@ class LocalFile:
         with self.held() as fd:
             info = os.fstat(fd)
         return (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns)
+
+    def identity(self) -> tuple[object, ...]:
+        """The size and modification time the file was first opened with."""
+        if self._identity is None:
+            with self.held():
+                pass
+        assert self._identity is not None
+        return self._identity[2:]
 
     def close(self) -> None:
         """Close the descriptor now, or when the reads in progress end."""

@@ -33,3 +33,6 @@ class Window:
 
     def change_token(self) -> tuple[object, ...]:
         return self.base.change_token()
+
+    def identity(self) -> tuple[object, ...]:
+        return (*self.base.identity(), self.start, self._size)

@@ -49,6 +49,9 @@ class CastSource:
     def change_token(self) -> tuple[object, ...]:
         return tuple(self._sources(label).change_token() for label in self.tensor.sources)
 
+    def identity(self) -> tuple[object, ...]:
+        return tuple(self._sources(label).identity() for label in self.tensor.sources)
+
 
 def cast_tensor(tensor: TensorInfo, target: str, sources: Sources) -> tuple[TensorInfo, CastSource]:
     """The tensor as written in `target`, and the source its bytes come from."""

@@ -48,7 +48,8 @@ from ckptfix.write.cast import CAST_TARGETS
 from ckptfix.write.config import config_text, retype_config
 from ckptfix.write.extras import carried_as_file, copy_extra, write_generated
 from ckptfix.write.output import check_free_space, check_names, check_quantized, wrap_os_error
-from ckptfix.write.parts import CommitCheck, PartRecord
+from ckptfix.write.part_records import PartRecord
+from ckptfix.write.parts import CommitCheck
 from ckptfix.write.remote_extras import download_extra
 from ckptfix.write.results import WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers, write_shards

@@ -9,7 +9,7 @@ from typing import Protocol
 
 from ckptfix.core.choices import CastDtype, DecodeDtype, Target, ZeroWeights
 from ckptfix.core.sizes import DEFAULT_MAX_SHARD, shard_size
-from ckptfix.write.parts import PartRecord
+from ckptfix.write.part_records import PartRecord
 from ckptfix.write.results import Progress
 from ckptfix.write.stores.base import StoredObject
 

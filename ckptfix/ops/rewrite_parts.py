@@ -9,32 +9,40 @@ SRC and options, and its digest (write.parts.plan_digest) says so."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from ckptfix.core.errors import SourceChangedError, UsageError
+from ckptfix.core.errors import CkptfixError, SourceChangedError, UsageError
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.rewrite_options import PartRequest, PartTarget, WriteOptions
 from ckptfix.ops.source import RewriteSource
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
-from ckptfix.write.output import write_index
-from ckptfix.write.parts import (
+from ckptfix.write.output import check_free_space, wrap_os_error, write_index
+from ckptfix.write.part_records import (
     MAX_RECORD,
     RECORD,
-    CommitCheck,
     PartRecord,
     ShardRecord,
+    chosen_records,
+    local_records,
+    read_records,
+    too_large,
+)
+from ckptfix.write.parts import (
+    NOT_THE_FILE,
+    CommitCheck,
     check_covered,
     check_local,
     check_parts_folder,
     check_read_back,
     check_stored,
-    chosen_records,
     ensure_parts_folder,
     part_of,
     parts_folder,
+    parts_moved,
     plan_digest,
     sliced,
     write_record,
@@ -84,7 +92,7 @@ def write_split(
             "--to", "torch output is written by one process", "drop --part, --commit and --executor"
         )
     tensors, metadata, index_metadata = planned
-    digest = plan_digest(plan, tensors, metadata, index_metadata)
+    digest = plan_digest(plan, tensors, metadata, index_metadata, source.checkpoint.source)
     job = ShardJob(
         tensors, metadata, index_metadata, source.checkpoint.source, staging="",
         out=claim.out, verify=options.verify, progress=options.progress,
@@ -100,11 +108,14 @@ def write_split(
             "the plan is one file with no index: there is nothing to split",
             "run the command without --part",
         )
-    if split.part is not None:
-        return _part(run)
-    if split.commit:
-        return _commit(run)
-    return _on_runner(run)
+    try:
+        if split.part is not None:
+            return _part(run)
+        return _commit(run) if split.commit else _on_runner(run)
+    except CkptfixError:  # already one line (an unreadable file is an OSError too)
+        raise
+    except OSError as exc:  # as a run that is not split says it (disk full, read-only...)
+        raise wrap_os_error(exc, claim.out) from exc
 
 
 def _result(run: _Run, written: WriteResult | None, record: PartRecord) -> RewriteResult:
@@ -156,7 +167,10 @@ def _part(run: _Run) -> RewriteResult:
         claim.store.publish({record.name: record.to_json()}, [], message="ckptfix part")
         where = claim.out.rstrip("/")
     else:
+        from ckptfix.ops.rewrite import nearest_folder
+
         where = parts_folder(claim.real)
+        check_free_space(nearest_folder(os.path.dirname(where)), plan_part.total_size, claim.out)
         ensure_parts_folder(where, parts_folder(claim.out))
         records = write_slice_to_folder(plan_part, job_part, where)
         record = PartRecord(digest, part, count, tuple(records))
@@ -187,48 +201,52 @@ def _commit(run: _Run) -> RewriteResult:
     claim, plan, digest = run.claim, run.plan, run.digest
     if isinstance(claim, StoreClaim):
         _check_store_prefix(run)
-        found = {
-            name: claim.store.read(name, 0, min(item.size, MAX_RECORD))
-            for name, item in claim.state.existing.items()
-            if RECORD.fullmatch(name)
-        }
-        records = chosen_records(found, digest, claim.out)
+        found = sorted(name for name in claim.state.existing if RECORD.fullmatch(name))
+        records = chosen_records(
+            read_records(_stored_records(claim, found), digest, claim.out), digest, claim.out
+        )
         shards = check_covered(plan, records, claim.out)
         check_stored(claim.store, shards)
         checked = CommitCheck(len(records), len(shards), 0, "store checksum")
         return replace(_publish_store(run, lambda: shards, sorted(found)), commit=checked)
     folder, shown = parts_folder(claim.real), parts_folder(claim.out)
     check_parts_folder(folder, shown)
-    records = chosen_records(_local_records(folder), digest, shown)
-    shards = check_covered(plan, records, shown)
-    checked = CommitCheck(
-        len(records), len(shards), check_read_back(folder, shards, shown), "sha256 read back"
+    records = chosen_records(
+        read_records(local_records(folder, shown), digest, shown), digest, shown
     )
+    shards = check_covered(plan, records, shown)
+    read = [0]
 
     def move(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
-        from ckptfix.platform import system
-
-        for shard in shards:
-            system().rename_new(
-                os.path.join(folder, shard.file), os.path.join(job.staging, shard.file)
-            )
+        # Moved first, then read back where nobody else writes: what is checked is what is
+        # published; whatever stops the commit before the swap puts them back (Staging.adopt).
+        assert isinstance(claim, Claim) and claim.staging is not None
+        try:
+            claim.staging.adopt(folder, [shard.file for shard in shards])
+        except OSError as exc:
+            if exc.errno not in NOT_THE_FILE:
+                raise
+            raise parts_moved(shown) from None
+        read[0] = check_read_back(job.staging, shards, shown)
         return _with_index(plan, job, shards)
 
     result = _publish_local(run, move)
     remove_tree(folder)  # published: the parts are in OUT now, the records served
-    return replace(result, commit=checked)
+    return replace(
+        result, commit=CommitCheck(len(records), len(shards), read[0], "sha256 read back")
+    )
 
 
-def _local_records(folder: str) -> dict[str, bytes]:
-    found: dict[str, bytes] = {}
-    if not os.path.isdir(folder):
-        return found
-    for name in os.listdir(folder):
-        path = os.path.join(folder, name)
-        if RECORD.fullmatch(name) and os.path.getsize(path) <= MAX_RECORD:
-            with open(path, "rb") as handle:
-                found[name] = handle.read()
-    return found
+def _stored_records(
+    claim: StoreClaim, names: Sequence[str]
+) -> Iterator[tuple[str, Callable[[], bytes]]]:
+    """The record objects of the prefix, each read when asked (at most MAX_RECORD bytes:
+    a larger one is an error naming it)."""
+    for name in names:
+        item, shown = claim.state.existing[name], f"{claim.out.rstrip('/')}/{name}"
+        if item.size > MAX_RECORD:
+            raise too_large(shown)
+        yield name, partial(claim.store.read, name, 0, item.size)
 
 
 def _with_index(plan: ShardPlan, job: ShardJob, shards: Sequence[ShardRecord]) -> list[WrittenFile]:

@@ -12,20 +12,24 @@ index is put: nothing is published until the publisher checks every record.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
-import json
 import os
-import re
+import secrets
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 from ckptfix.core.errors import UsageError, VerificationError
+from ckptfix.core.signals import Signals, writing_to
+from ckptfix.io.gather import Sources
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
 from ckptfix.platform import system
 from ckptfix.write.output import index_bytes
+from ckptfix.write.part_records import PartRecord, ShardRecord
+from ckptfix.write.results import Progress
 from ckptfix.write.safetensors import ShardJob, shard_header, write_shards
 from ckptfix.write.staging import is_staging_folder, write_marker
 from ckptfix.write.store_sink import StoreSink, StoreState
@@ -33,65 +37,10 @@ from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
 from ckptfix.write.tree import remove_tree
 
 PARTS_PREFIX = ".ckptfix-parts-"  # beside a local OUT: the folder the parts write into
-RECORD = re.compile(r"\.ckptfix-part-([1-9][0-9]{0,5})-of-([1-9][0-9]{0,5})\.json")
-MAX_RECORD = 64 * 2**20  # bytes: a record lists its shards, a few hundred bytes each
+_MAX_NAME = 255  # bytes of a file name (ext4, XFS, APFS, NTFS's UTF-16 units are fewer)
 _READ = 16 * 2**20
 # What opening a shard that is gone, a link or not a regular file raises (platform.common)
-_NOT_THE_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.EBUSY})
-
-
-def record_name(part: int, count: int) -> str:
-    return f".ckptfix-part-{part}-of-{count}.json"
-
-
-@dataclass(frozen=True)
-class ShardRecord:
-    """One written shard: its name, size, checksum (algorithm, value), and for a local file
-    its modification time (which the publisher checks, rather than reading it again)."""
-
-    file: str
-    size: int
-    checksum: tuple[str, str]
-    mtime_ns: int = 0
-    kept: bool = False  # --resume: already in the store as planned, not sent again
-
-
-@dataclass(frozen=True)
-class PartRecord:
-    """What slice `part` of `count` of the plan `digest` wrote."""
-
-    digest: str
-    part: int
-    count: int
-    shards: tuple[ShardRecord, ...]
-    sent: int = 0  # object bytes the part sent to a store (its kept shards' not counted)
-    requests: int = 0  # requests it made to the store
-
-    @property
-    def name(self) -> str:
-        return record_name(self.part, self.count)
-
-    def to_json(self) -> bytes:
-        document = {"ckptfix_part": 1, **asdict(self)}
-        return (json.dumps(document, indent=1, sort_keys=True) + "\n").encode()
-
-    @classmethod
-    def from_json(cls, data: bytes, where: str) -> PartRecord:
-        """A record as a part wrote it; anything else is a one-line error naming `where`."""
-        try:
-            document = json.loads(data)
-            shards = tuple(
-                ShardRecord(str(s["file"]), int(s["size"]), (str(s["checksum"][0]),
-                            str(s["checksum"][1])), int(s["mtime_ns"]), s.get("kept") is True)
-                for s in document["shards"]
-            )  # fmt: skip
-            return cls(str(document["digest"]), int(document["part"]), int(document["count"]),
-                       shards, int(document.get("sent", 0)),
-                       int(document.get("requests", 0)))  # fmt: skip
-        except (ValueError, KeyError, TypeError, IndexError):
-            raise VerificationError(
-                where, "is not a part record ckptfix wrote", "run that part again"
-            ) from None
+NOT_THE_FILE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EINVAL, errno.EBUSY})
 
 
 def plan_digest(
@@ -99,16 +48,24 @@ def plan_digest(
     tensors: Mapping[str, OutTensor],
     metadata: Sequence[Mapping[str, str]],
     index_metadata: Mapping[str, object],
+    sources: Sources,
 ) -> str:
     """The SHA-256 of what a plan writes: every shard's name and header (names, dtypes,
-    shapes, offsets, metadata), where each tensor is read from, and the index."""
+    shapes, offsets, metadata), where each tensor's bytes are read from, and the index. A
+    source file counts by what it is (ByteSource.identity: its size and modification time,
+    an object's version), never by its path: parts of two checkpoints found one after the
+    other behind one path differ, and one file spelled two ways (relative, absolute, from
+    another folder) does not."""
     hasher = hashlib.sha256()
+    identities: dict[str, bytes] = {}
     for shard, shard_metadata in zip(plan.shards, metadata, strict=True):
         header, _ = shard_header(shard, tensors, shard_metadata)
         hasher.update(shard.file.encode() + b"\0" + hashlib.sha256(header).digest())
         for name in shard.tensors:
-            source = tensors[name].source
-            hasher.update(repr((source.file, source.byte_range)).encode())
+            for piece in tensors[name].source.pieces:
+                if piece.source not in identities:
+                    identities[piece.source] = repr(sources(piece.source).identity()).encode()
+                hasher.update(identities[piece.source] + repr(replace(piece, source="")).encode())
     if plan.index_file is not None:
         hasher.update(plan.index_file.encode() + index_bytes(plan, index_metadata))
     return hasher.hexdigest()
@@ -159,25 +116,43 @@ def file_sha256(path: str, *, follow: bool = True, limit: int | None = None) -> 
 
 def write_slice_to_folder(plan: ShardPlan, job: ShardJob, folder: str) -> list[ShardRecord]:
     """Write the slice's shards into a scratch folder inside `folder`, verify them, then
-    rename them into `folder` (replacing what an earlier run of the slice left)."""
-    scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=folder)
-    try:
-        write_marker(scratch)
-        job.staging = scratch
-        written = write_shards(plan, job)
-        records = []
-        for item in written:
-            path = os.path.join(scratch, item.path)
-            records.append(ShardRecord(item.path, item.bytes, ("sha256", file_sha256(path)[0])))
-        placed = []
-        for record in records:
-            target = os.path.join(folder, record.file)
-            system().replace(os.path.join(scratch, record.file), target)
-            placed.append(replace(record, mtime_ns=os.stat(target).st_mtime_ns))
-        system().sync_folder(folder)
-        return placed
-    finally:
-        remove_tree(scratch)
+    rename them into `folder` (replacing what an earlier run of the slice left). SIGINT and
+    SIGTERM stop it as they stop a run's write: the scratch folder is removed first."""
+    with writing_to(folder) as signals:
+        scratch = ""
+        try:
+            with signals.held():
+                scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=folder)
+                write_marker(scratch)
+            job.staging, job.progress = scratch, _checking(signals, job.progress)
+            written = write_shards(plan, job)
+            records = []
+            for item in written:
+                path = os.path.join(scratch, item.path)
+                records.append(ShardRecord(item.path, item.bytes, ("sha256", file_sha256(path)[0])))
+            signals.raise_deferred()
+            placed = []
+            for record in records:
+                target = os.path.join(folder, record.file)
+                system().replace(os.path.join(scratch, record.file), target)
+                placed.append(replace(record, mtime_ns=os.stat(target).st_mtime_ns))
+            system().sync_folder(folder)
+            return placed
+        finally:
+            with signals.held():
+                if scratch:
+                    remove_tree(scratch)
+
+
+def _checking(signals: Signals, progress: Progress | None) -> Progress:
+    """`progress` and a safe point to stop at (a signal kept while other code ran)."""
+
+    def advance(done: int, total: int) -> None:
+        signals.raise_deferred()
+        if progress is not None:
+            progress(done, total)
+
+    return advance
 
 
 def write_slice_to_store(
@@ -206,14 +181,23 @@ def write_slice_to_store(
 
 
 def write_record(folder: str, record: PartRecord) -> None:
-    """The record beside the slice's shards, replacing an earlier one atomically."""
+    """The record beside the slice's shards, replacing an earlier one atomically: written
+    first to a new file of a name nobody can guess (created, never opened through a link or
+    over a file that is there)."""
     path = os.path.join(folder, record.name)
-    scratch = f"{path}.{os.getpid()}.tmp"
-    with open(scratch, "wb") as handle:
-        handle.write(record.to_json())
-        handle.flush()
-        system().sync(handle.fileno())
-    system().replace(scratch, path)
+    scratch = f"{path}.{os.getpid()}-{secrets.token_hex(8)}.tmp"
+    fd = system().create(scratch, 0o644)
+    try:
+        try:
+            system().write_all(fd, record.to_json(), 0)
+            system().sync(fd)
+        finally:
+            os.close(fd)
+        system().replace(scratch, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            system().remove_file(system().native(scratch))
+        raise
     system().sync_folder(folder)
 
 
@@ -240,42 +224,15 @@ def check_parts_folder(folder: str, shown: str) -> None:
 
 
 def parts_folder(real_out: str) -> str:
+    """The parts folder beside OUT: `.ckptfix-parts-NAME`, within the 255 bytes a name may
+    hold (a long NAME cut, and told from the others cut alike by a hash of it)."""
     parent, name = os.path.split(real_out.rstrip(os.sep))
-    return os.path.join(parent, PARTS_PREFIX + name)
-
-
-def chosen_records(found: Mapping[str, bytes], digest: str, out: str) -> list[PartRecord]:
-    """The records of one complete run of parts of the plan `digest`: every part of 1..N
-    present, each for this plan; a missing or mismatched one is an error naming it."""
-    records = [PartRecord.from_json(data, f"{out}/{name}") for name, data in sorted(found.items())]
-    ours = [record for record in records if record.digest == digest]
-    counts = sorted({record.count for record in ours}) or sorted({r.count for r in records})
-    if not counts:
-        raise VerificationError(
-            out, "no part was written for this plan (no .ckptfix-part-I-of-N.json)",
-            "run the same command with --part I/N for each part, then --commit",
-        )  # fmt: skip
-    if len(counts) > 1:
-        raise VerificationError(
-            out, f"parts of runs split {counts[0]} and {counts[1]} ways are both there",
-            "run every part of one split again, then --commit",
-        )  # fmt: skip
-    count = counts[0]
-    by_part = {record.part: record for record in records if record.count == count}
-    for part in range(1, count + 1):
-        record = by_part.get(part)
-        if record is None:
-            raise VerificationError(
-                f"{out}/{record_name(part, count)}", f"part {part} of {count} is missing",
-                f"run the same command with --part {part}/{count}, then --commit again",
-            )  # fmt: skip
-        if record.digest != digest:
-            raise VerificationError(
-                f"{out}/{record.name}",
-                f"part {part} of {count} was written for another plan (other source or options)",
-                f"run the same command with --part {part}/{count}, then --commit again",
-            )
-    return [by_part[part] for part in range(1, count + 1)]
+    folder = PARTS_PREFIX + name
+    if len(os.fsencode(folder)) > _MAX_NAME:
+        tag = "-" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+        kept = os.fsencode(folder)[: _MAX_NAME - len(tag)]
+        folder = kept.decode(errors="ignore") + tag  # a character cut in two is dropped
+    return os.path.join(parent, folder)
 
 
 def check_covered(plan: ShardPlan, records: Sequence[PartRecord], out: str) -> list[ShardRecord]:
@@ -291,6 +248,11 @@ def check_covered(plan: ShardPlan, records: Sequence[PartRecord], out: str) -> l
                 f"run the same command with --part {record.part}/{record.count} again",
             )
         result += record.shards
+    if [shard.file for shard in result] != [shard.file for shard in plan.shards]:
+        raise VerificationError(  # the parts' slices must be the plan's shards, no more or less
+            out, "the parts' records do not list the plan's shards",
+            "run every part again, then --commit",
+        )  # fmt: skip
     return result
 
 
@@ -314,6 +276,15 @@ def _changed(shown: str) -> VerificationError:
         shown,
         "is missing or changed since its part wrote it",
         "run its part again, then --commit",
+    )
+
+
+def parts_moved(shown: str) -> VerificationError:
+    """A shard gone from the parts folder as --commit moved it: another commit took it."""
+    return VerificationError(
+        shown,
+        "a shard left the folder of parts while --commit moved it (another --commit?)",
+        "let the other --commit finish, or run --commit again",
     )
 
 
@@ -345,7 +316,7 @@ def check_read_back(folder: str, shards: Sequence[ShardRecord], out: str) -> int
             # one byte past the record's size: a file that grew meanwhile is not read whole
             digest, size = file_sha256(path, follow=False, limit=shard.size + 1)
         except OSError as exc:  # missing, a link, not a regular file: not what the part wrote
-            if exc.errno not in _NOT_THE_FILE:
+            if exc.errno not in NOT_THE_FILE:
                 raise
             raise _changed(os.path.join(out, shard.file)) from None
         read += size

@@ -164,6 +164,7 @@ class Claim:
         self.before = before
         self._lock = lock
         self._outer: str | None = None
+        self.staging: Staging | None = None  # while a write to it is staged
 
     def release(self) -> None:
         if self._lock is not None:
@@ -282,6 +283,8 @@ class Staging:
         self.made = _make_parents(parent)
         self.path = ""
         self.marked = False
+        self.adopted: list[tuple[str, str]] = []  # (folder, name): moved in, put back if undone
+        claim.staging = self
         try:
             self.path = tempfile.mkdtemp(prefix=".ckptfix-", dir=parent)
             write_marker(self.path)
@@ -300,9 +303,33 @@ class Staging:
             os.remove(os.path.join(self.path, MARKER))
             self.marked = False
 
+    def adopt(self, folder: str, names: Sequence[str]) -> None:
+        """Move these files of `folder` into the staging folder, where they stay if the write
+        is committed and from where they go back to `folder` if it is not (whatever stops
+        it: an error, a signal, which waits while they move)."""
+        with self.signals.held():
+            for name in names:
+                system().rename_new(os.path.join(folder, name), os.path.join(self.path, name))
+                self.adopted.append((folder, name))
+        self.signals.raise_deferred()
+
+    def _put_back(self) -> bool:
+        """The adopted files back where they were; False if one cannot go back (it then
+        stays in the staging folder, which is kept: never lose a file that was not ours)."""
+        kept = True
+        for folder, name in reversed(self.adopted):
+            try:
+                system().rename_new(os.path.join(self.path, name), os.path.join(folder, name))
+            except OSError:
+                kept = kept and not os.path.lexists(os.path.join(self.path, name))
+        self.adopted.clear()
+        return kept
+
     def remove(self) -> None:
-        """Unless committed: remove the staging folder and the parents made for it."""
-        if self.committed:
+        """Unless committed: put back what was adopted, remove the staging folder and the
+        parents made for it."""
+        self.claim.staging = None
+        if self.committed or (self.adopted and not self._put_back()):
             return
         if self.path:
             with contextlib.suppress(OSError):  # already failing: the first error stands
