@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ckptfix.core.errors import CkptfixError, ClusterError, UsageError
+from ckptfix.core.errors import ClusterError, UsageError
 from ckptfix.core.signals import current as current_signals
 from ckptfix.core.text import shown
 from ckptfix.executors.ray_address import ENV, choose
@@ -196,7 +196,10 @@ def _result(ray: ModuleType, ref: Any) -> Any:
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, CkptfixError):
+        # The error the task raised, as a local run raises it: a CkptfixError is its one
+        # line; anything else is handled here as it would be there (not Ray's wrapper,
+        # whose text is the worker's traceback in terminal colours).
+        if isinstance(exc.cause, Exception):
             raise exc.cause from None
         raise
     except ray.exceptions.RayError as exc:

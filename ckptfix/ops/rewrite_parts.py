@@ -13,13 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from ckptfix.core.errors import SourceChangedError, UsageError
+from ckptfix.core.errors import CkptfixError, SourceChangedError, UsageError
 from ckptfix.ops.inspect import with_remote
 from ckptfix.ops.rewrite_options import PartRequest, PartTarget, WriteOptions
 from ckptfix.ops.source import RewriteSource
 from ckptfix.plan.select import OutTensor
 from ckptfix.plan.shards import ShardPlan
-from ckptfix.write.output import write_index
+from ckptfix.write.output import wrap_os_error, write_index
 from ckptfix.write.parts import (
     MAX_RECORD,
     RECORD,
@@ -42,7 +42,7 @@ from ckptfix.write.parts import (
     write_slice_to_store,
 )
 from ckptfix.write.results import WriteResult, WrittenFile
-from ckptfix.write.safetensors import ShardJob
+from ckptfix.write.safetensors import ShardJob, checked_headers
 from ckptfix.write.staging import Claim
 from ckptfix.write.store_output import StoreClaim, check_prefix, write_to_store
 from ckptfix.write.store_sink import StoreSink
@@ -104,7 +104,12 @@ def write_split(
         return _part(run)
     if split.commit:
         return _commit(run)
-    return _on_runner(run)
+    try:
+        return _on_runner(run)
+    except CkptfixError:  # already one line (a task's error, raised here as it was)
+        raise
+    except OSError as exc:  # the staging folder, the index: said as a local run says it
+        raise wrap_os_error(exc, claim.out) from exc
 
 
 def _result(run: _Run, written: WriteResult | None, record: PartRecord) -> RewriteResult:
@@ -317,6 +322,11 @@ def _on_runner(run: _Run) -> RewriteResult:
             return shards
 
         return _with_tasks_uploads(_publish_store(run, uploaded, ()), records)
+
+    from ckptfix.ops.rewrite import check_space  # a local run's check, before any task
+
+    job = run.job
+    check_space(plan, job, checked_headers(plan, job.tensors, job.metadata, claim.out), claim)
 
     def tasks(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         records = slices(PartTarget(digest, folder=job.staging), job.progress)
