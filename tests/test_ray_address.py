@@ -14,6 +14,7 @@ import pytest
 from tests.builders import Factory
 from tests.helpers import cli
 from tests.optional import needs
+from tests.remote_servers import http_server
 
 pytestmark = needs("ray")
 
@@ -57,6 +58,27 @@ def test_an_address_where_nothing_answers_is_one_line(
     assert _hash_on(address, monkeypatch, tmp_path) == [
         f"error: no Ray cluster answers at {address} (RAY_ADDRESS) (rule cluster-failed; "
         "start one with `ray start --head` or unset RAY_ADDRESS)"
+    ]
+
+
+@pytest.mark.timeout(60)  # Ray waited forever on it too
+def test_an_address_where_something_else_answers_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An HTTP server (the dashboard's port, say) is not a cluster's GCS, a gRPC server."""
+    from ray._private import ray_constants
+
+    # As RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 (tests/ray_cluster.py) keeps it, read when Ray
+    # is imported: 127.0.0.1 stays 127.0.0.1 (else Ray, and so the probe, goes to this
+    # node's interface address, where the loopback server does not answer).
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
+    with http_server(tmp_path) as server:
+        address = server.url.removeprefix("http://")
+        lines = _hash_on(address, monkeypatch, tmp_path)
+    assert lines == [
+        f"error: no Ray cluster answers at {address} (RAY_ADDRESS): what answers there is not "
+        "one (no gRPC server) (rule cluster-failed; start one with `ray start --head` or unset "
+        "RAY_ADDRESS)"
     ]
 
 

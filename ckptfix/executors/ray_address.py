@@ -4,8 +4,8 @@ port, or Ray's record of the last cluster `ray start` started on this machine, l
 when that cluster was killed) and refuses a malformed address with a ValueError. Here the
 address is found as `ray.init(address="auto")` finds it (ray._private.services:
 RAY_ADDRESS; else a Ray running on this machine, or the address in
-`<temp>/ray/ray_current_cluster`), checked for its form, and a TCP connection to it tried
-with a short timeout."""
+`<temp>/ray/ray_current_cluster`), checked for its form, and a connection to it tried with
+a short timeout: a gRPC server (Ray's GCS) must answer there."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ PROBE_TIMEOUT = 3.0  # seconds: a cluster's GCS on a reachable host accepts at o
 # IPv6 one in brackets) and a port; ASCII only, so nothing in it can move a terminal.
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
 _FORM = re.compile(rf"(?P<host>{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]{{1,5}})")
+# A client's connection preface and an empty SETTINGS frame (RFC 9113 3.4): a gRPC server
+# answers with its own SETTINGS frame; an HTTP/1 server or anything else does not.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_NOTHING = ""
 _RUNNING = "the address of the Ray running on this machine"
 
 
@@ -59,17 +63,35 @@ def host_port(address: str) -> tuple[str, int] | None:
     return match["host"].strip("[]"), int(match["port"])
 
 
-def answers(address: str, timeout: float = PROBE_TIMEOUT) -> bool:
-    """Whether something accepts a TCP connection at `address` (host:port) within
-    `timeout` seconds."""
+def answers(address: str, timeout: float = PROBE_TIMEOUT) -> str | None:
+    """None when a gRPC server (a Ray cluster's GCS) answers at `address` (host:port) within
+    `timeout` seconds; else why not: "" (nothing answers), or that what answers is not gRPC
+    (Ray would wait on either for ever)."""
     parts = host_port(address)
     if parts is None:
-        return False
+        return _NOTHING
     try:
-        with socket.create_connection(parts, timeout=timeout):
-            return True
+        with socket.create_connection(parts, timeout=timeout) as connection:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return None  # a TLS handshake first: the connection is all that is checked
+            connection.sendall(_HTTP2_PREFACE)
+            first = _received(connection, 9)
     except (OSError, UnicodeError):  # refused, timed out, a name that does not resolve
-        return False
+        return _NOTHING
+    # HTTP/2's server preface: a SETTINGS frame (type 4) on stream 0
+    if len(first) == 9 and first[3] == 4 and first[5:9] == bytes(4):
+        return None
+    return "what answers there is not one (no gRPC server)"
+
+
+def _received(connection: socket.socket, size: int) -> bytes:
+    data = b""
+    while len(data) < size:
+        more = connection.recv(size - len(data))
+        if not more:
+            break
+        data += more
+    return data
 
 
 def choose(ray: ModuleType) -> Choice:
@@ -85,16 +107,17 @@ def choose(ray: ModuleType) -> Choice:
             f"'{shown(found.address)}' is not a Ray cluster's address (host:port)",
             "set it to the address `ray start --head` printed, e.g. 10.0.0.5:6379, or unset it",
         )
-    target = _canonical(ray, found.address)
-    if answers(target):
+    wrong = answers(_canonical(ray, found.address))
+    if wrong is None:
         return Choice(found)
     if found.named:
         raise ClusterError(
             None,
-            f"no Ray cluster answers at {shown(found.address)} ({ENV})",
+            f"no Ray cluster answers at {shown(found.address)} ({ENV}){wrong and ': '}{wrong}",
             f"start one with `ray start --head` or unset {ENV}",
         )
-    return Choice(None, f"no cluster answers at {shown(found.address)}, {shown(found.origin)}")
+    where = f"{shown(found.address)}, {shown(found.origin)}"
+    return Choice(None, f"no cluster answers at {where}{wrong and ': '}{wrong}")
 
 
 def _find(ray: ModuleType) -> Found | None:
