@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from ckptfix.core.errors import CkptfixError, ClusterError, UsageError
+from ckptfix.core.errors import ClusterError, UsageError
 from ckptfix.core.signals import current as current_signals
+from ckptfix.core.text import shown
+from ckptfix.executors.ray_address import ENV, choose
 
 # A task whose worker process or node died is run again this many times (Ray's max_retries);
 # a task that raised (bad data, a changed source) is not: it ends the run.
@@ -37,10 +39,12 @@ class Cluster:
     address: str
     started: bool
     cpus: int
+    note: str = ""  # why a local Ray was started although an address was found
 
     def describe(self) -> str:
         if self.started:
-            return f"ray: started a local Ray ({self.cpus} CPUs), no cluster was running"
+            why = self.note or "no cluster was running"
+            return f"ray: started a local Ray ({self.cpus} CPUs), {why}"
         return f"ray: joined the cluster at {self.address} ({self.cpus} CPUs)"
 
     def to_dict(self) -> dict[str, object]:
@@ -55,20 +59,36 @@ class Cluster:
 
 def connect() -> Cluster:
     """Join the cluster as Ray programs do (RAY_ADDRESS, else one running on this machine),
-    or start a local Ray when there is none."""
+    or start a local Ray when there is none, or none answers where Ray's record of the last
+    one started here says (ray_address: a named address that does not answer is an error)."""
     ray = ray_module()
     quiet: dict[str, Any] = {"logging_level": logging.ERROR, "log_to_driver": False}
-    started = False
     _messages_to_stderr(ray)
-    if not ray.is_initialized():
+    if ray.is_initialized():
+        return _joined(ray, started=False)
+    choice = choose(ray)
+    if choice.found is not None:
         try:
-            ray.init(address="auto", **quiet)
+            ray.init(address="auto", **quiet)  # found as "auto" finds it: Ray's own rules
+            return _joined(ray, started=False)
         except ConnectionError:
-            # Started for this command only: it listens on loopback, not on the network.
-            ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
-            started = True
+            if choice.found.named:
+                raise ClusterError(
+                    None,
+                    f"could not join the Ray cluster at {shown(choice.found.address)} ({ENV})",
+                    "check that it is the address `ray start --head` printed (ray status)",
+                ) from None
+            # a found one that stopped answering since: a local Ray, as with none
+    # Started for this command only: it listens on loopback, not on the network; "local"
+    # so that Ray does not look for a cluster again (the stale record it would wait on).
+    ray.init(address="local", include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
+    return _joined(ray, started=True, note=choice.note)
+
+
+def _joined(ray: ModuleType, started: bool, note: str = "") -> Cluster:
     address = ray.get_runtime_context().gcs_address
-    return Cluster(address, started, max(1, int(ray.cluster_resources().get("CPU", 1))))
+    cpus = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return Cluster(address, started, cpus, note)
 
 
 def _messages_to_stderr(ray: ModuleType) -> None:
@@ -176,7 +196,10 @@ def _result(ray: ModuleType, ref: Any) -> Any:
     try:
         return ray.get(ref)
     except ray.exceptions.RayTaskError as exc:
-        if isinstance(exc.cause, CkptfixError):
+        # The error the task raised, as a local run raises it: a CkptfixError is its one
+        # line; anything else is handled here as it would be there (not Ray's wrapper,
+        # whose text is the worker's traceback in terminal colours).
+        if isinstance(exc.cause, Exception):
             raise exc.cause from None
         raise
     except ray.exceptions.RayError as exc:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from ckptfix.core.errors import CkptfixError
 from ckptfix.executors.ray_cluster import Cluster, Resources, Task, run_tasks
 from ckptfix.executors.ray_work import (
     BASE_MEMORY,
@@ -15,6 +16,7 @@ from ckptfix.executors.ray_work import (
     working_folder,
 )
 from ckptfix.ops.rewrite_options import PartRequest
+from ckptfix.write.output import wrap_os_error
 from ckptfix.write.part_records import PartRecord
 from ckptfix.write.parts import part_of_sizes
 from ckptfix.write.results import Progress
@@ -62,7 +64,12 @@ def write_part(request: PartRequest, part: int, count: int) -> PartRecord:
     commands: dict[str, Callable[..., rewrite.RewriteResult]] = {
         "convert": rewrite.convert, "reshard": rewrite.reshard, "dedupe": rewrite.dedupe,
     }  # fmt: skip
-    with working_folder(request.src, request.cwd):
-        result = commands[request.command](request.src, request.out, options)
+    try:
+        with working_folder(request.src, request.cwd):
+            result = commands[request.command](request.src, request.out, options)
+    except CkptfixError:
+        raise
+    except OSError as exc:  # the task's writes, said as a local run's writers say them
+        raise wrap_os_error(exc, request.out) from exc
     assert result.part is not None
     return result.part

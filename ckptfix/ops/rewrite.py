@@ -109,6 +109,21 @@ def nearest_folder(path: str) -> str:
     return path
 
 
+def check_space(
+    plan: ShardPlan, job: ShardJob, headers: Sequence[int] | None, claim: Claim
+) -> None:
+    """Refuse a file system without room for the output where its staging folder will be,
+    before anything is written; `headers`: the safetensors shards' header sizes (None for
+    torch output), whose blocks shared with the source (cloned) take no space."""
+    folder = nearest_folder(os.path.dirname(claim.real))
+    needed = sum(headers or ()) + plan.total_size
+    if headers is not None:
+        job.cloning = find_cloning(streamed_labels(job.tensors.values()), job.sources, folder)
+        needed -= shareable_bytes(plan, job.tensors, headers, job.cloning)
+        needed += len(plan.shards) * (job.cloning.block or 0)  # padding
+    check_free_space(folder, needed, claim.out)
+
+
 def _plan(source: RewriteSource, selection: Selection, options: WriteOptions) -> ShardPlan:
     """Shards for a selection, and what happens to the folder's other entries."""
     ext = "bin" if options.to == "torch" else "safetensors"
@@ -228,13 +243,7 @@ def _write(
         verify=options.verify,
     )
     try:
-        folder = nearest_folder(os.path.dirname(claim.real))  # where staging will be
-        needed = sum(headers) + plan.total_size
-        if not torch:  # blocks the output can share with the source take no space
-            job.cloning = find_cloning(streamed_labels(selection.tensors), job.sources, folder)
-            needed -= shareable_bytes(plan, tensors, headers, job.cloning)
-            needed += len(plan.shards) * (job.cloning.block or 0)  # padding
-        check_free_space(folder, needed, claim.out)
+        check_space(plan, job, None if torch else headers, claim)
         return stage_and_commit(source, plan, job, claim, options)
     except CkptfixError:  # already one line (an unreadable file is an OSError too)
         raise

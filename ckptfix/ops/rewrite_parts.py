@@ -50,7 +50,7 @@ from ckptfix.write.parts import (
     write_slice_to_store,
 )
 from ckptfix.write.results import WriteResult, WrittenFile
-from ckptfix.write.safetensors import ShardJob
+from ckptfix.write.safetensors import ShardJob, checked_headers
 from ckptfix.write.staging import Claim
 from ckptfix.write.store_output import StoreClaim, check_prefix, write_to_store
 from ckptfix.write.store_sink import StoreSink
@@ -335,6 +335,11 @@ def _on_runner(run: _Run) -> RewriteResult:
             return shards
 
         return _with_tasks_uploads(_publish_store(run, uploaded, ()), records)
+
+    from ckptfix.ops.rewrite import check_space  # a local run's check, before any task
+
+    job = run.job
+    check_space(plan, job, checked_headers(plan, job.tensors, job.metadata, claim.out), claim)
 
     def tasks(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         records = slices(PartTarget(digest, folder=job.staging), job.progress)

@@ -98,6 +98,8 @@ def _copy_file(
             reader = system().open_regular(entry, follow=False)
     except PermissionError as exc:  # the source's fault, not the output's
         raise unreadable_file(shown, exc) from exc
+    except FileNotFoundError as exc:
+        raise _vanished(shown) from exc
     except NotARegularFile as exc:  # swapped for something else since it was listed
         raise WriteError(
             shown, "is no longer a regular file: it changed during the run", "run again"
@@ -197,7 +199,7 @@ class _Carrier:
         """Carry one entry; for a folder, return it open (the caller walks it)."""
         if entry.relative in self.leave:
             return None
-        info = entry.folder.lstat(entry.name)
+        info = _source_lstat(entry)
         target, mode = os.path.join(self.staging, entry.relative), info.st_mode
         link = system().is_link(info)
         if stat.S_ISDIR(mode) and not link:
@@ -283,6 +285,18 @@ def copy_extra(
     carrier = carry_extra(source_root, names, staging, link=link)
     carrier.finish()
     return carrier.written
+
+
+def _source_lstat(entry: _Entry) -> os.stat_result:
+    try:
+        return entry.folder.lstat(entry.name)
+    except FileNotFoundError as exc:  # listed when the source was loaded, gone since
+        raise _vanished(entry.shown) from exc
+
+
+def _vanished(shown: str) -> SourceChangedError:
+    """A source entry removed after the source was listed: the run read another folder."""
+    return SourceChangedError(shown, "was removed during the run: the source changed")
 
 
 # (device, inode, size, modification time in ns): a source's change token (io.source)
