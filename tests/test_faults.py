@@ -164,7 +164,9 @@ def test_injected_enospc(
     assert not list(tmp_path.glob(".ckptfix-*"))
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(
+    "command", [COMMANDS[0], *(pytest.param(c, marks=pytest.mark.slow) for c in COMMANDS[1:])]
+)
 def test_fsync_failure_is_fatal(
     sources: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:

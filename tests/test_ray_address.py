@@ -61,6 +61,7 @@ def test_an_address_where_nothing_answers_is_one_line(
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)  # Ray waited forever on it too
 def test_an_address_where_something_else_answers_is_one_line(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path

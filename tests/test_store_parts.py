@@ -126,7 +126,9 @@ def test_a_shard_of_5_gib_is_one_copy(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @needs("botocore")
-@pytest.mark.parametrize("size", [5 * GIB + 1, 5 * 2**40], ids=["5GiB+1", "5TiB"])
+@pytest.mark.parametrize(
+    "size", [5 * GIB + 1, pytest.param(5 * 2**40, marks=pytest.mark.slow)], ids=["5GiB+1", "5TiB"]
+)
 def test_a_shard_over_5_gib_is_copied_in_parts_within_s3s_limits(
     size: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
