@@ -174,8 +174,9 @@ def _row(label: str, ours: list[float], peak: int, boto: dict[int, float]) -> st
 
 def _compare(
     label: str, args: list[str], local: Path, env: dict[str, str], client: Any, repeat: int
-) -> str:
-    """ckptfix writing `args` to s3://bench/out, against boto3 uploading `local`'s files."""
+) -> tuple[str, float, float]:
+    """ckptfix writing `args` to s3://bench/out, against boto3 uploading `local`'s files: the
+    table row, ckptfix's median wall and boto3's best."""
     walls, peak = [], 0
     for _ in range(repeat):
         wall, rss, _ = _ckptfix([*args, "-o", "s3://bench/out", "--max-shard", SHARD], env)
@@ -186,11 +187,7 @@ def _compare(
     for concurrency in (4, 8, 16):
         boto[concurrency] = min(_boto(local, concurrency, env) for _ in range(repeat))
         _empty(client, "boto/")
-    _LAST.update(ckptfix=statistics.median(walls), upload=min(boto.values()))
-    return _row(label, walls, peak, boto)
-
-
-_LAST: dict[str, float] = {}  # the last _compare's ckptfix median and boto3's best upload
+    return _row(label, walls, peak, boto), statistics.median(walls), min(boto.values())
 
 
 def _resume(folder: Path, env: dict[str, str], client: Any, planned: int) -> str:
@@ -228,7 +225,9 @@ def _s3_to_s3(
         [PYTHON, "-c", BOTO_UPLOAD, str(source), "bench", "src", "8"], env=env, check=True
     )
     label = "safetensors, S3 -> S3 (reshard)"
-    row = _compare(label, ["reshard", "s3://bench/src"], local, env, client, repeat)
+    row, ckptfix, upload = _compare(
+        label, ["reshard", "s3://bench/src"], local, env, client, repeat
+    )
     print(row, flush=True)
     start = time.perf_counter()
     subprocess.run(
@@ -237,8 +236,8 @@ def _s3_to_s3(
     )  # fmt: skip
     download = time.perf_counter() - start
     _empty(client, "src/")
-    floor = download + _LAST["upload"]  # one moto process serves both: they add up
-    ratio = _LAST["ckptfix"] / floor
+    floor = download + upload  # one moto process serves both: they add up
+    ratio = ckptfix / floor
     line = (
         f"| (S3 -> S3: boto3 download_file of the source, concurrency 8) | {download:.1f} s | "
         "the reads alone, which moto answers by copying the whole object for every range; "
@@ -270,7 +269,7 @@ def bench_store(repeat: int = 2, size: str = "2gb", s3_to_s3: bool = True) -> li
                 [PYTHON, "-m", "ckptfix", command, str(source), "-o", str(local), "--max-shard", SHARD],
                 env=env, check=True, capture_output=True,
             )  # fmt: skip
-            rows.append(_compare(label, [command, str(source)], local, env, client, repeat))
+            rows.append(_compare(label, [command, str(source)], local, env, client, repeat)[0])
             print(rows[-1], flush=True)
         local = Path(scratch) / "safetensors"
         if s3_to_s3:

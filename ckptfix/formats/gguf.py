@@ -18,8 +18,6 @@ from ckptfix.formats import sniff
 from ckptfix.formats.base import FORMATS, FileRead, Format, ReadOptions
 from ckptfix.io.source import ByteSource
 
-MAGIC = sniff.GGUF_MAGIC
-
 _HTML = rb"^\s*<(?:!doctype\s+html|html|head|body)\b"
 _TITLE = rb"<title[^>]*>([^<]{1,80})"
 

@@ -17,7 +17,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ckptfix.core.errors import PlanError
-from ckptfix.formats.gguf import MAGIC
 from ckptfix.formats.gguf_file import ALIGNMENT_KEY, GGML_IDS, SPLIT_KEYS, GgufFile
 from ckptfix.formats.gguf_header import (
     ARRAY,
@@ -28,6 +27,7 @@ from ckptfix.formats.gguf_header import (
     Cursor,
     GgufKey,
 )
+from ckptfix.formats.sniff import GGUF_MAGIC as MAGIC
 from ckptfix.io.source import ByteSource
 
 PADDING_KEY = "ckptfix.padding"

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptfix.core.errors import CorruptFileError, UnsupportedFormatError
-from ckptfix.formats.gguf import MAGIC
+from ckptfix.formats.sniff import GGUF_MAGIC as MAGIC
 from ckptfix.io.source import ByteSource
 
 VERSIONS = (2, 3)

@@ -13,7 +13,6 @@ from ckptfix.formats import sniff
 from ckptfix.formats.base import FORMATS, FileRead, ReadOptions, head_of
 from ckptfix.io.source import ByteSource
 
-MAGIC = sniff.LFS_MAGIC
 _SIZE = re.compile(rb"^size (\d+)\s*$", re.MULTILINE)
 _OID = re.compile(rb"^oid sha256:([0-9a-f]{64})\s*$", re.MULTILINE)
 
