@@ -345,9 +345,21 @@ def _on_runner(run: _Run) -> RewriteResult:
         records = slices(PartTarget(digest, folder=job.staging), job.progress)
         shards = check_covered(plan, records, job.out)
         check_local(job.staging, shards, job.out)
+        _remove_dead_attempts(job.staging)
         return _with_index(plan, job, shards)
 
     return _publish_local(run, tasks)
+
+
+def _remove_dead_attempts(staging: str) -> None:
+    """A task Ray ran again after its worker died left its scratch folder in the staging
+    folder (a task that ends removes its own): removed before the folder is published."""
+    from ckptfix.write.staging import is_staging_folder
+    from ckptfix.write.tree import remove_tree
+
+    for entry in os.scandir(staging):
+        if is_staging_folder(entry.path):
+            remove_tree(entry.path)
 
 
 def _with_tasks_uploads(result: RewriteResult, records: Sequence[PartRecord]) -> RewriteResult:
