@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -52,6 +53,29 @@ def test_top_level_help_shows_whole_command_summaries() -> None:
         "into " in words
     )
     assert "verified safetensors (or torch) shards." in words
+
+
+def test_a_run_builds_only_the_command_it_names() -> None:
+    from typer.main import get_command
+
+    from ckptfix.cli.app import app, for_arguments
+
+    def described(command: Any) -> list[tuple[Any, ...]]:
+        return [(command.help,)] + [
+            (p.name, p.opts, p.default, getattr(p, "help", None)) for p in command.params
+        ]
+
+    whole: Any = get_command(app)
+    assert len(whole.commands) >= 7
+    for name, full in whole.commands.items():
+        narrowed: Any = get_command(for_arguments([name, "--help"]))
+        assert list(narrowed.commands) == [name]
+        assert described(narrowed.commands[name]) == described(full)
+    for arguments in ([], ["--version"], ["--help", "inspect"], ["inspec"]):
+        assert for_arguments(arguments) is app
+    run = _ckptfix("inspec", "x")
+    assert run.returncode == 2
+    assert "No such command 'inspec'. Did you mean 'inspect'?" in run.stderr
 
 
 def test_examples_in_help_are_never_rewrapped() -> None:

@@ -6,7 +6,6 @@ every float format (bf16 and fp8 included) without torch and without float conve
 
 from __future__ import annotations
 
-import hashlib
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +31,8 @@ def tensor_chunks(source: Sources | ByteSource, tensor: TensorInfo) -> Iterator[
 
 
 def digest(source: Sources | ByteSource, tensor: TensorInfo) -> bytes:
+    import hashlib  # 3 ms to import (OpenSSL), and a plain inspect never hashes
+
     hasher = hashlib.blake2b(digest_size=32)
     for chunk in tensor_chunks(source, tensor):
         hasher.update(chunk)

@@ -398,6 +398,29 @@ def _write_chunks(chunks: Iterator[bytes]) -> None:
     sys.stdout.buffer.flush()
 
 
+def for_arguments(arguments: list[str]) -> typer.Typer:
+    """`app` with only the command that `arguments` name, when they start with one: Typer
+    builds every registered command's parameters before it parses (14 of a GGUF inspect's
+    170 ms, measured), and a run needs one. Anything else (no command, an option first, a
+    name that is no command) gets the whole app, for its help and its suggestions."""
+    from copy import copy
+
+    from typer.main import get_command_name
+
+    if not arguments:
+        return app
+    named = [
+        info
+        for info in app.registered_commands
+        if get_command_name(info.name or getattr(info.callback, "__name__", "")) == arguments[0]
+    ]
+    if len(named) != 1:
+        return app
+    narrowed = copy(app)
+    narrowed.registered_commands = named
+    return narrowed
+
+
 def main() -> None:
     """Console-script entry point (kept for callers of `ckptfix.cli.app:main`)."""
     from ckptfix.cli.entry import main as run

@@ -11,7 +11,7 @@ address that can be compared, and the range is then compared byte for byte by th
 from __future__ import annotations
 
 import errno
-import platform
+import os
 import struct
 
 # struct file_clone_range {s64 src_fd; u64 src_offset; u64 src_length; u64 dest_offset;}
@@ -37,7 +37,7 @@ FALLBACK = frozenset(
 def _ficlonerange() -> int | None:
     """The ioctl number, _IOW(0x94, 13, struct file_clone_range), on architectures that use
     the generic ioctl encoding; None elsewhere (no cloning)."""
-    if platform.machine().startswith(("ppc", "mips", "sparc", "alpha")):
+    if os.uname().machine.startswith(("ppc", "mips", "sparc", "alpha")):
         return None  # another encoding of the direction bits: not worth guessing
     write, size_shift, type_shift = 1, 16, 8
     return (write << 30) | (_CLONE_RANGE.size << size_shift) | (0x94 << type_shift) | 13
