@@ -15,6 +15,8 @@ from ckptfix.formats import FORMATS
 
 @dataclass(frozen=True)
 class CheckOptions:
+    """What the checks are asked to do beyond reading metadata."""
+
     max_shard: int
     hash_values: bool = False
     scan_values: bool = False

@@ -23,6 +23,8 @@ class Severity(str, Enum):
 
 @dataclass(frozen=True)
 class Code:
+    """A finding's code: its severity, its summary and how to fix it by hand."""
+
     severity: Severity
     summary: str  # when it is reported (README's words: Markdown, no capital, no full stop)
     help: str  # how to fix it by hand: whole sentences

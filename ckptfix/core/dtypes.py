@@ -20,6 +20,8 @@ class Kind(str, Enum):
 
 @dataclass(frozen=True)
 class DType:
+    """A tensor element type: its safetensors name, its width and its kind."""
+
     name: str  # the safetensors name, e.g. "BF16"
     bits: int
     kind: Kind

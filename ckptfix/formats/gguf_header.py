@@ -81,6 +81,8 @@ class RawTensor:
 
 @dataclass(frozen=True)
 class RawHeader:
+    """A GGUF header as stored: its version, key/values and tensor infos, and where they end."""
+
     version: int
     keys: tuple[GgufKey, ...]
     tensors: tuple[RawTensor, ...]

@@ -135,6 +135,8 @@ class Family:
 
 @dataclass(frozen=True)
 class FolderLayout:
+    """What a folder's file names say: its weight families, its weight files and its config."""
+
     families: tuple[Family, ...]
     weight_files: tuple[str, ...]
     config: str | None

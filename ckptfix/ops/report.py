@@ -21,6 +21,8 @@ FAIL_ON_LEVELS = ("error", "warning", "info", "never")
 
 @dataclass(frozen=True)
 class FileSummary:
+    """One file of a report: its path, format, size and tensor count."""
+
     path: str
     format: str
     bytes: int
@@ -39,6 +41,8 @@ class FileSummary:
 
 @dataclass(frozen=True)
 class Report:
+    """What `inspect` found in one checkpoint: its files, tensors and findings."""
+
     path: str
     format: str
     files: tuple[FileSummary, ...]
