@@ -62,11 +62,14 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m "not slow" deselects
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups it adds
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test run against each remote backend runs against one of them in the fast suite, a
-    different one for each test in turn (make test: all); tests of one system's own
-    primitives (marked `native`) skip in the portable mode."""
+    different one for each test in turn (make test: all); the tests of checkpoints the
+    frameworks write run on one worker; tests of one system's own primitives (marked
+    `native`) skip in the portable mode."""
     _one_backend_each_in_the_fast_run(items)
+    _frameworks_on_one_worker(items)
     if config.getoption("--platform") != "portable":
         return
     skip = pytest.mark.skip(reason="tests the system's own primitives; --platform portable")
@@ -85,6 +88,31 @@ def _one_backend_each_in_the_fast_run(items: list[pytest.Item]) -> None:
         turn = zlib.crc32(getattr(item, "originalname", item.name).encode())
         if backend != BACKENDS[turn % len(BACKENDS)]:
             item.add_marker(pytest.mark.slow)
+
+
+# Session fixtures that run a framework (DeepSpeed, accelerate, the Trainer, Lightning,
+# megatron-core) for up to minutes of CPU each: written once per worker process, so their
+# tests share one worker (`--dist loadgroup`) instead of each worker writing them again
+# (the same checkpoints were written twice, some 4 minutes of CPU, measured with --durations).
+_FRAMEWORK_FIXTURES = frozenset(
+    {
+        "dcp_saved",
+        "zero_saved",
+        "universal_saved",
+        "hf_writer_saved",
+        "accelerate_saved",
+        "trainer_saved",
+        "lightning_saved",
+        "megatron_saved",
+    }
+)
+
+
+def _frameworks_on_one_worker(items: list[pytest.Item]) -> None:
+    for item in items:
+        uses = _FRAMEWORK_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if uses and item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group("frameworks"))
 
 
 @pytest.fixture(params=["native", "portable"])

@@ -412,7 +412,8 @@ def for_arguments(arguments: list[str]) -> typer.Typer:
     named = [
         info
         for info in app.registered_commands
-        if get_command_name(info.name or getattr(info.callback, "__name__", "")) == arguments[0]
+        if get_command_name(str(info.name or getattr(info.callback, "__name__", "")))
+        == arguments[0]
     ]
     if len(named) != 1:
         return app
