@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,8 +21,10 @@ from ckptfix.ops.rewrite_options import PartRequest, ReshardOptions
 from ckptfix.platform import system
 from ckptfix.write.extras import copy_extra
 from ckptfix.write.parts import PartRecord
+from ckptfix.write.staging import write_marker
 from tests.builders import Factory, Spec
 from tests.optional import needs
+from tests.store_helpers import folder_files
 
 
 class _InProcess:
@@ -39,6 +42,31 @@ class _InProcess:
 
 def _source(tmp_path: Path) -> Path:
     return Factory(tmp_path).sharded("m", [[Spec(f"w{i}", "F32", (64, 64))] for i in range(3)])
+
+
+class _AfterADeadAttempt(_InProcess):
+    """Every slice written, and beside them in the run's staging folder the scratch folder
+    a task's first attempt left when its worker was killed mid-write (Ray ran it again)."""
+
+    def __call__(
+        self, request: PartRequest, sizes: Sequence[int], progress: Any
+    ) -> list[PartRecord]:
+        records = super().__call__(request, sizes, progress)
+        target = request.options.target
+        assert target is not None and target.folder is not None
+        scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=target.folder)
+        write_marker(scratch)
+        Path(scratch, records[0].shards[0].file).write_bytes(b"half a shard")
+        return records
+
+
+def test_a_dead_attempts_scratch_folder_is_not_published(tmp_path: Path) -> None:
+    source = _source(tmp_path)
+    rewrite.reshard(source, tmp_path / "local", ReshardOptions(max_shard="20KB"))
+    options = ReshardOptions(max_shard="20KB", runner=_AfterADeadAttempt())
+    rewrite.reshard(source, tmp_path / "out", options)
+    assert folder_files(tmp_path / "out") == folder_files(tmp_path / "local")
+    assert sorted(os.listdir(tmp_path)) == ["local", "m", "out"]
 
 
 def test_the_in_process_runner_writes_what_a_local_run_writes(tmp_path: Path) -> None:
