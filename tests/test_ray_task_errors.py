@@ -46,7 +46,12 @@ def _source(tmp_path: Path) -> Path:
 
 class _AfterADeadAttempt(_InProcess):
     """Every slice written, and beside them in the run's staging folder the scratch folder
-    a task's first attempt left when its worker was killed mid-write (Ray ran it again)."""
+    a task's first attempt left when its worker was killed (Ray ran it again): mid-write,
+    or between making the folder and marking it (`marked` False: no marker yet)."""
+
+    def __init__(self, marked: bool) -> None:
+        super().__init__()
+        self.marked = marked
 
     def __call__(
         self, request: PartRequest, sizes: Sequence[int], progress: Any
@@ -55,17 +60,20 @@ class _AfterADeadAttempt(_InProcess):
         target = request.options.target
         assert target is not None and target.folder is not None
         scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=target.folder)
-        write_marker(scratch)
-        Path(scratch, records[0].shards[0].file).write_bytes(b"half a shard")
+        if self.marked:
+            write_marker(scratch)
+            Path(scratch, records[0].shards[0].file).write_bytes(b"half a shard")
         return records
 
 
-def test_a_dead_attempts_scratch_folder_is_not_published(tmp_path: Path) -> None:
+@pytest.mark.parametrize("marked", [True, False], ids=["mid-write", "before-its-marker"])
+def test_a_dead_attempts_scratch_folder_is_not_published(tmp_path: Path, marked: bool) -> None:
     source = _source(tmp_path)
     rewrite.reshard(source, tmp_path / "local", ReshardOptions(max_shard="20KB"))
-    options = ReshardOptions(max_shard="20KB", runner=_AfterADeadAttempt())
+    options = ReshardOptions(max_shard="20KB", runner=_AfterADeadAttempt(marked))
     rewrite.reshard(source, tmp_path / "out", options)
     assert folder_files(tmp_path / "out") == folder_files(tmp_path / "local")
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(os.listdir(tmp_path / "local"))
     assert sorted(os.listdir(tmp_path)) == ["local", "m", "out"]
 
 

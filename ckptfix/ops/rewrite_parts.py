@@ -353,12 +353,13 @@ def _on_runner(run: _Run) -> RewriteResult:
 
 def _remove_dead_attempts(staging: str) -> None:
     """A task Ray ran again after its worker died left its scratch folder in the staging
-    folder (a task that ends removes its own): removed before the folder is published."""
-    from ckptfix.write.staging import is_staging_folder
+    folder (a task that ends removes its own): removed before the folder is published.
+    Every `.ckptfix-*` folder there is one, marked or not (a worker killed between making
+    it and marking it): only this run's tasks have written into the staging folder yet."""
     from ckptfix.write.tree import remove_tree
 
     for entry in os.scandir(staging):
-        if is_staging_folder(entry.path):
+        if entry.name.startswith(".ckptfix-") and entry.is_dir(follow_symlinks=False):
             remove_tree(entry.path)
 
 
