@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -17,14 +17,17 @@ import pytest
 from ckptfix.core.errors import SourceChangedError, WriteError
 from ckptfix.executors.ray_write import write_part
 from ckptfix.ops import rewrite, rewrite_parts
-from ckptfix.ops.rewrite_options import PartRequest, ReshardOptions
+from ckptfix.ops.rewrite_options import PartRequest, PartTarget, ReshardOptions
 from ckptfix.platform import system
 from ckptfix.write.extras import copy_extra
 from ckptfix.write.parts import PartRecord
 from ckptfix.write.staging import write_marker
+from ckptfix.write.stores import open_store
+from ckptfix.write.stores.base import StoreOptions
+from ckptfix.write.stores.s3 import MultipartUpload
 from tests.builders import Factory, Spec
 from tests.optional import needs
-from tests.store_helpers import folder_files
+from tests.store_helpers import folder_files, moto_here, objects
 
 
 class _InProcess:
@@ -45,32 +48,42 @@ def _source(tmp_path: Path) -> Path:
 
 
 class _AfterADeadAttempt(_InProcess):
-    """Every slice written, and beside them in the run's staging folder the scratch folder
-    a task's first attempt left when its worker was killed (Ray ran it again): mid-write,
-    or between making the folder and marking it (`marked` False: no marker yet)."""
-
-    def __init__(self, marked: bool) -> None:
-        super().__init__()
-        self.marked = marked
+    """Every slice written, and what a task's first attempt left (`dead`: the target and
+    the first shard's name) when its worker was killed and Ray ran it again."""
 
     def __call__(
         self, request: PartRequest, sizes: Sequence[int], progress: Any
     ) -> list[PartRecord]:
         records = super().__call__(request, sizes, progress)
-        target = request.options.target
-        assert target is not None and target.folder is not None
+        assert request.options.target is not None
+        self.dead(request.options.target, records[0].shards[0].file)
+        return records
+
+    def dead(self, target: PartTarget, name: str) -> None:
+        raise NotImplementedError
+
+
+class _DeadScratch(_AfterADeadAttempt):
+    """The attempt's scratch folder in the run's staging folder: killed mid-write, or
+    between making the folder and marking it (`marked` False: no marker yet)."""
+
+    def __init__(self, marked: bool) -> None:
+        super().__init__()
+        self.marked = marked
+
+    def dead(self, target: PartTarget, name: str) -> None:
+        assert target.folder is not None
         scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=target.folder)
         if self.marked:
             write_marker(scratch)
-            Path(scratch, records[0].shards[0].file).write_bytes(b"half a shard")
-        return records
+            Path(scratch, name).write_bytes(b"half a shard")
 
 
 @pytest.mark.parametrize("marked", [True, False], ids=["mid-write", "before-its-marker"])
 def test_a_dead_attempts_scratch_folder_is_not_published(tmp_path: Path, marked: bool) -> None:
     source = _source(tmp_path)
     rewrite.reshard(source, tmp_path / "local", ReshardOptions(max_shard="20KB"))
-    options = ReshardOptions(max_shard="20KB", runner=_AfterADeadAttempt(marked))
+    options = ReshardOptions(max_shard="20KB", runner=_DeadScratch(marked))
     rewrite.reshard(source, tmp_path / "out", options)
     assert folder_files(tmp_path / "out") == folder_files(tmp_path / "local")
     assert sorted(os.listdir(tmp_path / "out")) == sorted(os.listdir(tmp_path / "local"))
@@ -154,3 +167,53 @@ def test_a_carried_file_removed_during_the_run_is_a_changed_source(tmp_path: Pat
         f"error: {tmp_path / 'src' / 'notes.txt'}: was removed during the run: the source "
         "changed (rule source-changed; run again on a stable copy)"
     )
+
+
+@pytest.fixture
+def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    with moto_here(monkeypatch.setenv) as client:
+        yield client
+
+
+class _DeadUpload(_AfterADeadAttempt):
+    """The multipart upload of the first shard the attempt started: recorded as every
+    upload a ckptfix process starts is (`recorded`), or killed before its record was put."""
+
+    def __init__(self, s3: Any, recorded: bool) -> None:
+        super().__init__()
+        self.s3, self.recorded = s3, recorded
+        self.started: list[str] = []
+
+    def dead(self, target: PartTarget, name: str) -> None:
+        assert target.store is not None
+        if self.recorded:
+            upload = open_store(target.store, StoreOptions()).begin(name, 64 * 2**20)
+            assert isinstance(upload, MultipartUpload)
+            self.started.append(str(upload.upload_id))
+        else:
+            key = f"{target.store.removeprefix('s3://bkt/')}/{name}"
+            answer = self.s3.create_multipart_upload(Bucket="bkt", Key=key)
+            self.started.append(answer["UploadId"])
+
+
+@pytest.mark.slow
+@needs("moto")
+@pytest.mark.parametrize("recorded", [True, False], ids=["recorded", "before-its-record"])
+def test_a_dead_attempts_upload_to_s3(s3: Any, tmp_path: Path, recorded: bool) -> None:
+    """A recorded upload of this run's that no task completed is aborted at publication;
+    one without a record (it may be anyone's) is left and reported."""
+    source, prefix = _source(tmp_path), f"out-{recorded}"  # moto's buckets outlive a server
+    rewrite.reshard(source, tmp_path / "local", ReshardOptions(max_shard="20KB"))
+    runner = _DeadUpload(s3, recorded)
+    options = ReshardOptions(max_shard="20KB", runner=runner)
+    result = rewrite.reshard(source, f"s3://bkt/{prefix}", options)
+    assert objects(s3, "bkt", prefix) == folder_files(tmp_path / "local")
+    left = s3.list_multipart_uploads(Bucket="bkt", Prefix=f"{prefix}/").get("Uploads", [])
+    assert result.written is not None and result.written.upload is not None
+    shard, upload = "model-00001-of-00003.safetensors", result.written.upload
+    if recorded:
+        assert left == [] and upload.aborted == (shard,) and upload.left == ()
+    else:
+        started = [(item["Key"], item["UploadId"]) for item in left]
+        assert started == [(f"{prefix}/{shard}", runner.started[0])]
+        assert upload.left == (shard,) and upload.aborted == ()
