@@ -7,7 +7,8 @@ RAY_ADDRESS; else a Ray running on this machine, or the address in
 `<temp>/ray/ray_current_cluster`), checked for its form, and a connection to it tried with
 a short timeout: a gRPC server must answer there, and serve Ray's GCS (ray.init asks
 anything else for the cluster's id again and again, printing a line a second, for 20 s,
-or for ever when the server answers garbage; and ignores SIGTERM meanwhile)."""
+or for ever when the server answers garbage, a SIGTERM kept for a safe point it never
+reaches)."""
 
 from __future__ import annotations
 
