@@ -37,6 +37,20 @@ def fresh_env(proxy: Proxy, setenv: Any) -> dict[str, str]:
     return values
 
 
+@contextlib.contextmanager
+def moto_here(setenv: Any, bucket: str = "bkt") -> Iterator[Any]:
+    """moto's S3 with `bucket`, ckptfix in this process pointed at it (`setenv`:
+    monkeypatch.setenv); yields a boto3 client of it."""
+    import boto3
+
+    with moto_server() as endpoint:
+        for name, value in {**S3_ENV, **FAST, **NO_METADATA, "AWS_ENDPOINT_URL": endpoint}.items():
+            setenv(name, value)
+        client = boto3.client("s3", endpoint_url=endpoint, region_name=S3_ENV["AWS_DEFAULT_REGION"])
+        client.create_bucket(Bucket=bucket)
+        yield client
+
+
 def new_bucket(s3: Any, name: str) -> Iterator[str]:
     """A bucket for one test, emptied afterwards (moto keeps objects in memory)."""
     s3.create_bucket(Bucket=name)

@@ -334,16 +334,9 @@ def test_a_stopped_part_leaves_no_scratch_folder(name: str, tmp_path: Path) -> N
 @pytest.fixture
 def s3(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     """A client of moto's S3 with bucket `bkt`, ckptfix pointed at it (in this process)."""
-    import boto3
+    from tests.store_helpers import moto_here
 
-    from tests.remote_servers import S3_ENV, moto_server
-    from tests.store_helpers import FAST, NO_METADATA
-
-    with moto_server() as endpoint:
-        for name, value in {**S3_ENV, **FAST, **NO_METADATA, "AWS_ENDPOINT_URL": endpoint}.items():
-            monkeypatch.setenv(name, value)
-        client = boto3.client("s3", endpoint_url=endpoint, region_name=S3_ENV["AWS_DEFAULT_REGION"])
-        client.create_bucket(Bucket="bkt")
+    with moto_here(monkeypatch.setenv) as client:
         yield client
 
 

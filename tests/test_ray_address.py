@@ -5,7 +5,11 @@ has stopped starts a local Ray. No cluster is started here: the ports are closed
 
 from __future__ import annotations
 
+import contextlib
 import socket
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +84,87 @@ def test_an_address_where_something_else_answers_is_one_line(
         f"error: no Ray cluster answers at {address} (RAY_ADDRESS): what answers there is not "
         "one (no gRPC server) (rule cluster-failed; start one with `ray start --head` or unset "
         "RAY_ADDRESS)"
+    ]
+
+
+@contextlib.contextmanager
+def _grpc_server(refuse: bool) -> Iterator[str]:
+    """A gRPC server on 127.0.0.1 that serves no Ray service (every call UNIMPLEMENTED),
+    or (`refuse`) answers every call UNAUTHENTICATED; yields its address."""
+    import grpc
+
+    class Refusing(grpc.GenericRpcHandler):  # type: ignore[misc]
+        def service(self, details: Any) -> Any:
+            def refused(request: bytes, context: Any) -> None:
+                context.abort(grpc.StatusCode.UNAUTHENTICATED, "no token")
+
+            return grpc.unary_unary_rpc_method_handler(refused)
+
+    server = grpc.server(ThreadPoolExecutor(max_workers=2), handlers=[Refusing()] if refuse else [])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        server.stop(None)
+
+
+@contextlib.contextmanager
+def _settings_then_garbage() -> Iterator[str]:
+    """A server that answers as an HTTP/2 server does (a SETTINGS frame), then with bytes
+    that are no HTTP/2 frame; yields its address."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    connections: list[socket.socket] = []  # left open: the client sees the garbage
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            connections.append(connection)
+            connection.recv(100)
+            connection.sendall(bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]) + b"garbage" * 100)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for connection in [*connections, listener]:
+            connection.close()
+
+
+@pytest.mark.timeout(60)  # Ray printed its log lines for 20 s, or waited forever
+@pytest.mark.parametrize("server", ["grpc", "garbage", "refusing"])
+def test_a_server_that_is_not_a_clusters_gcs_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, server: str
+) -> None:
+    """A gRPC server of another program, one that answers garbage once it has said it speaks
+    HTTP/2, and one that refuses the client's token (a cluster of another token)."""
+    from ray._private import ray_constants
+
+    monkeypatch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)  # see the test above
+    opened = _settings_then_garbage() if server == "garbage" else _grpc_server(server == "refusing")
+    with opened as address:
+        lines = _hash_on(address, monkeypatch, tmp_path)
+    if server == "refusing":
+        assert lines == [
+            f"error: the Ray cluster at {address} refuses this client's authentication token "
+            "(rule cluster-failed; set RAY_AUTH_MODE=token and the cluster's token "
+            "(RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), as `ray start` had them)"
+        ]
+        return
+    status = "UNIMPLEMENTED" if server == "grpc" else "UNAVAILABLE"
+    assert lines == [
+        f"error: no Ray cluster answers at {address} (RAY_ADDRESS): what answers there is not "
+        f"one (a gRPC server, not Ray's GCS: {status}) (rule cluster-failed; start one with "
+        "`ray start --head` or unset RAY_ADDRESS)"
     ]
 
 

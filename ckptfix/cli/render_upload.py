@@ -47,7 +47,7 @@ def upload_notes(written: WriteResult, upload: UploadReport) -> list[Text]:
     if upload.left:
         lines.append(
             text(
-                f"left alone: uploads under the prefix that are not ckptfix's: "
+                f"left alone: uploads under the prefix no ckptfix run recorded: "
                 f"{_some(upload.left, '')}",
                 style="yellow",
             )

@@ -5,7 +5,10 @@ when that cluster was killed) and refuses a malformed address with a ValueError.
 address is found as `ray.init(address="auto")` finds it (ray._private.services:
 RAY_ADDRESS; else a Ray running on this machine, or the address in
 `<temp>/ray/ray_current_cluster`), checked for its form, and a connection to it tried with
-a short timeout: a gRPC server (Ray's GCS) must answer there."""
+a short timeout: a gRPC server must answer there, and serve Ray's GCS (ray.init asks
+anything else for the cluster's id again and again, printing a line a second, for 20 s,
+or for ever when the server answers garbage, a SIGTERM kept for a safe point it never
+reaches)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from ckptfix.core.text import shown
 
 ENV = "RAY_ADDRESS"
 PROBE_TIMEOUT = 3.0  # seconds: a cluster's GCS on a reachable host accepts at once
+GCS_TIMEOUT = 10.0  # seconds for its first answer (a cluster's id, kept in memory)
 # A GCS address as Ray's parse_address splits it: host (a name, an IPv4 address, or an
 # IPv6 one in brackets) and a port; ASCII only, so nothing in it can move a terminal.
 _LABEL = r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?"
@@ -80,8 +84,48 @@ def answers(address: str, timeout: float = PROBE_TIMEOUT) -> str | None:
         return _NOTHING
     # HTTP/2's server preface: a SETTINGS frame (type 4) on stream 0
     if len(first) == 9 and first[3] == 4 and first[5:9] == bytes(4):
-        return None
+        return _not_gcs(address)
     return "what answers there is not one (no gRPC server)"
+
+
+def _not_gcs(address: str) -> str | None:
+    """None when the gRPC server at `address` is a Ray cluster's GCS: it answers the first
+    call ray.init makes (the cluster's id), sent with the token Ray's own clients send;
+    else why not. A cluster that refuses the token is a cluster error of its own."""
+    try:
+        import grpc
+        from ray.core.generated.gcs_service_pb2 import GetClusterIdRequest
+        from ray.core.generated.gcs_service_pb2_grpc import NodeInfoGcsServiceStub
+    except ImportError:  # Ray without grpcio (not the ray extra): the connection checked only
+        return None
+    with grpc.insecure_channel(address) as channel:
+        try:
+            NodeInfoGcsServiceStub(channel).GetClusterId(
+                GetClusterIdRequest(), timeout=GCS_TIMEOUT, metadata=_token()
+            )
+        except grpc.RpcError as exc:
+            code = exc.code()
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                raise ClusterError(
+                    None,
+                    f"the Ray cluster at {shown(address)} refuses this client's "
+                    "authentication token",
+                    "set RAY_AUTH_MODE=token and the cluster's token (RAY_AUTH_TOKEN, "
+                    "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token), as `ray start` had them",
+                ) from None
+            return f"what answers there is not one (a gRPC server, not Ray's GCS: {code.name})"
+    return None
+
+
+def _token() -> tuple[tuple[str, str], ...]:
+    """The metadata Ray's clients authenticate with (none when no token is configured)."""
+    try:
+        from ray._private.authentication.grpc_authentication_client_interceptor import (
+            _get_authentication_metadata_tuple,
+        )
+    except ImportError:  # a Ray without token authentication
+        return ()
+    return tuple(_get_authentication_metadata_tuple())
 
 
 def _received(connection: socket.socket, size: int) -> bytes:

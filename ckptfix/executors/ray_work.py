@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from ckptfix.core.errors import SourceChangedError, UsageError
+from ckptfix.core.errors import InputNotFoundError, SourceChangedError, UsageError
 from ckptfix.core.tensor import TensorInfo
 from ckptfix.executors.ray_cluster import Cluster, Resources, Task, run_tasks
 from ckptfix.io.urls import is_url
@@ -123,7 +123,16 @@ def working_folder(path: str, cwd: str) -> Iterator[None]:
         yield
         return
     previous = os.getcwd()
-    os.chdir(cwd)
+    try:
+        os.chdir(cwd)
+    except OSError as exc:  # a folder the driver's node has and this one has not
+        raise InputNotFoundError(
+            path,
+            f"no such file or directory on this Ray node: the driver's working folder {cwd} "
+            f"is not there" + ("" if isinstance(exc, FileNotFoundError) else f" ({exc.strerror})"),
+            "give a path every node sees the same way, such as an absolute path on a shared "
+            "file system",
+        ) from exc
     try:
         yield
     finally:

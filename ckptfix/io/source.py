@@ -54,17 +54,31 @@ def past_end(label: str, needed: int, size: int) -> CorruptFileError:
     )
 
 
+@contextmanager
+def _reading(label: str | None) -> Iterator[None]:
+    """A read of the file `label` names that the OS fails (an I/O error, a network file
+    system's stale handle) is that file's one-line error, as a refused open is; without a
+    label (the writers reading their own output back) the OSError is the caller's."""
+    try:
+        yield
+    except OSError as exc:
+        if label is None:
+            raise
+        raise unreadable_file(label, exc) from exc
+
+
 def pread_exact(fd: int, offset: int, size: int, label: str | None = None) -> bytes:
     """Reads at an offset in a loop (one call returns at most about 2 GiB on Linux, 1 GiB
     asked here); a file that ends early changed under us or was truncated."""
     parts = []
-    while size:
-        part = system().pread(fd, min(size, 1 << 30), offset)
-        if not part:
-            raise SourceChangedError(label)
-        parts.append(part)
-        offset += len(part)
-        size -= len(part)
+    with _reading(label):
+        while size:
+            part = system().pread(fd, min(size, 1 << 30), offset)
+            if not part:
+                raise SourceChangedError(label)
+            parts.append(part)
+            offset += len(part)
+            size -= len(part)
     return b"".join(parts)
 
 
@@ -72,13 +86,14 @@ def preadv_exact(fd: int, offset: int, buffers: Sequence[Any], label: str | None
     """Fill `buffers` (writable views, in order) from `offset` on, `vector_limit` of them per system
     call; a file that ends early changed under us."""
     limit = system().vector_limit
-    for first in range(0, len(buffers), limit):
-        batch = buffers[first : first + limit]
-        want = sum(map(len, batch))
-        got = system().read_vector(fd, batch, offset)
-        if got < want:  # short (never from the page cache but at the end of the file)
-            _read_rest(fd, offset + got, _after(batch, got), label)
-        offset += want
+    with _reading(label):
+        for first in range(0, len(buffers), limit):
+            batch = buffers[first : first + limit]
+            want = sum(map(len, batch))
+            got = system().read_vector(fd, batch, offset)
+            if got < want:  # short (never from the page cache but at the end of the file)
+                _read_rest(fd, offset + got, _after(batch, got), label)
+            offset += want
 
 
 def _after(buffers: Sequence[Any], done: int) -> list[Any]:
@@ -114,10 +129,11 @@ def read_into(source: ByteSource, offset: int, buffer: memoryview) -> None:
 
 
 def unreadable_file(label: str, exc: OSError) -> CorruptFileError:
-    """A file that cannot be opened for reading (no permission, another user's): one line."""
-    return CorruptFileError(
-        label, "unreadable", f"cannot read the file: {exc.strerror}", "check its permissions"
-    )
+    """A file that cannot be opened for reading (no permission, another user's) or whose
+    read failed (an I/O error): one line."""
+    refused = isinstance(exc, PermissionError)
+    fix = "check its permissions" if refused else "check the disk or file system it is on"
+    return CorruptFileError(label, "unreadable", f"cannot read the file: {exc.strerror}", fix)
 
 
 class LocalFile:

@@ -329,6 +329,7 @@ def _on_runner(run: _Run) -> RewriteResult:
             records.extend(slices(target, run.options.progress))
             shards = check_covered(plan, records, claim.out)
             check_stored(claim.store, shards)
+            _abort_dead_attempts(claim, shards)
             for kept in (record for record in shards if record.kept):
                 claim.state.kept.append(kept.file)
                 claim.state.bytes_kept += kept.size
@@ -353,13 +354,32 @@ def _on_runner(run: _Run) -> RewriteResult:
 
 def _remove_dead_attempts(staging: str) -> None:
     """A task Ray ran again after its worker died left its scratch folder in the staging
-    folder (a task that ends removes its own): removed before the folder is published."""
-    from ckptfix.write.staging import is_staging_folder
-    from ckptfix.write.tree import remove_tree
-
+    folder (a task that ends removes its own): removed before the folder is published.
+    Every `.ckptfix-*` folder there is one, marked or not (a worker killed between making
+    it and marking it): only this run's tasks have written into the staging folder yet."""
     for entry in os.scandir(staging):
-        if is_staging_folder(entry.path):
+        if entry.name.startswith(".ckptfix-") and entry.is_dir(follow_symlinks=False):
             remove_tree(entry.path)
+
+
+def _abort_dead_attempts(claim: StoreClaim, shards: Sequence[ShardRecord]) -> None:
+    """A task Ray ran again after its worker died may have left an upload its first attempt
+    started. Once every task returned, an upload under way that the claim did not find, at
+    a shard's name and recorded by a ckptfix process (only this run's tasks have written
+    since the claim; the driver sends nothing before this) is such a one: aborted, as a
+    killed run's are. Any other new one (a worker killed before it put the record, or
+    another program's) is left and reported, as the claim reports those it finds."""
+    before = {(upload.name, upload.upload_id) for upload in claim.others}
+    planned = {shard.file for shard in shards}
+    new = [
+        upload
+        for upload in claim.store.dangling(own=True)
+        if (upload.name, upload.upload_id) not in before
+    ]
+    dead = [upload for upload in new if upload.ours and upload.name in planned]
+    claim.store.abort_dangling(dead)
+    claim.aborted += tuple(upload.name for upload in dead)
+    claim.left += tuple(upload.name for upload in new if upload not in dead)
 
 
 def _with_tasks_uploads(result: RewriteResult, records: Sequence[PartRecord]) -> RewriteResult:

@@ -49,6 +49,7 @@ class StoreClaim:
     replace_any: bool = False
     aborted: tuple[str, ...] = ()
     left: tuple[str, ...] = ()
+    others: tuple[Dangling, ...] = ()  # the uploads `left` names, as the claim found them
     real: str = field(default="")
 
     def release(self) -> None:
@@ -159,7 +160,8 @@ def claim_store(
         _check_take_over(store, ours, options)
         store.abort_dangling(ours)
         claim.aborted = tuple(upload.name for upload in ours)
-        claim.left = tuple(upload.name for upload in dangling if not upload.ours)
+        claim.others = tuple(upload for upload in dangling if not upload.ours)
+        claim.left = tuple(upload.name for upload in claim.others)
     return claim
 
 

@@ -89,8 +89,9 @@ class ObjectStore(Protocol):
     def list(self) -> Sequence[StoredObject]:
         """Every object under the prefix (bounded as the remote reads bound listings)."""
 
-    def dangling(self) -> Sequence[Dangling]:
-        """Uploads under the prefix started and never completed (none for stores without)."""
+    def dangling(self, *, own: bool = False) -> Sequence[Dangling]:
+        """Uploads under the prefix started and never completed (none for stores without).
+        `own`: the run's own marker is there (its Ray tasks put it), not another run's."""
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None: ...
 

@@ -213,7 +213,7 @@ class GcsStore:
                 found.append(StoredObject(name, _size(item, self.url_of(name)), checksum))
         return found
 
-    def dangling(self) -> Sequence[Dangling]:
+    def dangling(self, *, own: bool = False) -> Sequence[Dangling]:
         """The uploads of other runs whose parts are still under the temporary prefix: a
         ckptfix run's (`ours`), since only ckptfix puts objects under TEMP."""
         root = self.key(f"{TEMP}/")

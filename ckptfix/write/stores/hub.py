@@ -150,7 +150,7 @@ class HubStore:
                     found[entry["name"][len(root) + 1 :]] = entry
         return found
 
-    def dangling(self) -> Sequence[Dangling]:
+    def dangling(self, *, own: bool = False) -> Sequence[Dangling]:
         return []
 
     def abort_dangling(self, uploads: Iterable[Dangling]) -> None:

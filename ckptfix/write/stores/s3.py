@@ -158,10 +158,10 @@ class S3Store:
             return None
         return StoredObject(name, size) if name else None
 
-    def dangling(self) -> Sequence[Dangling]:
+    def dangling(self, *, own: bool = False) -> Sequence[Dangling]:
         """Multipart uploads under the prefix never completed: ours if a record vouches for
-        them."""
-        ours = self._taken_over()
+        them (with `own`, the marker is this run's: no take-over to check)."""
+        ours = set(self._records()) if own else self._taken_over()
         uploads: list[Dangling] = []
         params: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self.prefix}
         pages = Pages(self._display)
