@@ -263,6 +263,27 @@ def test_an_array_of_strings_is_walked_to_its_end_across_windows(
     assert cursor.position == len(body)
 
 
+@given(
+    lengths=st.lists(st.integers(0, 40), min_size=0, max_size=60),
+    cut=st.integers(0, 2000),
+    start=st.integers(0, 7),
+)
+@pytest.mark.skipif(sys.byteorder != "little", reason="u64 views are native: little-endian")
+def test_the_walk_stops_where_one_string_at_a_time_stops(
+    lengths: list[int], cut: int, start: int
+) -> None:
+    """_walk's turns of eight reach the offset and count a walk of one string at a time
+    reaches, in a buffer cut anywhere (the window's end) and from any alignment."""
+    body = bytes(start) + b"".join(struct.pack("<Q", n) + b"x" * n for n in lengths)
+    buffer = body[:cut]
+    at, done = start, 0
+    while done < len(lengths) and at + 8 <= len(buffer):
+        at += 8 + struct.unpack_from("<Q", buffer, at)[0]
+        done += 1
+    views = gguf_header._u64_views(buffer)
+    assert gguf_header._walk(views, start, len(lengths)) == (at, done)
+
+
 def test_a_string_length_past_the_file_is_refused() -> None:
     body = struct.pack("<Q", 3) + b"abc" + struct.pack("<Q", 2**63)
     cursor = gguf_header.Cursor(_Bytes(body))

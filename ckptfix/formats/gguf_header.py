@@ -196,18 +196,16 @@ class Cursor:
             self._fill(8)
             buffer, base = self.buffer, self.start
             at = position - base
-            done = 0
-            try:  # a length not whole in the window ends the walk: no test per string
-                if _LITTLE_ENDIAN:  # each length read as one item of a u64 view
-                    views = _u64_views(buffer)
+            if _LITTLE_ENDIAN:  # each length read as one item of a u64 view
+                at, done = _walk(_u64_views(buffer), at, count)
+            else:
+                done = 0
+                try:  # a length not whole in the window ends the walk: no test per string
                     for done in range(count):  # noqa: B007  (`done` counts the strings walked)
-                        at += 8 + views[at & 7][at >> 3]
-                else:
-                    for done in range(count):  # noqa: B007
                         at += 8 + _U64(buffer, at)[0]
-                done = count
-            except (struct.error, IndexError):
-                pass
+                    done = count
+                except struct.error:
+                    pass
             position = base + at
             count -= done
             if position > self.limit:
@@ -234,6 +232,37 @@ class Cursor:
                 self.take(self.length(self.remaining())).decode("utf-8", "backslashreplace")
             )
         return found
+
+
+def _walk(views: list[memoryview], at: int, count: int) -> tuple[int, int]:
+    """(the offset reached, the strings walked): up to `count` strings from offset `at` of
+    the buffer `views` show (_u64_views), eight a turn while eight remain (a fifth faster
+    than one a turn, measured). A length not whole in the buffer ends the walk (IndexError:
+    no test per string) with `at` the offset of its string; in a turn of eight, that turn is
+    walked again one string at a time to find which."""
+    start, turn = at, 0
+    try:
+        for turn in range(count >> 3):  # noqa: B007  (`turn` counts the turns walked)
+            start = at
+            at += 8 + views[at & 7][at >> 3]
+            at += 8 + views[at & 7][at >> 3]
+            at += 8 + views[at & 7][at >> 3]
+            at += 8 + views[at & 7][at >> 3]
+            at += 8 + views[at & 7][at >> 3]
+            at += 8 + views[at & 7][at >> 3]
+            at += 8 + views[at & 7][at >> 3]
+            at += 8 + views[at & 7][at >> 3]
+        turn = count >> 3
+    except IndexError:
+        at = start
+    done = turn << 3
+    try:
+        for done in range(done, count):  # noqa: B007, B020  (`done` counts the strings walked)
+            at += 8 + views[at & 7][at >> 3]
+        done = count
+    except IndexError:
+        pass
+    return at, done
 
 
 def _u64_views(buffer: bytes) -> list[memoryview]:
