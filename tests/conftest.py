@@ -45,6 +45,9 @@ def pytest_configure(config: pytest.Config) -> None:
     would then see a run that cannot be interrupted. The tests' processes get it back."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # xdist's own mark, added by _frameworks_on_one_worker: known to --strict-markers in a
+    # run without xdist too (`-p no:xdist`)
+    config.addinivalue_line("markers", "xdist_group(name): tests xdist runs on one worker")
     from ckptfix.platform import _use_for_tests
 
     name = config.getoption("--platform")
