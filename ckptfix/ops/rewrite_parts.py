@@ -51,6 +51,7 @@ from ckptfix.write.parts import (
 )
 from ckptfix.write.results import WriteResult, WrittenFile
 from ckptfix.write.safetensors import ShardJob, checked_headers
+from ckptfix.write.staging import PREFIX as STAGING_PREFIX
 from ckptfix.write.staging import Claim
 from ckptfix.write.store_output import StoreClaim, check_prefix, write_to_store
 from ckptfix.write.store_sink import StoreSink
@@ -215,11 +216,12 @@ def _commit(run: _Run) -> RewriteResult:
         read_records(local_records(folder, shown), digest, shown), digest, shown
     )
     shards = check_covered(plan, records, shown)
-    read = [0]
+    read_back = 0
 
     def move(plan: ShardPlan, job: ShardJob) -> list[WrittenFile]:
         # Moved first, then read back where nobody else writes: what is checked is what is
         # published; whatever stops the commit before the swap puts them back (Staging.adopt).
+        nonlocal read_back
         assert isinstance(claim, Claim) and claim.staging is not None
         try:
             claim.staging.adopt(folder, [shard.file for shard in shards])
@@ -227,13 +229,13 @@ def _commit(run: _Run) -> RewriteResult:
             if exc.errno not in NOT_THE_FILE:
                 raise
             raise parts_moved(shown) from None
-        read[0] = check_read_back(job.staging, shards, shown)
+        read_back = check_read_back(job.staging, shards, shown)
         return _with_index(plan, job, shards)
 
     result = _publish_local(run, move)
     remove_tree(folder)  # published: the parts are in OUT now, the records served
     return replace(
-        result, commit=CommitCheck(len(records), len(shards), read[0], "sha256 read back")
+        result, commit=CommitCheck(len(records), len(shards), read_back, "sha256 read back")
     )
 
 
@@ -358,7 +360,7 @@ def _remove_dead_attempts(staging: str) -> None:
     Every `.ckptfix-*` folder there is one, marked or not (a worker killed between making
     it and marking it): only this run's tasks have written into the staging folder yet."""
     for entry in os.scandir(staging):
-        if entry.name.startswith(".ckptfix-") and entry.is_dir(follow_symlinks=False):
+        if entry.name.startswith(STAGING_PREFIX) and entry.is_dir(follow_symlinks=False):
             remove_tree(entry.path)
 
 

@@ -31,6 +31,7 @@ from ckptfix.write.output import index_bytes
 from ckptfix.write.part_records import PartRecord, ShardRecord
 from ckptfix.write.results import Progress
 from ckptfix.write.safetensors import ShardJob, shard_header, write_shards
+from ckptfix.write.staging import PREFIX as STAGING_PREFIX
 from ckptfix.write.staging import is_staging_folder, write_marker
 from ckptfix.write.store_sink import StoreSink, StoreState
 from ckptfix.write.stores.base import ObjectStore, StoredObject, StoreOptions
@@ -122,7 +123,7 @@ def write_slice_to_folder(plan: ShardPlan, job: ShardJob, folder: str) -> list[S
         scratch = ""
         try:
             with signals.held():
-                scratch = tempfile.mkdtemp(prefix=".ckptfix-", dir=folder)
+                scratch = tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=folder)
                 write_marker(scratch)
             job.staging, job.progress = scratch, _checking(signals, job.progress)
             written = write_shards(plan, job)

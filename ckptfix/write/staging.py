@@ -39,6 +39,7 @@ from ckptfix.write.tree import OutputState, blocked_folder, differences, record,
 # Inside every staging folder while it is being written: a staging folder is recognised by
 # this file and its first line, never by its name alone (a user may name anything .ckptfix-*).
 MARKER = ".ckptfix-staging"
+PREFIX = ".ckptfix-"  # a staging folder's name: PREFIX and what mkdtemp adds
 _MAGIC = b"ckptfix staging folder; safe to delete when no ckptfix run is writing\n"
 
 
@@ -61,7 +62,7 @@ def is_staging_folder(path: str) -> bool:
     left behind): a real folder named `.ckptfix-*` holding our marker file."""
     marker = os.path.join(path, MARKER)
     try:
-        if not os.path.basename(path).startswith(".ckptfix-"):
+        if not os.path.basename(path).startswith(PREFIX):
             return False
         if not stat.S_ISDIR(os.lstat(path).st_mode) or not stat.S_ISREG(os.lstat(marker).st_mode):
             return False
@@ -286,7 +287,7 @@ class Staging:
         self.adopted: list[tuple[str, str]] = []  # (folder, name): moved in, put back if undone
         claim.staging = self
         try:
-            self.path = tempfile.mkdtemp(prefix=".ckptfix-", dir=parent)
+            self.path = tempfile.mkdtemp(prefix=PREFIX, dir=parent)
             write_marker(self.path)
             self.marked = True
         except BaseException:
