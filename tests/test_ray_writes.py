@@ -512,9 +512,14 @@ def _recorded(s3: Any, bucket: str) -> list[tuple[str, str]]:
 
 def _kill_run(driver: subprocess.Popen[bytes]) -> None:
     """SIGKILL the driver and every write task at once (no task is retried, none aborts
-    its upload)."""
+    its upload): the tasks are stopped first (SIGSTOP), so that none runs its own clean-up
+    when Ray, seeing its driver gone, ends it before the SIGKILL does."""
+    workers = task_workers("write_part")
+    for pid in workers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGSTOP)
     driver.kill()
-    for pid in task_workers("write_part"):
+    for pid in workers:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     driver.wait(60)
